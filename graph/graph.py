@@ -1,0 +1,63 @@
+"""Wiring of the environment-engineer loop. Only add_node / add_edge and routing live here; each node is
+a plain function in nodes/, fixed settings reach it through the runtime context (nodes.context)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from langgraph.graph import END, START, StateGraph
+
+from graph.state import LoopState
+from nodes.apply import apply
+from nodes.context import RunContext
+from nodes.evaluate import evaluate, final_evaluate
+from nodes.propose_config import propose_config
+from nodes.report import report
+from nodes.summarize_failures import summarize_failures
+from nodes.train_stage import train_stage
+from nodes.validate_config import route_after_validation, validate_config
+
+
+def route_after_evaluate(state: LoopState, runtime) -> Literal["summarize_failures", "final_evaluate"]:
+    """After the last stage's evaluation the run ends with the benchmark; otherwise the engineer works."""
+    last = runtime.context.settings.stages - 1
+    return "final_evaluate" if state["stage"] >= last else "summarize_failures"
+
+
+def build_graph() -> StateGraph:
+    g = StateGraph(LoopState, context_schema=RunContext)
+    g.add_node("apply", apply)
+    g.add_node("train_stage", train_stage)
+    g.add_node("evaluate", evaluate)
+    g.add_node("summarize_failures", summarize_failures)
+    g.add_node("propose_config", propose_config)
+    g.add_node("validate_config", validate_config)
+    g.add_node("final_evaluate", final_evaluate)
+    g.add_node("report", report)
+
+    # Stage 0: apply generates the training set of the random stage-0 config.
+    g.add_edge(START, "apply")
+    # Every stage trains on the set apply just generated, then is evaluated on the fixed validation set.
+    g.add_edge("apply", "train_stage")
+    g.add_edge("train_stage", "evaluate")
+    # Last stage -> final benchmark; otherwise the engineer designs the next stage.
+    g.add_conditional_edges("evaluate", route_after_evaluate)
+    # Evidence -> proposal -> validation.
+    g.add_edge("summarize_failures", "propose_config")
+    g.add_edge("propose_config", "validate_config")
+    # An unusable proposal goes back to the engineer (bounded); an accepted or kept config is applied.
+    g.add_conditional_edges("validate_config", route_after_validation)
+    # The run closes with the benchmark and the report.
+    g.add_edge("final_evaluate", "report")
+    g.add_edge("report", END)
+    return g
+
+
+def make_graph(checkpointer=None, interrupt_before: list[str] | None = None):
+    """Compiled graph; `langgraph.json` points LangGraph's tooling at `graph` below."""
+    return build_graph().compile(checkpointer=checkpointer, interrupt_before=interrupt_before or None)
+
+
+def studio_graph():
+    """Entry point named in langgraph.json, for LangGraph's own tooling (it brings its own checkpointer)."""
+    return make_graph()

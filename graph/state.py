@@ -1,0 +1,46 @@
+"""The graph state: small data only. Heavy artefacts (datasets, checkpoints, answers) live in the run
+folder and the state holds their paths, so every checkpoint of the state stays a few kilobytes."""
+
+from __future__ import annotations
+
+import operator
+from typing import Annotated, Any, TypedDict
+
+
+class LoopState(TypedDict, total=False):
+    stage: int
+    """Index of the stage being trained / evaluated (0 = the random stage-0 config)."""
+    config: dict[str, Any]
+    """EnvConfig (model_dump) the current stage's training set was generated from."""
+    train_path: str
+    """Path of the current stage's train.jsonl."""
+    checkpoint: str | None
+    """Latest policy checkpoint folder (None before the first train stage: the base model)."""
+    reward_state: dict[str, Any]
+    """The reward's running short-answer share (adaptive weights), carried across stages."""
+    train_metrics: dict[str, Any]
+    """Metrics of the latest train stage (train/...)."""
+    metrics: dict[str, Any]
+    """Metrics of the latest evaluation (eval/...)."""
+    history: list[dict[str, Any]]
+    """One entry per finished stage: {stage, config, metrics, rationale, decision}."""
+    context: str
+    """The context shown to the engineer for the next proposal (also in stage_k/summary.md)."""
+    proposal: dict[str, Any] | None
+    """The engineer's latest raw proposal (parsed JSON), None when it sent nothing usable."""
+    rationale: str
+    """The engineer's explanation of its latest proposal."""
+    attempts: int
+    """Proposals tried for the next stage so far."""
+    feedback: list[str]
+    """Validation errors sent back to the engineer on a retry."""
+    accepted: dict[str, Any] | None
+    """The config validate_config accepted (or kept) for the next stage."""
+    decision: str
+    """validate_config's decision: accepted | projected | kept_previous | retry."""
+    engineer_memory: dict[str, Any]
+    """State of the classic engineers (e.g. the fixed config, threshold levels)."""
+    final_metrics: dict[str, Any] | None
+    """Metrics of the final benchmark evaluation."""
+    log: Annotated[list[str], operator.add]
+    """One-line summaries of what happened, appended by nodes (shown as progress)."""

@@ -1,0 +1,191 @@
+"""Run settings and the run context every node receives.
+
+One pydantic object, `Settings`, holds every fixed setting of a run. It is built from, in order of
+precedence, CLI flags, environment variables and a named preset (`smoke`, `cpu`, `paper`). Nodes read it
+through LangGraph's runtime context (`runtime.context.settings`); it is never part of the graph state,
+so a resumed run reads the very settings it was started with (`settings.json` in the run folder).
+
+Secrets are not settings: API keys are read from the environment by `llm.engineers` at the moment of
+use and never stored here, logged or written to the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from nodes.train_stage import TRAIN_PRESETS, TrainConfig
+
+CLASSIC_ENGINEERS = ("fixed", "random", "learnability", "threshold")
+LLM_ENGINEERS = ("self", "base", "openai", "gemini")
+CONTEXT_VARIANTS = ("V1", "V2", "V3", "V4", "V5", "V6")
+
+# Run-level values per preset; the training hyper-parameters come from nodes.train_stage.TRAIN_PRESETS.
+PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "stages": 2,
+        "eval_split": "val-mini",
+        "final_split": "test-mini",
+        "eval_max_tokens": 96,
+        "eval_limit": 12,
+        "final_limit": 12,
+        "engineer_max_tokens": 384,
+    },
+    "cpu": {
+        "stages": 3,
+        "eval_split": "val-mini",
+        "final_split": "test-mini",
+        "eval_max_tokens": 160,
+        "eval_limit": None,
+        "final_limit": None,
+        "engineer_max_tokens": 512,
+    },
+    "paper": {
+        "stages": 3,
+        "policy_model": "Qwen/Qwen3-4B",
+        "policy_backend": "vllm",
+        "eval_split": "val",
+        "final_split": "test",
+        "eval_max_tokens": 4096,
+        "eval_limit": None,
+        "final_limit": None,
+        "engineer_max_tokens": 2048,
+    },
+}
+
+
+class SettingsError(ValueError):
+    """A bad setting: the message is one line naming the setting, the value and what is allowed."""
+
+
+class Settings(BaseModel):
+    """Every fixed setting of a run (see `--help` of `python -m graph.run`)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    preset: Literal["smoke", "cpu", "paper"] = Field("cpu", description="named bundle of defaults")
+    engineer: str = Field(
+        "self",
+        description="who designs the next stage: self | base | openai | gemini | fixed | random | "
+        "learnability | threshold | the name of any OpenAI-compatible endpoint (with ENGINEER_BASE_URL)",
+    )
+    engineer_model: str | None = Field(None, description="model id for an API engineer (default per backend)")
+    engineer_base_url: str | None = Field(None, description="base URL of a custom OpenAI-compatible engineer")
+    engineer_max_tokens: int = Field(512, ge=16, description="token limit of one engineer reply")
+    engineer_max_attempts: int = Field(3, ge=1, le=10, description="proposals tried before keeping the config")
+    policy_model: str = Field("smollm2-135m", description="policy: short name, Hugging Face id or local path")
+    policy_backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="how the policy answers the evaluation set"
+    )
+    context: Literal["V1", "V2", "V3", "V4", "V5", "V6"] = Field("V6", description="engineer context variant")
+    stages: int = Field(3, ge=1, le=100, description="number of training stages (stage 0 is random)")
+    seed: int = Field(0, ge=0, description="seed of the stage-0 config, the data and training")
+    run_dir: Path | None = Field(None, description="run folder (default: runs/<run-id>)")
+    eval_split: str = Field("val-mini", description="benchmark split evaluated after every stage")
+    final_split: str = Field("test-mini", description="benchmark split evaluated at the end of the run")
+    eval_limit: int | None = Field(None, ge=1, description="cap on evaluated instances per split (None: all)")
+    final_limit: int | None = Field(None, ge=1, description="cap on final-benchmark instances (None: all)")
+    eval_max_tokens: int = Field(160, ge=8, description="token limit of one policy answer at evaluation")
+    eval_batch_size: int = Field(8, ge=1, description="policy answers generated per batch")
+    evidence_examples: int = Field(3, ge=0, le=20, description="verbatim failing answers shown to the engineer")
+    evidence_chars: int = Field(600, ge=50, description="characters kept of each failing answer")
+    prompts_dir: Path | None = Field(None, description="folder overriding the templates in prompts/")
+    approve: bool = Field(False, description="pause before each apply for a person to accept or edit")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="training hyper-parameters")
+
+    @field_validator("engineer")
+    @classmethod
+    def _engineer_name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
+            raise ValueError(
+                f"must be one of {', '.join(LLM_ENGINEERS + CLASSIC_ENGINEERS)} or a custom endpoint name "
+                "(letters, digits, '_', '-', '.')"
+            )
+        return v
+
+    @property
+    def is_classic_engineer(self) -> bool:
+        return self.engineer in CLASSIC_ENGINEERS
+
+    def save(self, path: Path) -> None:
+        path.write_text(self.model_dump_json(indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> Settings:
+        try:
+            return cls.model_validate_json(Path(path).read_text())
+        except (OSError, ValidationError) as e:
+            raise SettingsError(f"cannot read settings from {path}: {_first_error(e)}") from None
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every node gets as `runtime.context`: the fixed settings and the run folder."""
+
+    settings: Settings
+    run_dir: Path
+
+    def stage_dir(self, stage: int) -> Path:
+        d = self.run_dir / f"stage_{stage}"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+
+# Environment variable -> settings field. Training values: TRAIN__<FIELD> (e.g. TRAIN__LEARNING_RATE).
+ENV_VARS = {f.upper(): f for f in Settings.model_fields if f != "train"}
+
+
+def _first_error(e: Exception) -> str:
+    if isinstance(e, ValidationError):
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        return f"{loc}={err.get('input')!r}: {err['msg']}"
+    return str(e)
+
+
+def build_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Merge preset < environment < CLI into validated `Settings`; raise `SettingsError` (one line)."""
+    cli = {k: v for k, v in (cli or {}).items() if v is not None}
+    env = os.environ if env is None else env
+    preset = cli.get("preset") or env.get("PRESET") or "cpu"
+    if preset not in PRESETS:
+        raise SettingsError(f"PRESET={preset!r} is not a preset; allowed: {', '.join(PRESETS)}")
+    merged: dict[str, Any] = {**PRESETS[preset], "preset": preset}
+    train: dict[str, Any] = dict(TRAIN_PRESETS[preset])
+    source: dict[str, str] = {}
+    for var, field in ENV_VARS.items():
+        if var in env and env[var] != "":
+            merged[field] = env[var]
+            source[field] = f"{var} (environment)"
+    for var, value in env.items():
+        if var.startswith("TRAIN__") and value != "":
+            train[var[7:].lower()] = value
+            source[f"train.{var[7:].lower()}"] = f"{var} (environment)"
+    for key, value in cli.items():
+        if key.startswith("train."):
+            train[key[6:]] = value
+        else:
+            merged[key] = value
+        source[key] = f"--{key.replace('_', '-')}"
+    merged["train"] = train
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        where = source.get(loc, loc)
+        allowed = err["msg"]
+        if err["type"] == "extra_forbidden":
+            allowed = f"unknown setting; known: {', '.join(sorted(TrainConfig.model_fields if loc.startswith('train.') else Settings.model_fields))}"
+        raise SettingsError(f"bad setting {loc} from {where}: {err.get('input')!r}: {allowed}") from None
+
+
+def settings_json(settings: Settings) -> str:
+    return json.dumps(settings.model_dump(mode="json"), indent=2)
