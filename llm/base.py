@@ -1,0 +1,148 @@
+"""The one chat interface every model sits behind.
+
+Every backend (an OpenAI-compatible HTTP endpoint, a vLLM server we started, the in-process
+transformers engine) implements :class:`ChatModel`: ``chat(messages, ...) -> ChatResult``,
+``chat_batch(list_of_messages, ...) -> list[ChatResult]`` and ``close()``. Messages are OpenAI-style
+``[{"role": "system"|"user"|"assistant", "content": str}, ...]``.
+
+``json_schema`` asks for a JSON answer that follows the schema: servers that support structured output
+get it as ``response_format``; otherwise the schema is written into the prompt and the first JSON value
+is extracted from the free text (:func:`extract_json`). Either way ``ChatResult.text`` is the answer text
+and ``ChatResult.parsed`` the decoded JSON value when one was found (the caller validates it: the model
+may still be wrong).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    """One answer and what it cost."""
+
+    text: str
+    latency_s: float  # wall time of the call, retries and back-off included (batch wall time for a local batch)
+    prompt_tokens: int | None  # as counted by the backend; None when it does not say
+    completion_tokens: int | None
+    model: str  # the model name the backend answered as
+    parsed: Any = None  # decoded JSON when json_schema was asked for and a JSON value was found
+    attempts: int = 1  # HTTP attempts it took (1 = no retry)
+    finish_reason: str | None = None  # "stop", "length", ... when the backend says
+
+
+class ChatError(RuntimeError):
+    """A chat call that failed for good: names the backend and the cause, never the API key."""
+
+    def __init__(self, backend: str, cause: str, *, attempts: int = 1, elapsed_s: float | None = None):
+        self.backend = backend
+        self.cause = cause
+        self.attempts = attempts
+        self.elapsed_s = elapsed_s
+        where = f" after {attempts} attempt{'s' if attempts != 1 else ''}"
+        if elapsed_s is not None:
+            where += f" in {elapsed_s:.1f}s"
+        super().__init__(f"{backend}: chat failed{where}: {cause}")
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """What every engineer, policy and API-model solver is called through."""
+
+    def chat(
+        self,
+        messages: Messages,
+        *,
+        max_tokens: int = 512,
+        temperature: float = 0.0,
+        json_schema: dict | None = None,
+    ) -> ChatResult: ...
+
+    def chat_batch(
+        self,
+        batch: list[Messages],
+        *,
+        max_tokens: int = 512,
+        temperature: float = 0.0,
+        json_schema: dict | None = None,
+    ) -> list[ChatResult]: ...
+
+    def close(self) -> None: ...
+
+
+def schema_instruction(schema: dict) -> str:
+    """The text that asks for schema-following JSON when the backend cannot enforce it."""
+    return (
+        "Answer with a single JSON value that follows this JSON schema, and nothing else "
+        "(no prose, no code fence):\n" + json.dumps(schema, indent=None, sort_keys=True)
+    )
+
+
+def with_schema_in_prompt(messages: Messages, schema: dict) -> Messages:
+    """A copy of ``messages`` with the schema instruction appended to the last user message."""
+    out = [dict(m) for m in messages]
+    for m in reversed(out):
+        if m.get("role") == "user":
+            m["content"] = f"{m.get('content', '')}\n\n{schema_instruction(schema)}"
+            return out
+    out.append({"role": "user", "content": schema_instruction(schema)})
+    return out
+
+
+_DECODER = json.JSONDecoder()
+
+
+def extract_json(text: str) -> Any:
+    """The first JSON object or array in ``text`` (code fences and surrounding prose allowed), or None.
+
+    >>> extract_json('Sure! ```json\\n{"a": [1, 2]}\\n``` done')
+    {'a': [1, 2]}
+    >>> extract_json("no json here") is None
+    True
+    """
+    if not text:
+        return None
+    stripped = text.strip()
+    try:
+        return json.loads(stripped)
+    except ValueError:
+        pass
+    # Prefer the longest decodable value starting at an opening bracket: a reply may mention "{x}" in
+    # prose before the real object.
+    best: Any = None
+    best_len = 0
+    for i, ch in enumerate(text):
+        if ch not in "{[":
+            continue
+        try:
+            value, end = _DECODER.raw_decode(text, i)
+        except ValueError:
+            continue
+        if end - i > best_len:
+            best, best_len = value, end - i
+    return best
+
+
+@dataclass
+class UsageStats:
+    """Running totals a backend keeps so callers can log ``engineer/...`` metrics."""
+
+    calls: int = 0
+    failures: int = 0
+    retries: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    schema_fallbacks: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def add(self, r: ChatResult) -> None:
+        self.calls += 1
+        self.retries += max(0, r.attempts - 1)
+        self.prompt_tokens += r.prompt_tokens or 0
+        self.completion_tokens += r.completion_tokens or 0
+        self.latency_s += r.latency_s
