@@ -1,0 +1,183 @@
+"""The report node: `report.md` and its plots, written from the run folder's files alone.
+
+Everything here is recomputed from what earlier nodes saved (stage_k/config.json, metrics.json,
+validation.json, final/metrics.json), so `python -m nodes.report RUN_DIR` rebuilds the same report
+for any run folder, finished or not.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+SIZES = tuple(range(3, 11))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _stage_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    out = []
+    for d in run_dir.glob("stage_*"):
+        try:
+            out.append((int(d.name.split("_", 1)[1]), d))
+        except ValueError:
+            continue
+    return sorted(out)
+
+
+def _pct(x: Any) -> str:
+    return "–" if not isinstance(x, (int, float)) else f"{100 * x:.1f}"
+
+
+def collect(run_dir: Path) -> dict[str, Any]:
+    """Per-stage configs, metrics and engineer decisions, plus the final benchmark metrics."""
+    stages = []
+    for k, d in _stage_dirs(run_dir):
+        stages.append({
+            "stage": k,
+            "config": _read_json(d / "config.json"),
+            "metrics": _read_json(d / "metrics.json") or {},
+            "validation": _read_json(d / "validation.json"),
+            "env_stats": _read_json(d / "env_stats.json"),
+        })
+    return {"stages": stages, "final": _read_json(run_dir / "final" / "metrics.json")}
+
+
+def _size_rate(metrics: dict[str, Any], kind: str, size: int) -> float | None:
+    v = metrics.get(f"eval/{kind}/size_{size}")
+    return v if isinstance(v, (int, float)) else None
+
+
+def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
+    """Write the PNG plots; return their file names (relative to run_dir)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = [s for s in data["stages"] if s["metrics"]]
+    files = []
+    if stages:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+        for ax, kind, title in ((axes[0], "valid_rate", "valid rate"), (axes[1], "optimal_rate", "optimal rate")):
+            for s in stages:
+                ys = [_size_rate(s["metrics"], kind, n) for n in SIZES]
+                xs = [n for n, y in zip(SIZES, ys, strict=True) if y is not None]
+                ax.plot(xs, [100 * y for y in ys if y is not None], marker="o", label=f"stage {s['stage']}")
+            ax.set_title(f"validation {title} per size")
+            ax.set_xlabel("grid size")
+            ax.set_xticks(list(SIZES))
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("%")
+        axes[0].legend()
+        fig.tight_layout()
+        fig.savefig(run_dir / "rates.png", dpi=100)
+        plt.close(fig)
+        files.append("rates.png")
+    configs = [s for s in data["stages"] if s["config"]]
+    if configs:
+        fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+        width = 0.8 / max(1, len(configs))
+        for i, s in enumerate(configs):
+            sizes = s["config"].get("sizes", {})
+            for ax, knob in zip(axes, ("data_ratio", "hole_ratio", "wait_ratio"), strict=True):
+                ys = [sizes.get(str(n), sizes.get(n, {})).get(knob, 0.0) for n in SIZES]
+                ax.bar([n + (i - (len(configs) - 1) / 2) * width for n in SIZES], ys, width=width,
+                       label=f"stage {s['stage']}")
+        for ax, knob in zip(axes, ("data_ratio", "hole_ratio", "wait_ratio"), strict=True):
+            ax.set_title(knob)
+            ax.set_xlabel("grid size")
+            ax.set_xticks(list(SIZES))
+        axes[0].legend()
+        fig.suptitle("environment allocation per stage")
+        fig.tight_layout()
+        fig.savefig(run_dir / "allocation.png", dpi=100)
+        plt.close(fig)
+        files.append("allocation.png")
+    return files
+
+
+def final_table(final: dict[str, Any] | None) -> list[str]:
+    """The paper's table: valid % / optimal % per agent count (and per wait subset), over sizes."""
+    if not final:
+        return ["(no final benchmark)"]
+    agents = sorted({int(k.split("agents_")[1].split("/")[0]) for k in final if "/agents_" in k})
+    waits = sorted({k.split("wait_")[1] for k in final if "/wait_" in k and "/agents_" not in k})
+    lines = ["| split | " + " | ".join(f"{a} agents" for a in agents) + " |",
+             "|---|" + "---|" * len(agents)]
+    lines.append("| all wait ratios | " + " | ".join(
+        f"{_pct(final.get(f'eval/valid_rate/agents_{a}'))} / {_pct(final.get(f'eval/optimal_rate/agents_{a}'))}"
+        for a in agents) + " |")
+    for w in waits:
+        lines.append(f"| wait {w} | " + " | ".join(
+            f"{_pct(final.get(f'eval/valid_rate/agents_{a}/wait_{w}'))} / "
+            f"{_pct(final.get(f'eval/optimal_rate/agents_{a}/wait_{w}'))}" for a in agents) + " |")
+    lines.append("")
+    lines.append(f"Overall: valid {_pct(final.get('eval/valid_rate'))} %, optimal {_pct(final.get('eval/optimal_rate'))} %"
+                 f" over {final.get('eval/n', '?')} instances. Cells: valid % / optimal %.")
+    return lines
+
+
+def render(data: dict[str, Any], plots: list[str], title: str) -> str:
+    lines = [f"# Run report: {title}", ""]
+    lines += ["## Validation per stage", "", "| stage | valid % | optimal % | " +
+              " | ".join(f"{n}x{n}" for n in SIZES) + " |", "|---|---|---|" + "---|" * len(SIZES)]
+    for s in data["stages"]:
+        m = s["metrics"]
+        if not m:
+            continue
+        cells = [f"{_pct(_size_rate(m, 'valid_rate', n))}" for n in SIZES]
+        lines.append(f"| {s['stage']} | {_pct(m.get('eval/valid_rate'))} | {_pct(m.get('eval/optimal_rate'))} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "Per-size cells: valid %.", ""]
+    lines += [f"![{p}]({p})" for p in plots] + [""]
+    lines += ["## Configurations and the engineer's decisions", ""]
+    for s in data["stages"]:
+        cfg = (s["config"] or {}).get("sizes", {})
+        lines.append(f"### Stage {s['stage']}")
+        if cfg:
+            lines += ["", "| size | data | hole | wait |", "|---|---|---|---|"]
+            for n in SIZES:
+                k = cfg.get(str(n), cfg.get(n, {}))
+                lines.append(f"| {n}x{n} | {k.get('data_ratio', 0):.3f} | {k.get('hole_ratio', 0):.3f} | "
+                             f"{k.get('wait_ratio', 0):.3f} |")
+        v = s["validation"]
+        if v:
+            decision = v.get("decision", "?")
+            lines += ["", f"Engineer proposal for the next stage: **{decision}**"
+                      + (f" — {v.get('reason')}" if v.get("reason") else "")]
+            if v.get("rationale"):
+                lines += ["", "> " + str(v["rationale"]).replace("\n", "\n> ")[:2000]]
+        lines.append("")
+    lines += ["## Final benchmark (held-out, more agents than in training)", ""] + final_table(data["final"])
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dir: Path) -> Path:
+    run_dir = Path(run_dir)
+    data = collect(run_dir)
+    plots = plot(data, run_dir)
+    out = run_dir / "report.md"
+    tmp = out.with_suffix(".md.tmp")
+    tmp.write_text(render(data, plots, run_dir.name))
+    tmp.replace(out)
+    return out
+
+
+def report(state: dict, runtime) -> dict:
+    """Graph node: write report.md (+ plots) into the run folder."""
+    path = write_report(runtime.context.run_dir)
+    return {"log": [f"report written: {path}"]}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m nodes.report RUN_DIR")
+    print(write_report(Path(sys.argv[1])))
