@@ -1,0 +1,124 @@
+"""SFT warm start: TRL `SFTTrainer` on solver-optimal plans rendered in the answer format.
+
+A 135M policy almost never writes a valid joint plan by itself; every GRPO group then gets the same zero
+reward and GRPO learns nothing. A short supervised pass on the stage's own instances, each answered with
+the stored optimal plan (`Instance.plan`) in the exact format `env.parse_plan` reads, gives GRPO a
+policy that is sometimes right, which is what a group-relative advantage needs. The loss is on the
+answer tokens only (prompt-completion data). Runs once, before the first GRPO stage (`nodes.train_stage`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def format_answer(instance) -> str:
+    """The optimal plan of `instance` written in the answer format the prompt asks for.
+
+    >>> # plan [[(0,0),(0,1)], [(1,1),(1,0)]] ->
+    >>> # "<answer>\\nAgent 0: (0,0) (0,1)\\nAgent 1: (1,1) (1,0)\\n</answer>"
+    """
+    import env
+
+    render = getattr(env, "render_answer", None)  # the testbed's own renderer, where it has one
+    if render is not None:
+        return render(instance.plan)
+    lines = [f"Agent {i}: " + " ".join(f"({r},{c})" for r, c in path) for i, path in enumerate(instance.plan)]
+    return "<answer>\n" + "\n".join(lines) + "\n</answer>"
+
+
+def sft_dataset(instances: list, seed: int):
+    """Prompt-completion chat rows: the policy prompt and the solver's optimal plan as the answer."""
+    from datasets import Dataset
+
+    from nodes.train_stage import prompt_messages
+
+    rows = [
+        {
+            "prompt": prompt_messages(inst),
+            "completion": [{"role": "assistant", "content": format_answer(inst)}],
+        }
+        for inst in instances
+    ]
+    random.Random(seed).shuffle(rows)
+    return Dataset.from_list(rows)
+
+
+def warm_start(
+    model, tokenizer, instances: list, *, cfg, out_dir: Path, seed: int, progress: bool = True
+) -> dict:
+    """Fine-tune `model` in place on `instances`' optimal plans; return {seconds, steps, loss, examples}.
+
+    The examples are exactly the instances given (the stage's training set), so the warm start sees no
+    data the stage would not. `cfg` is a `nodes.train_stage.TrainConfig` (its `sft_*` fields).
+    """
+    import torch
+    from trl import SFTConfig, SFTTrainer
+
+    from nodes.train_stage import _tb_callback, _use_bf16
+
+    data = sft_dataset(instances, seed)
+    cuda = torch.cuda.is_available()
+    args = SFTConfig(
+        output_dir=str(Path(out_dir) / "sft"),
+        learning_rate=cfg.sft_lr,
+        per_device_train_batch_size=cfg.sft_batch_size,
+        gradient_accumulation_steps=1,
+        num_train_epochs=cfg.sft_epochs,
+        max_steps=cfg.sft_steps if cfg.sft_steps > 0 else -1,
+        lr_scheduler_type="constant",
+        max_length=cfg.max_prompt_length + cfg.max_completion_length,
+        completion_only_loss=True,
+        use_cpu=not cuda,
+        bf16=_use_bf16(cfg),
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        logging_steps=cfg.logging_steps,
+        save_strategy="no",
+        report_to="none",
+        seed=seed,
+        data_seed=seed,
+        disable_tqdm=True,
+        dataset_num_proc=None,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[_tb_callback(Path(out_dir) / "tb" / "sft")],
+    )
+    if not progress:
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+    t0 = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - t0
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    out: dict[str, Any] = {
+        "seconds": seconds,
+        "steps": int(trainer.state.global_step),
+        "loss": float(result.training_loss),
+        "loss_last": losses[-1] if losses else float(result.training_loss),
+        "examples": len(data),
+    }
+    shutil.rmtree(Path(out_dir) / "sft", ignore_errors=True)
+    if progress:
+        first = losses[0] if losses else out["loss"]
+        log.info(
+            "SFT warm start: %d steps in %.1f s, loss %.3f -> %.3f",
+            out["steps"],
+            seconds,
+            first,
+            out["loss_last"],
+        )
+    model.train()
+    return out

@@ -1,0 +1,728 @@
+"""Train stage: GRPO (TRL `GRPOTrainer`) on one stage's MAPF-FrozenLake instances.
+
+One stage continues the policy from the previous stage's checkpoint (or from the base policy model at
+stage 0), optionally after an SFT warm start on solver-optimal plans (`nodes.sft`, first stage only: a
+135M model almost never writes a valid plan by itself, so every GRPO group would score zero). The reward
+is the testbed's (`env.verify` + `env.total_reward`: the paper's validity gate, gap shaping and adaptive
+length weights). The adaptive weights' running state (`env.RewardState`) is updated per batch, saved in
+the checkpoint's `trainer_meta.json` and restored by the next stage.
+
+Outputs in the stage folder (`run_dir/stage_<k>/`):
+- `checkpoint/`: the full model (safetensors + tokenizer) or, with `lora=True`, the peft adapter (+ tokenizer),
+  and `trainer_meta.json` {reward_state, base_model, is_lora, stage facts}. Written to a temporary folder and
+  renamed into place, so a crash never leaves a half checkpoint that looks complete.
+- `metrics.json`: `train/...` figures (reward mean/std, `train/zero_std_groups` = share of GRPO groups whose
+  completions all got the same reward, i.e. no learning signal; valid rate of sampled completions; steps;
+  seconds; seconds per step; `train/outside_loop_share` = share of the stage's wall time spent outside TRL's
+  own training loops).
+- `tb/`: TensorBoard logs: TRL's scalars under `train/...` (`train/reward`, `train/loss`,
+  `train/frac_reward_zero_std`, ...) plus ours (`train/valid_rate`, `train/optimal_rate`,
+  `train/zero_std_groups`, `train/w_acc`, `train/w_len`, `train/completion_tokens`); SFT under `sft/...`.
+
+Presets (`TRAIN_PRESETS`): `smoke` (CI, seconds), `cpu` (embedded 135M model on a laptop, warm start on),
+`paper` (Qwen3-4B, 4,000 instances per stage, 2 epochs, LoRA, vLLM generation, for a GPU).
+
+Generation during training: TRL's transformers path everywhere by default on CPU. On a GPU, `use_vllm=True`
+uses TRL's colocated vLLM (`vllm_mode="colocate"`) or a separate `trl vllm-serve` (`vllm_mode="server"`).
+TRL's colocated vLLM does not sync weights on vLLM's CPU backend (VLLM-CPU.md); we do not patch it, because
+its ~40 s engine start-up per stage outweighs the ~3.5 s/step it saves over a few-minute CPU stage.
+
+Multi-GPU / multi-node goes through TRL's own engine (`accelerate`), with the module CLI:
+    accelerate launch --num_processes 8 -m nodes.train_stage --preset paper \
+        --train-path runs/R/stage_0/train.jsonl --init Qwen/Qwen3-4B --out runs/R/stage_0
+    # multi-node: add --num_machines N --machine_rank i --main_process_ip HOST --main_process_port 29500
+    # generation in a separate vLLM server: `CUDA_VISIBLE_DEVICES=7 trl vllm-serve --model Qwen/Qwen3-4B`
+    # then --num_processes 7 and TRAIN__VLLM_MODE=server (every TrainConfig field reads TRAIN__<NAME>).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shutil
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+log = logging.getLogger(__name__)
+
+META_FILE = "trainer_meta.json"
+
+
+class TrainConfig(BaseModel):
+    """Every GRPO / SFT hyper-parameter of a stage (defaults = the `cpu` preset's values)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- data
+    instances_per_stage: int = Field(96, ge=1, description="training instances generated per stage")
+    max_prompt_length: int = Field(
+        1024, ge=16, description="prompts longer than this (tokens) are dropped from training, and counted"
+    )
+    # --- GRPO
+    learning_rate: float = Field(2e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
+    num_generations: int = Field(4, ge=2, description="completions sampled per prompt (one GRPO group)")
+    per_device_train_batch_size: int = Field(
+        8, ge=1, description="completions per device per micro-batch (multiple of num_generations)"
+    )
+    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimiser step")
+    epochs: float = Field(
+        1.0, gt=0, description="passes over the stage's instances (ignored if max_steps > 0)"
+    )
+    max_steps: int = Field(10, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
+    max_completion_length: int = Field(160, ge=8, description="token limit of one sampled answer")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of GRPO completions")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of GRPO completions")
+    beta: float = Field(
+        0.0, ge=0, description="KL coefficient to the reference model (0: no reference model)"
+    )
+    loss_type: str = Field("dapo", description="TRL GRPO loss: grpo | dapo | dr_grpo | bnpo | ...")
+    scale_rewards: str = Field("group", description="TRL reward scaling: group | batch | none")
+    warmup_ratio: float = Field(0.0, ge=0, le=1, description="linear warm-up share of the steps")
+    lr_scheduler_type: str = Field("constant", description="learning-rate schedule (transformers name)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    gradient_checkpointing: bool = Field(False, description="trade compute for memory (large models)")
+    bf16: bool | None = Field(None, description="bf16 weights/compute; None: on CUDA with bf16 support only")
+    # --- LoRA
+    lora: bool = Field(False, description="train a LoRA adapter (peft) instead of all weights")
+    lora_r: int = Field(16, ge=1, description="LoRA rank")
+    lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha")
+    lora_dropout: float = Field(0.05, ge=0, le=1, description="LoRA dropout")
+    lora_target_modules: str = Field(
+        "all-linear", description="peft target_modules (comma list or all-linear)"
+    )
+    # --- generation backend
+    use_vllm: bool = Field(
+        False, description="generate GRPO completions with vLLM (GPU) instead of transformers"
+    )
+    vllm_mode: Literal["colocate", "server"] = Field("colocate", description="TRL vLLM mode when use_vllm")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="colocated vLLM's GPU share")
+    # --- SFT warm start (first stage only)
+    sft_warm_start: bool = Field(True, description="SFT on solver-optimal plans before the first GRPO stage")
+    sft_epochs: float = Field(2.0, gt=0, description="SFT passes over the warm-start examples")
+    sft_steps: int = Field(-1, ge=-1, description="SFT optimiser steps; -1 or 0: use sft_epochs")
+    sft_lr: float = Field(2e-4, gt=0, description="SFT learning rate")
+    sft_batch_size: int = Field(8, ge=1, description="SFT examples per optimiser step")
+    # --- bookkeeping
+    logging_steps: int = Field(1, ge=1, description="log to TensorBoard every this many optimiser steps")
+    log_completions: bool = Field(False, description="print sampled completions to the log (TRL)")
+
+    def max_steps_or_none(self) -> int | None:
+        return self.max_steps if self.max_steps > 0 else None
+
+
+TRAIN_PRESETS: dict[str, dict[str, Any]] = {
+    # CI: a few steps, tiny completions; a stage takes well under a minute on 2 CPU cores.
+    "smoke": {
+        "instances_per_stage": 16,
+        "num_generations": 2,
+        "per_device_train_batch_size": 4,
+        "max_steps": 2,
+        "max_completion_length": 24,
+        "learning_rate": 1e-4,
+        "sft_warm_start": False,
+        "sft_steps": 2,
+        "sft_batch_size": 4,
+        "max_prompt_length": 768,
+    },
+    # Laptop default with the embedded SmolLM2-135M: SFT warm start, then ~10 GRPO steps per stage (minutes).
+    "cpu": {},
+    # The paper's scale on a GPU: Qwen3-4B, 4,000 instances, 2 epochs, LoRA, vLLM generation.
+    "paper": {
+        "instances_per_stage": 4000,
+        "epochs": 2.0,
+        "max_steps": -1,
+        "num_generations": 8,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 8,
+        "max_prompt_length": 2048,
+        "max_completion_length": 4096,
+        "learning_rate": 1e-5,
+        "temperature": 1.0,
+        "lora": True,
+        "lora_r": 32,
+        "lora_alpha": 64,
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "gradient_checkpointing": True,
+        "sft_warm_start": False,
+        "logging_steps": 5,
+    },
+}
+
+
+class CheckpointError(RuntimeError):
+    """A previous checkpoint is missing or unusable; the message names the path and what is wrong."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def read_meta(path: str | os.PathLike) -> dict | None:
+    """`trainer_meta.json` of a checkpoint written by this module, or None for a plain base-model folder."""
+    f = Path(path) / META_FILE
+    if not f.exists():
+        return None
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(
+            f"checkpoint {path}: {META_FILE} is unreadable ({e}); re-run that stage"
+        ) from None
+
+
+def _check_checkpoint(path: Path) -> dict | None:
+    """Raise `CheckpointError` unless `path` holds a loadable model; return its meta (None: base model)."""
+    if not path.exists():
+        raise CheckpointError(
+            f"checkpoint {path} does not exist; the previous stage did not finish (re-run it, or start a new run)"
+        )
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a file; expected a folder with weights and {META_FILE}")
+    meta = read_meta(path)
+    is_lora = (path / "adapter_config.json").exists() if meta is None else bool(meta.get("is_lora"))
+    if is_lora:
+        need = ["adapter_config.json"]
+        weights = list(path.glob("adapter_model.*"))
+        what = "adapter_model.safetensors"
+    else:
+        need = ["config.json"]
+        weights = list(path.glob("*.safetensors")) + list(path.glob("*.bin"))
+        what = "model weights (*.safetensors)"
+    missing = [n for n in need if not (path / n).exists()] + ([] if weights else [what])
+    if not any((path / t).exists() for t in ("tokenizer.json", "tokenizer_config.json")):
+        missing.append("tokenizer (tokenizer.json)")
+    if meta is not None and is_lora and not meta.get("base_model"):
+        missing.append(f"base_model in {META_FILE}")
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete: missing {', '.join(missing)}; re-run the stage that wrote it"
+        )
+    for w in weights:
+        if w.suffix == ".safetensors":
+            try:
+                from safetensors import safe_open
+
+                with safe_open(str(w), framework="pt") as fh:
+                    fh.keys()
+            except Exception as e:  # noqa: BLE001 - any parse failure means a corrupt file
+                raise CheckpointError(
+                    f"checkpoint {path}: weight file {w.name} is corrupt ({type(e).__name__}: {e}); "
+                    "re-run the stage that wrote it"
+                ) from None
+    return meta
+
+
+def load_checkpoint(path: str | os.PathLike, *, dtype: str = "float32", trainable: bool = False):
+    """Load `(model, tokenizer)` from a full checkpoint, a LoRA checkpoint or a base-model folder.
+
+    A LoRA checkpoint (`is_lora` in `trainer_meta.json`, or a bare `adapter_config.json`) is loaded onto its
+    base model as a `peft.PeftModel` (trainable when `trainable=True`). Raises `CheckpointError` naming
+    the path and what is missing or corrupt; never falls back to the base model.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    meta = _check_checkpoint(path)
+    torch_dtype = getattr(torch, dtype)
+    is_lora = bool(meta.get("is_lora")) if meta else (path / "adapter_config.json").exists()
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+        if is_lora:
+            from peft import PeftModel
+
+            base = (meta or {}).get("base_model") or json.loads((path / "adapter_config.json").read_text())[
+                "base_model_name_or_path"
+            ]
+            if not Path(base).exists():
+                raise CheckpointError(f"checkpoint {path}: its base model {base} does not exist")
+            model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
+            model = PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - transformers/peft raise many types; one clear line matters
+        raise CheckpointError(f"checkpoint {path} could not be loaded ({type(e).__name__}: {e})") from e
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def _save_checkpoint(trainer, out: Path, meta: dict) -> Path:
+    """Save model (or adapter) + tokenizer + meta into `out` atomically (temp folder, then rename)."""
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    trainer.save_model(str(tmp))  # full weights, or the adapter only for a PeftModel; + processing_class
+    if trainer.accelerator.is_main_process:
+        for junk in ("training_args.bin",):
+            (tmp / junk).unlink(missing_ok=True)
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# data and reward
+
+
+def completion_text(completion: Any) -> str:
+    """The answer text of one TRL completion (conversational list of messages, or a plain string)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def prompt_messages(instance) -> list[dict]:
+    """The chat messages the policy sees for an instance (the same at training and at evaluation)."""
+    from env import render_prompt
+
+    return [{"role": "user", "content": render_prompt(instance)}]
+
+
+def build_dataset(instances: list, tokenizer, max_prompt_length: int) -> tuple[Any, int]:
+    """A `datasets.Dataset` with `prompt` (chat messages) and the reward's columns; and the dropped count.
+
+    `instance` holds the full instance JSON, so the reward scores each completion against exactly the
+    instance it answered, whatever order TRL batches rows in; `instance_id` is for logs and grouping.
+    """
+    from datasets import Dataset
+
+    rows, dropped = [], 0
+    for inst in instances:
+        msgs = prompt_messages(inst)
+        n = len(tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True))
+        if not isinstance(n, int):
+            n = len(n)
+        if n > max_prompt_length:
+            dropped += 1
+            continue
+        rows.append({"prompt": msgs, "instance": inst.to_json(), "instance_id": inst.id})
+    return Dataset.from_list(rows), dropped
+
+
+class MapfReward:
+    """TRL reward function: `env.verify` + `env.total_reward` with the adaptive length weights.
+
+    TRL calls it with `prompts`, `completions`, `completion_ids` and every dataset column as a list aligned
+    with the completions (here `instance`, `instance_id`). Each completion is scored against the instance
+    JSON in its own row, never against a position in the batch. The batch is scored with the weights in
+    force before it, then `RewardState.update` takes the batch's token counts (one update per batch).
+    Per-batch statistics go to TRL's `log_metric` (-> TensorBoard `train/<name>`) and to `self.history`.
+    """
+
+    __name__ = "mapf"
+
+    def __init__(self, tokenizer=None, reward_state: dict | None = None):
+        from env import RewardState
+
+        self.tokenizer = tokenizer
+        self.state = RewardState.model_validate(reward_state) if reward_state else RewardState()
+        self.history: list[dict] = []
+        self._cache: dict[str, Any] = {}
+
+    def _instance(self, raw):
+        from env import Instance
+
+        if not isinstance(raw, str):
+            return raw if hasattr(raw, "grid") else Instance.model_validate(raw)
+        inst = self._cache.get(raw)
+        if inst is None:
+            inst = self._cache[raw] = Instance.from_json(raw)
+        return inst
+
+    def _n_tokens(self, text: str, ids) -> int:
+        if ids is not None:
+            return len(ids)
+        if self.tokenizer is None:
+            return len(text.split())
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def __call__(
+        self, prompts=None, completions=None, completion_ids=None, instance=None, **kw
+    ) -> list[float]:
+        from env import total_reward, verify
+
+        if instance is None:
+            raise ValueError("reward 'mapf' needs the dataset column 'instance' (the instance JSON)")
+        if len(instance) != len(completions):
+            raise ValueError(f"reward 'mapf': {len(completions)} completions but {len(instance)} instances")
+        weights = tuple(self.state.weights())
+        rewards, n_tokens, valid, optimal, keys = [], [], [], [], []
+        for i, (raw, comp) in enumerate(zip(instance, completions, strict=True)):
+            inst = self._instance(raw)
+            text = completion_text(comp)
+            n = self._n_tokens(text, completion_ids[i] if completion_ids is not None else None)
+            verdict = verify(inst, text)
+            rewards.append(float(total_reward(verdict, n, self.state)))
+            n_tokens.append(n)
+            valid.append(bool(verdict.valid))
+            optimal.append(bool(verdict.optimal))
+            keys.append(inst.id)
+        self.state.update(n_tokens)
+        groups: dict[str, list[float]] = defaultdict(list)
+        for k, r in zip(keys, rewards, strict=True):
+            groups[k].append(r)
+        multi = [g for g in groups.values() if len(g) > 1]
+        zero_std = sum(1 for g in multi if max(g) - min(g) < 1e-9) / len(multi) if multi else float("nan")
+        stats = {
+            "valid_rate": sum(valid) / len(valid),
+            "optimal_rate": sum(optimal) / len(optimal),
+            "zero_std_groups": zero_std,
+            "w_acc": weights[0],
+            "w_len": weights[1],
+            "completion_tokens": sum(n_tokens) / len(n_tokens),
+        }
+        self.history.append({**stats, "rewards": rewards, "groups": list(groups.values())})
+        log_metric = kw.get("log_metric")
+        if log_metric is not None:
+            for name, value in stats.items():
+                if not math.isnan(value):
+                    log_metric(name, value)
+        return rewards
+
+
+def reward_summary(history: list[dict]) -> dict[str, float]:
+    """Stage-level `train/...` reward statistics from `MapfReward.history`."""
+    rewards = [r for h in history for r in h["rewards"]]
+    groups = [g for h in history for g in h["groups"] if len(g) > 1]
+    if not rewards:
+        return {"train/reward_mean": float("nan"), "train/reward_std": float("nan")}
+    q = max(1, len(history) // 4)
+    first = [r for h in history[:q] for r in h["rewards"]]
+    last = [r for h in history[-q:] for r in h["rewards"]]
+    valid = [h["valid_rate"] * len(h["rewards"]) for h in history]
+    optimal = [h["optimal_rate"] * len(h["rewards"]) for h in history]
+    return {
+        "train/reward_mean": statistics.fmean(rewards),
+        "train/reward_std": statistics.pstdev(rewards),
+        "train/reward_group_std_mean": statistics.fmean(statistics.pstdev(g) for g in groups)
+        if groups
+        else 0.0,
+        "train/reward_first_quarter": statistics.fmean(first),
+        "train/reward_last_quarter": statistics.fmean(last),
+        "train/zero_std_groups": sum(1 for g in groups if max(g) - min(g) < 1e-9) / len(groups)
+        if groups
+        else 1.0,
+        "train/groups": len(groups),
+        "train/completions": len(rewards),
+        "train/valid_rate": sum(valid) / len(rewards),
+        "train/optimal_rate": sum(optimal) / len(rewards),
+        "train/completion_tokens": statistics.fmean(h["completion_tokens"] for h in history),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------
+# the stage
+
+
+def _use_bf16(cfg: TrainConfig) -> bool:
+    import torch
+
+    if cfg.bf16 is not None:
+        return cfg.bf16
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def _lora_config(cfg: TrainConfig):
+    from peft import LoraConfig
+
+    targets = cfg.lora_target_modules
+    return LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",")],
+        task_type="CAUSAL_LM",
+    )
+
+
+def _tb_callback(log_dir: Path):
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.integrations import TensorBoardCallback
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
+
+
+def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int):
+    """The TRL `GRPOConfig` for a `TrainConfig` (CPU: `use_cpu=True`, `bf16=False`, see VLLM-CPU.md)."""
+    import torch
+    from trl import GRPOConfig
+
+    cuda = torch.cuda.is_available()
+    kwargs: dict[str, Any] = dict(
+        output_dir=str(out_dir / "trl"),
+        learning_rate=cfg.learning_rate,
+        num_generations=cfg.num_generations,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        num_train_epochs=cfg.epochs,
+        max_steps=cfg.max_steps if cfg.max_steps > 0 else -1,
+        max_completion_length=cfg.max_completion_length,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        beta=cfg.beta,
+        loss_type=cfg.loss_type,
+        scale_rewards=cfg.scale_rewards,
+        warmup_ratio=cfg.warmup_ratio,
+        lr_scheduler_type=cfg.lr_scheduler_type,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+        use_cpu=not cuda,
+        bf16=_use_bf16(cfg),
+        use_vllm=cfg.use_vllm,
+        logging_steps=cfg.logging_steps,
+        log_completions=cfg.log_completions,
+        save_strategy="no",
+        report_to="none",  # our own TensorBoardCallback writes to out_dir/tb
+        seed=seed,
+        data_seed=seed,
+        disable_tqdm=True,
+    )
+    if cfg.use_vllm:
+        kwargs.update(vllm_mode=cfg.vllm_mode, vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
+    return GRPOConfig(**kwargs)
+
+
+def run_stage(
+    *,
+    train_path: Path,
+    init_checkpoint: Path | str,
+    out_dir: Path,
+    cfg: TrainConfig,
+    seed: int,
+    reward_state: dict | None,
+    progress: bool = True,
+    warm_start: bool | None = None,
+) -> dict:
+    """Train one stage and write `out_dir/checkpoint/`, `out_dir/metrics.json`, `out_dir/tb/`.
+
+    Args:
+        train_path: the stage's instances (`.jsonl`, one `env.Instance` a line).
+        init_checkpoint: a local folder: the previous stage's checkpoint, or the base model's folder
+            (`llm.models.resolve_model(...)`) for the first stage. A missing or corrupt folder raises
+            `CheckpointError`.
+        out_dir: the stage folder.
+        cfg: hyper-parameters.
+        seed: seed of sampling, shuffling and initialisation.
+        reward_state: `env.RewardState` dump to continue from; None: the checkpoint's saved state, else fresh.
+        progress: log progress lines (INFO) while training.
+        warm_start: run the SFT warm start; None: when `cfg.sft_warm_start` and `init_checkpoint` is a
+            base model (not a checkpoint of this module), i.e. at the first stage.
+
+    Returns:
+        {"checkpoint": str, "reward_state": dict, "metrics": dict}
+    """
+    import torch
+    from transformers import set_seed
+    from trl import GRPOTrainer
+
+    from env import read_jsonl
+
+    t_start = time.perf_counter()
+    loop_s = 0.0
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train_path = Path(train_path)
+    if not train_path.exists():
+        raise FileNotFoundError(f"training set {train_path} does not exist (the apply node writes it)")
+    init = Path(init_checkpoint)
+    meta_in = _check_checkpoint(init)  # raises CheckpointError before any work
+    if reward_state is None and meta_in is not None:
+        reward_state = meta_in.get("reward_state")
+    base_model = str((meta_in or {}).get("base_model") or init.resolve())
+    set_seed(seed)
+    if not progress:
+        logging.getLogger("transformers").setLevel(logging.WARNING)
+
+    instances = read_jsonl(train_path)
+    if not instances:
+        raise ValueError(f"training set {train_path} holds no instances")
+    dtype = "bfloat16" if _use_bf16(cfg) else "float32"
+    model, tok = load_checkpoint(init, dtype=dtype, trainable=True)
+    from peft import PeftModel
+
+    if cfg.lora and not isinstance(model, PeftModel):
+        from peft import get_peft_model
+
+        model = get_peft_model(model, _lora_config(cfg))
+    is_lora = isinstance(model, PeftModel)
+    if cfg.gradient_checkpointing:
+        model.config.use_cache = False
+
+    metrics: dict[str, Any] = {}
+    do_sft = warm_start if warm_start is not None else (cfg.sft_warm_start and meta_in is None)
+    if do_sft:
+        from nodes.sft import warm_start as sft_warm_start
+
+        sft = sft_warm_start(model, tok, instances, cfg=cfg, out_dir=out_dir, seed=seed, progress=progress)
+        loop_s += sft["seconds"]
+        metrics.update({f"sft/{k}": v for k, v in sft.items()})
+
+    dataset, dropped = build_dataset(instances, tok, cfg.max_prompt_length)
+    if len(dataset) == 0:
+        raise ValueError(
+            f"all {len(instances)} prompts of {train_path} are longer than max_prompt_length={cfg.max_prompt_length}"
+        )
+    reward = MapfReward(tok, reward_state)
+    args = grpo_config(cfg, out_dir, seed)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[_tb_callback(out_dir / "tb")],
+    )
+    if not progress:
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+    t0 = time.perf_counter()
+    result = trainer.train()
+    grpo_s = time.perf_counter() - t0
+    loop_s += grpo_s
+    steps = int(trainer.state.global_step)
+
+    meta = {
+        "reward_state": reward.state.model_dump(mode="json"),
+        "base_model": base_model,
+        "is_lora": is_lora,
+        "init_checkpoint": str(init),
+        "train_path": str(train_path),
+        "seed": seed,
+        "grpo_steps": steps,
+        "sft_warm_start": bool(do_sft),
+        "train_config": cfg.model_dump(mode="json"),
+    }
+    ckpt = _save_checkpoint(trainer, out_dir / "checkpoint", meta)
+    shutil.rmtree(out_dir / "trl", ignore_errors=True)  # TRL's output_dir: nothing we keep
+
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    trl_zero = [h["frac_reward_zero_std"] for h in trainer.state.log_history if "frac_reward_zero_std" in h]
+    metrics.update(reward_summary(reward.history))
+    wall = time.perf_counter() - t_start
+    metrics.update(
+        {
+            "train/steps": steps,
+            "train/instances": len(dataset),
+            "train/prompts_dropped": dropped,
+            "train/loss": statistics.fmean(losses) if losses else float(result.training_loss),
+            "train/frac_reward_zero_std_trl": statistics.fmean(trl_zero) if trl_zero else None,
+            "train/w_acc": reward.state.weights()[0],
+            "train/w_len": reward.state.weights()[1],
+            "train/grpo_seconds": grpo_s,
+            "train/seconds_per_step": grpo_s / steps if steps else None,
+            "train/seconds": wall,
+            "train/outside_loop_seconds": wall - loop_s,
+            "train/outside_loop_share": (wall - loop_s) / wall,
+            "train/is_lora": is_lora,
+            "train/device": "cuda" if torch.cuda.is_available() else "cpu",
+        }
+    )
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    _tb_scalars(out_dir / "tb", metrics)
+    if progress:
+        log.info(
+            "stage trained: %d steps, %.1f s/step, reward %.3f, valid %.2f, zero-std groups %.2f -> %s",
+            steps,
+            metrics["train/seconds_per_step"] or 0.0,
+            metrics["train/reward_mean"],
+            metrics.get("train/valid_rate", float("nan")),
+            metrics.get("train/zero_std_groups", float("nan")),
+            ckpt,
+        )
+    del trainer, model
+    return {"checkpoint": str(ckpt), "reward_state": meta["reward_state"], "metrics": metrics}
+
+
+def _tb_scalars(log_dir: Path, metrics: dict) -> None:
+    """Stage-level summary scalars under `stage/<name>` (one point per stage)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(log_dir=str(log_dir)) as w:
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                w.add_scalar(f"stage/{k}", v, 0)
+
+
+def train_stage(state: dict, runtime) -> dict:
+    """Graph node: GRPO on `state["train_path"]` from `state["checkpoint"]` (None: the base policy model).
+
+    Returns {"checkpoint", "reward_state", "train_metrics"}. Stage folder: `run_dir / f"stage_{k}"`.
+    """
+    from llm.models import resolve_model
+
+    settings = runtime.context.settings
+    stage = int(state["stage"])
+    out_dir = Path(runtime.context.run_dir) / f"stage_{stage}"
+    prev = state.get("checkpoint")
+    init = Path(prev) if prev else resolve_model(settings.policy_model)
+    result = run_stage(
+        train_path=Path(state["train_path"]),
+        init_checkpoint=init,
+        out_dir=out_dir,
+        cfg=settings.train,
+        seed=int(settings.seed) + 1000 * stage,
+        reward_state=state.get("reward_state") or None,
+        warm_start=settings.train.sft_warm_start and prev is None,
+    )
+    return {
+        "checkpoint": result["checkpoint"],
+        "reward_state": result["reward_state"],
+        "train_metrics": result["metrics"],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI for one stage, e.g. under `accelerate launch -m nodes.train_stage ...` on GPUs."""
+    p = argparse.ArgumentParser(description="Train one GRPO stage on a MAPF-FrozenLake .jsonl")
+    p.add_argument("--train-path", required=True, type=Path)
+    p.add_argument("--init", required=True, help="previous checkpoint folder or base model name/path")
+    p.add_argument("--out", required=True, type=Path, help="stage folder")
+    p.add_argument("--preset", default="cpu", choices=sorted(TRAIN_PRESETS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warm-start", choices=["auto", "yes", "no"], default="auto")
+    a = p.parse_args(argv)
+    raw = dict(TRAIN_PRESETS[a.preset])
+    for var, value in os.environ.items():
+        if var.startswith("TRAIN__") and value:
+            raw[var[7:].lower()] = value
+    cfg = TrainConfig.model_validate(raw)
+    from llm.models import resolve_model
+
+    init = Path(a.init) if Path(a.init).exists() else resolve_model(a.init)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    ws = {"auto": None, "yes": True, "no": False}[a.warm_start]
+    res = run_stage(
+        train_path=a.train_path,
+        init_checkpoint=init,
+        out_dir=a.out,
+        cfg=cfg,
+        seed=a.seed,
+        reward_state=None,
+        warm_start=ws,
+    )
+    print(json.dumps({"checkpoint": res["checkpoint"], **res["metrics"]}, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
