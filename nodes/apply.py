@@ -1,0 +1,99 @@
+"""Generate a stage's training set from its configuration.
+
+The first apply of a run is recognised by the state having no `train_path` yet (nothing has been
+generated): it builds stage `state.get("stage", 0)` from the state's `config` when the caller supplied one
+(an initial config), else from `random_config(settings.seed)` (the paper's random stage 0). Every later
+apply moves from stage k to k+1 with `state["accepted"]` (what validate_config accepted, projected or kept)
+and appends stage k's entry `{stage, config, metrics, rationale, decision}` to `history` (the rationale
+and decision are those of the proposal made after stage k, i.e. of the change to stage k+1).
+
+Writes `stage_<k>/config.json` (EnvConfig dump, `num_instances` = settings.train.instances_per_stage),
+`train.jsonl` and `env_stats.json` (the generator's statistics plus the seed and counts). The data seed
+is `stage_seed(settings.seed, k)`, so a stage's set is the same bytes whenever it is regenerated; an
+existing set with the same config.json and env_stats.json is reused (resume after a crash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from env import EnvConfig, generate, random_config
+from env.instance import write_jsonl
+
+
+def stage_seed(seed: int, stage: int) -> int:
+    """The generator seed of stage `stage`'s training set (a stable hash of the run seed and the stage)."""
+    return int(hashlib.sha256(f"train-data:{seed}:{stage}".encode()).hexdigest()[:8], 16)
+
+
+def generate_stage(cfg: EnvConfig, stage_dir: Path, *, n: int, seed: int) -> dict[str, Any]:
+    """Write config.json, train.jsonl and env_stats.json for one stage; return the env stats."""
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    cfg = EnvConfig.model_validate({**cfg.model_dump(), "num_instances": n})
+    config_json = json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n"
+    cfg_path, data_path, stats_path = stage_dir / "config.json", stage_dir / "train.jsonl", stage_dir / "env_stats.json"
+    if data_path.is_file() and stats_path.is_file() and cfg_path.is_file() and cfg_path.read_text() == config_json:
+        stats = json.loads(stats_path.read_text())
+        if stats.get("seed") == seed and stats.get("n") == n:
+            return stats
+    gen = generate(cfg, n, seed, num_agents=cfg.num_agents)
+    write_jsonl(data_path, gen.instances)
+    stats = {"seed": seed, "n": n, "generated": len(gen.instances), **_jsonable(gen.stats)}
+    stats_path.write_text(json.dumps(stats, indent=2) + "\n")
+    cfg_path.write_text(config_json)  # last: its presence marks a complete stage folder
+    return stats
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+def apply_config(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
+    """Plain-function form of the node; see the module docstring for how stage 0 is recognised.
+
+    Returns: stage, config, train_path, history, and the per-proposal keys reset for the next round
+    (proposal None, attempts 0, feedback []), plus a log line.
+    """
+    first = not state.get("train_path")
+    if first:
+        stage = int(state.get("stage") or 0)
+        cfg = EnvConfig.model_validate(state["config"]) if state.get("config") else random_config(settings.seed)
+        history = list(state.get("history") or [])
+        how = "initial config" if state.get("config") else f"random_config(seed={settings.seed})"
+    else:
+        prev = int(state.get("stage") or 0)
+        stage = prev + 1
+        raw = state.get("accepted") or state["config"]
+        cfg = EnvConfig.model_validate(raw)
+        history = [e for e in (state.get("history") or []) if e.get("stage") != prev]
+        history.append({
+            "stage": prev,
+            "config": state.get("config"),
+            "metrics": state.get("metrics") or {},
+            "rationale": state.get("rationale", ""),
+            "decision": state.get("decision"),
+        })
+        how = state.get("decision") or "accepted"
+    n = int(settings.train.instances_per_stage)
+    seed = stage_seed(settings.seed, stage)
+    stage_dir = Path(run_dir) / f"stage_{stage}"
+    stats = generate_stage(cfg, stage_dir, n=n, seed=seed)
+    config = json.loads((stage_dir / "config.json").read_text())
+    return {
+        "stage": stage,
+        "config": config,
+        "train_path": str(stage_dir / "train.jsonl"),
+        "history": history,
+        "proposal": None,
+        "attempts": 0,
+        "feedback": [],
+        "log": [f"stage {stage}: generated {stats.get('generated', n)} training instances ({how}, seed {seed})"],
+    }
+
+
+def apply(state: dict, runtime) -> dict[str, Any]:
+    """Node: build the training set of the next stage (or of stage 0); returns {stage, config, train_path, ...}."""
+    return apply_config(state, runtime.context.settings, runtime.context.run_dir)

@@ -1,0 +1,295 @@
+"""Evaluate the current policy: answer a benchmark split, verify every answer, aggregate.
+
+`evaluate` runs after every train stage on `settings.eval_split` (the fixed 2-agent validation set) and
+writes `stage_<k>/eval.jsonl` (one row per instance: id, size, agents, tags, the raw answer text and the
+verdict fields) and `stage_<k>/metrics.json`. `final_evaluate` runs once at the end on
+`settings.final_split` (the held-out 3/4/5-agent benchmark) and writes `final/` with the paper's tables:
+aggregates per agent count and per wait-ratio subset.
+
+Metrics come from `compute_metrics(rows)` / `compute_final_metrics(rows)`, pure functions of the rows of
+an `eval.jsonl`, so any table can be recomputed from the saved answers. Stable names:
+`eval/valid_rate`, `eval/optimal_rate`, `eval/valid_rate/size_<s>`, `eval/optimal_rate/size_<s>`,
+`eval/failure/<name>` (counts, in `env.FAILURES` order), `eval/n`, plus a `by_size` table
+`{"<s>": {n, valid, optimal, valid_rate, optimal_rate, failures: {name: count}}}`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from env import FAILURES, load_split, render_prompt, verify
+
+# ----------------------------------------------------------------------------- answering and verifying
+
+
+def instance_tags(inst: Any) -> dict[str, Any]:
+    """The subset tags of an instance (`{"agents": 3, "wait": 0.25}` on test splits, else {})."""
+    tags = getattr(inst, "tags", None)
+    return dict(tags) if isinstance(tags, dict) else {}
+
+
+def limit_instances(instances: Sequence[Any], limit: int | None) -> list[Any]:
+    """At most `limit` instances, taken round-robin over (agents, wait subset, size) groups so that a small
+    cap still covers every group; order inside a group is kept. `None` keeps all."""
+    if limit is None or limit >= len(instances):
+        return list(instances)
+    groups: dict[tuple, list[Any]] = defaultdict(list)
+    for inst in instances:
+        tags = instance_tags(inst)
+        key = (inst.num_agents, str(tags.get("wait")), inst.size)
+        groups[key].append(inst)
+    picked: list[Any] = []
+    keys = sorted(groups, key=str)
+    depth = 0
+    while len(picked) < limit:
+        for key in keys:
+            if depth < len(groups[key]) and len(picked) < limit:
+                picked.append(groups[key][depth])
+        depth += 1
+    return picked
+
+
+def answer_and_verify(instances: Sequence[Any], model: Any, *, max_tokens: int, batch_size: int) -> list[dict]:
+    """Ask `model` (a `llm.base.ChatModel`) every instance's prompt in batches and verify each answer.
+
+    Returns one row per instance, in order: id, size, num_agents, tags, text, completion_tokens,
+    finish_reason and the verdict fields (valid, optimal, failure, cost, optimal_cost, details).
+    """
+    rows: list[dict] = []
+    for start in range(0, len(instances), batch_size):
+        batch = instances[start : start + batch_size]
+        messages = [[{"role": "user", "content": render_prompt(inst)}] for inst in batch]
+        results = model.chat_batch(messages, max_tokens=max_tokens, temperature=0.0)
+        for inst, res in zip(batch, results, strict=True):
+            rows.append(verdict_row(inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None)))
+    return rows
+
+
+def verdict_row(inst: Any, text: str, completion_tokens: int | None = None, finish_reason: str | None = None):
+    """One `eval.jsonl` row: the instance's identity, the answer and its verdict."""
+    verdict = verify(inst, text)
+    return {
+        "id": inst.id,
+        "size": inst.size,
+        "num_agents": inst.num_agents,
+        "tags": instance_tags(inst),
+        "text": text,
+        "completion_tokens": completion_tokens,
+        "finish_reason": finish_reason,
+        **verdict.model_dump(mode="json"),
+    }
+
+
+# ----------------------------------------------------------------------------- aggregation (pure)
+
+
+def _rate(num: int, den: int) -> float:
+    return num / den if den else 0.0
+
+
+def _aggregate(rows: Iterable[dict]) -> dict[str, Any]:
+    rows = list(rows)
+    n = len(rows)
+    valid = sum(1 for r in rows if r.get("valid"))
+    optimal = sum(1 for r in rows if r.get("optimal"))
+    failures = {name: 0 for name in FAILURES}
+    for r in rows:
+        if r.get("failure"):
+            failures[r["failure"]] = failures.get(r["failure"], 0) + 1
+    return {
+        "n": n,
+        "valid": valid,
+        "optimal": optimal,
+        "valid_rate": _rate(valid, n),
+        "optimal_rate": _rate(optimal, n),
+        "failures": failures,
+    }
+
+
+def compute_metrics(rows: Sequence[dict], prefix: str = "eval") -> dict[str, Any]:
+    """Flat metrics plus a per-size table from verdict rows (the rows of an `eval.jsonl`).
+
+    >>> m = compute_metrics([{"size": 3, "valid": True, "optimal": False, "failure": None},
+    ...                      {"size": 3, "valid": False, "optimal": False, "failure": "conflict"}])
+    >>> m["eval/valid_rate"], m["eval/valid_rate/size_3"], m["eval/failure/conflict"]
+    (0.5, 0.5, 1)
+    """
+    total = _aggregate(rows)
+    by_size: dict[str, dict] = {}
+    for size in sorted({int(r["size"]) for r in rows}):
+        by_size[str(size)] = _aggregate(r for r in rows if int(r["size"]) == size)
+    out: dict[str, Any] = {
+        f"{prefix}/n": total["n"],
+        f"{prefix}/valid_rate": total["valid_rate"],
+        f"{prefix}/optimal_rate": total["optimal_rate"],
+    }
+    for size, agg in by_size.items():
+        out[f"{prefix}/valid_rate/size_{size}"] = agg["valid_rate"]
+        out[f"{prefix}/optimal_rate/size_{size}"] = agg["optimal_rate"]
+    for name, count in total["failures"].items():
+        out[f"{prefix}/failure/{name}"] = count
+    tokens = [r["completion_tokens"] for r in rows if r.get("completion_tokens") is not None]
+    if tokens:
+        out[f"{prefix}/completion_tokens_mean"] = sum(tokens) / len(tokens)
+    if any(r.get("finish_reason") for r in rows):
+        out[f"{prefix}/truncated_rate"] = _rate(sum(1 for r in rows if r.get("finish_reason") == "length"), len(rows))
+    out["by_size"] = by_size
+    return out
+
+
+def _wait_key(row: dict) -> str | None:
+    wait = (row.get("tags") or {}).get("wait")
+    return None if wait is None else f"{float(wait):.2f}"
+
+
+def _agents_key(row: dict) -> int:
+    return int((row.get("tags") or {}).get("agents") or row.get("num_agents") or 2)
+
+
+def compute_final_metrics(rows: Sequence[dict], prefix: str = "final") -> dict[str, Any]:
+    """The benchmark's tables: overall, per agent count, per wait subset and per (agents, wait), each with
+    its per-size breakdown; flat names `final/valid_rate/agents_3`, `final/optimal_rate/wait_0.25`, ...
+
+    >>> rows = [{"size": 3, "num_agents": 3, "tags": {"agents": 3, "wait": 0.25}, "valid": True,
+    ...          "optimal": True, "failure": None}]
+    >>> compute_final_metrics(rows)["final/valid_rate/agents_3"]
+    1.0
+    """
+    out = compute_metrics(rows, prefix=prefix)
+    tables: dict[str, dict[str, Any]] = {"by_agents": {}, "by_wait": {}, "by_agents_wait": {}}
+    for a in sorted({_agents_key(r) for r in rows}):
+        sub = [r for r in rows if _agents_key(r) == a]
+        tables["by_agents"][str(a)] = _with_sizes(sub)
+        out[f"{prefix}/valid_rate/agents_{a}"] = tables["by_agents"][str(a)]["valid_rate"]
+        out[f"{prefix}/optimal_rate/agents_{a}"] = tables["by_agents"][str(a)]["optimal_rate"]
+        for w in sorted({k for r in sub if (k := _wait_key(r)) is not None}):
+            tables["by_agents_wait"][f"{a}/{w}"] = _with_sizes([r for r in sub if _wait_key(r) == w])
+    for w in sorted({k for r in rows if (k := _wait_key(r)) is not None}):
+        tables["by_wait"][w] = _with_sizes([r for r in rows if _wait_key(r) == w])
+        out[f"{prefix}/valid_rate/wait_{w}"] = tables["by_wait"][w]["valid_rate"]
+        out[f"{prefix}/optimal_rate/wait_{w}"] = tables["by_wait"][w]["optimal_rate"]
+    out.update(tables)
+    return out
+
+
+def _with_sizes(rows: list[dict]) -> dict[str, Any]:
+    agg = _aggregate(rows)
+    agg["by_size"] = {str(s): _aggregate(r for r in rows if int(r["size"]) == s) for s in sorted({int(r["size"]) for r in rows})}
+    return agg
+
+
+def final_table_md(final: dict[str, Any]) -> str:
+    """The paper's tables as markdown: valid % / optimal % per agent count, and per wait subset x agents."""
+    lines = ["| agents | n | valid % | optimal % |", "|---|---|---|---|"]
+    for a, agg in final.get("by_agents", {}).items():
+        lines.append(f"| {a} | {agg['n']} | {100 * agg['valid_rate']:.2f} | {100 * agg['optimal_rate']:.2f} |")
+    waits = sorted(final.get("by_wait", {}))
+    if waits:
+        lines += ["", "Valid % / optimal % per wait-ratio subset:", ""]
+        lines.append("| agents | " + " | ".join(f"wait {w}" for w in waits) + " |")
+        lines.append("|---|" + "---|" * len(waits))
+        for a in final.get("by_agents", {}):
+            cells = []
+            for w in waits:
+                agg = final["by_agents_wait"].get(f"{a}/{w}")
+                cells.append("-" if agg is None else f"{100 * agg['valid_rate']:.1f} / {100 * agg['optimal_rate']:.1f}")
+            lines.append(f"| {a} | " + " | ".join(cells) + " |")
+        cells = [f"{100 * final['by_wait'][w]['valid_rate']:.1f} / {100 * final['by_wait'][w]['optimal_rate']:.1f}" for w in waits]
+        lines.append("| all | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of an `eval.jsonl` (to recompute metrics from saved answers)."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+# ----------------------------------------------------------------------------- nodes
+
+
+def run_eval(
+    split: str,
+    out_dir: Path,
+    *,
+    checkpoint: str | None,
+    settings: Any,
+    limit: int | None = None,
+    model: Any = None,
+) -> list[dict]:
+    """Answer `split` with the policy (or the given `model`), verify, write `out_dir/eval.jsonl`."""
+    instances = limit_instances(load_split(split), limit)
+    if model is not None:
+        rows = answer_and_verify(instances, model, max_tokens=settings.eval_max_tokens, batch_size=settings.eval_batch_size)
+    else:
+        from llm.policy import open_policy
+
+        with open_policy(checkpoint or settings.policy_model, settings.policy_backend, out_dir) as policy:
+            rows = answer_and_verify(
+                instances, policy, max_tokens=settings.eval_max_tokens, batch_size=settings.eval_batch_size
+            )
+    write_jsonl(out_dir / "eval.jsonl", rows)
+    return rows
+
+
+def evaluate_stage(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dict[str, Any]:
+    """Plain-function form of the `evaluate` node (`model` overrides the policy, for tests)."""
+    stage = int(state.get("stage") or 0)
+    out_dir = Path(run_dir) / f"stage_{stage}"
+    rows = run_eval(
+        settings.eval_split, out_dir, checkpoint=state.get("checkpoint"), settings=settings,
+        limit=getattr(settings, "eval_limit", None), model=model,
+    )
+    metrics = compute_metrics(rows)
+    write_json(out_dir / "metrics.json", metrics)
+    line = (
+        f"stage {stage}: eval on {settings.eval_split} (n={metrics['eval/n']}): "
+        f"valid {metrics['eval/valid_rate']:.3f}, optimal {metrics['eval/optimal_rate']:.3f}"
+    )
+    return {"metrics": metrics, "log": [line]}
+
+
+def evaluate(state: dict, runtime) -> dict[str, Any]:
+    """Node: the current checkpoint answers the validation split; returns {"metrics", "log"}."""
+    return evaluate_stage(state, runtime.context.settings, runtime.context.run_dir)
+
+
+def final_evaluate_run(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dict[str, Any]:
+    """Plain-function form of the `final_evaluate` node: writes `final/{eval.jsonl, metrics.json, table.md}`."""
+    out_dir = Path(run_dir) / "final"
+    rows = run_eval(
+        settings.final_split, out_dir, checkpoint=state.get("checkpoint"), settings=settings,
+        limit=getattr(settings, "final_limit", None), model=model,
+    )
+    final = compute_final_metrics(rows)
+    write_json(out_dir / "metrics.json", final)
+    (out_dir / "table.md").write_text(final_table_md(final))
+    line = (
+        f"final on {settings.final_split} (n={final['final/n']}): "
+        f"valid {final['final/valid_rate']:.3f}, optimal {final['final/optimal_rate']:.3f}"
+    )
+    return {"final_metrics": final, "log": [line]}
+
+
+def final_evaluate(state: dict, runtime) -> dict[str, Any]:
+    """Node: the last checkpoint answers the held-out benchmark; returns {"final_metrics", "log"}."""
+    return final_evaluate_run(state, runtime.context.settings, runtime.context.run_dir)

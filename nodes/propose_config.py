@@ -1,0 +1,313 @@
+"""Ask the engineer for the next stage's configuration and extract it from the reply.
+
+LLM engineers (`settings.engineer` in self | base | openai | gemini | a custom endpoint name) get the
+system prompt `prompts/engineer_system.md` (with `EnvConfig.engineer_schema()` in its `{schema}`
+placeholder) and, as the user message, the context from `summarize_failures` plus, on a retry, the
+validation errors of the previous attempt. Structured output (`json_schema`) is asked for unless
+`settings.engineer_structured` is False; backends that cannot enforce it put the schema in the prompt.
+
+Classic engineers (fixed | random | learnability | threshold, `nodes/engineers.py`) answer through the same
+node with the same answer shape, and their answers go through the same validation.
+
+Files (stage_<k>/): `engineer_prompt.md` (the exact messages) and `engineer_reply.md` (the raw reply);
+attempt 1 writes them, later attempts append a section each.
+
+The extraction is tolerant (`extract_proposal`): the whole reply as JSON, else code-fenced JSON, else the
+first balanced `{...}` that decodes (a size-keyed object is preferred), trailing commas forgiven; a bare
+`{"3": {...}, ...}` is wrapped as `{"sizes": ...}`; a string `rationale` key is taken out of the object,
+otherwise prose around the JSON serves as the rationale. When nothing usable is found the proposal is
+None and the reason is returned in `feedback`, which `validate_config` sends back to the engineer.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from env import SIZES, EnvConfig
+from nodes.engineers import CLASSIC
+from nodes.summarize_failures import fill, load_template
+
+MAX_RATIONALE_CHARS = 2000
+MAX_DECODE_STARTS = 400  # bounded work on huge replies: at most this many '{' positions are tried
+MAX_BALANCED_SCANS = 20  # ... and at most this many are re-read with trailing commas removed
+SIZE_KEYS = {str(s) for s in SIZES}
+
+
+# ----------------------------------------------------------------------------- extraction (pure)
+
+
+@dataclass
+class Extracted:
+    """What `extract_proposal` found: the config object (or None), a rationale, the reason when None."""
+
+    config: dict | None
+    rationale: str = ""
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+_FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.S)
+_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
+_DECODER = json.JSONDecoder()
+
+
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return json.loads(_TRAILING_COMMA.sub(r"\1", text))
+    except ValueError:
+        return None
+
+
+def _is_proposal(obj: Any) -> bool:
+    return isinstance(obj, dict) and ("sizes" in obj or bool(SIZE_KEYS & {str(k) for k in obj}))
+
+
+def _candidates(text: str):
+    """(object, start, end) candidates in order of trust: whole text, fenced blocks, balanced objects."""
+    stripped = text.strip()
+    obj = _loads(stripped)
+    if obj is not None:
+        yield obj, 0, len(text)
+    for m in _FENCE.finditer(text):
+        obj = _loads(m.group(1).strip())
+        if obj is not None:
+            yield obj, m.start(), m.end()
+    tried = scans = 0
+    i = text.find("{")
+    while i != -1 and tried < MAX_DECODE_STARTS:
+        tried += 1
+        try:
+            obj, end = _DECODER.raw_decode(text, i)
+        except ValueError:
+            obj, end = None, i
+            scans += 1
+            close = _balanced_end(text, i) if scans <= MAX_BALANCED_SCANS else None
+            if close is not None:
+                obj = _loads(text[i:close])
+                end = close if obj is not None else i
+        if obj is not None:
+            yield obj, i, end
+            i = text.find("{", max(end, i + 1)) if _is_proposal(obj) else text.find("{", i + 1)
+        else:
+            i = text.find("{", i + 1)
+
+
+def _balanced_end(text: str, start: int, limit: int = 200_000) -> int | None:
+    """Index after the `}` closing the `{` at `start` (string-aware), or None when it never closes."""
+    depth, in_str, esc = 0, False, False
+    for j in range(start, min(len(text), start + limit)):
+        ch = text[j]
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return None
+
+
+def extract_proposal(text: str, finish_reason: str | None = None) -> Extracted:
+    """The config object and rationale in an engineer's reply, tolerant of fences and prose.
+
+    >>> e = extract_proposal('Here: ```json\\n{"sizes": {}, "rationale": "why"}\\n``` ok')
+    >>> e.config, e.rationale
+    ({'sizes': {}}, 'why')
+    >>> extract_proposal("no idea").error
+    'no JSON object in the reply (7 characters)'
+    """
+    text = text or ""
+    first_dict: tuple[dict, int, int] | None = None
+    found: tuple[dict, int, int] | None = None
+    for obj, start, end in _candidates(text):
+        if _is_proposal(obj):
+            found = (obj, start, end)
+            break
+        if isinstance(obj, dict) and first_dict is None:
+            first_dict = (obj, start, end)
+    notes: list[str] = []
+    if found is None:
+        if first_dict is not None and isinstance(first_dict[0].get("config"), dict):
+            found = (first_dict[0]["config"], first_dict[1], first_dict[2])
+            notes.append("took the config from a 'config' key")
+        elif first_dict is not None:
+            keys = ", ".join(sorted(map(str, first_dict[0])))[:200]
+            return Extracted(None, error=f"the JSON object in the reply has no 'sizes' (keys: {keys})")
+        else:
+            why = f"no JSON object in the reply ({len(text)} characters)"
+            if "{" in text:
+                why = f"the JSON in the reply does not decode (truncated or malformed; {len(text)} characters)"
+            if finish_reason == "length":
+                why += "; the reply was cut at the token limit: answer with the JSON object only"
+            return Extracted(None, error=why)
+    obj, start, end = found
+    obj = dict(obj)
+    if "sizes" not in obj:
+        obj = {"sizes": obj}
+        notes.append("wrapped a bare size-keyed object as {'sizes': ...}")
+    rationale = obj.pop("rationale", None)
+    if not isinstance(rationale, str):
+        if rationale is not None:
+            obj["rationale"] = rationale  # not a string: leave it for validation to report
+        rationale = (text[:start] + " " + text[end:]).strip()
+        rationale = re.sub(r"```[a-zA-Z]*", "", rationale).strip()
+    return Extracted(obj, rationale=rationale[:MAX_RATIONALE_CHARS].strip(), notes=notes)
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def answer_schema() -> dict:
+    """JSON schema of the whole answer: the engineer-editable config plus an optional `rationale`."""
+    schema = EnvConfig.engineer_schema()
+    schema = json.loads(json.dumps(schema))
+    schema["properties"]["rationale"] = {"type": "string", "description": "what changed and why, briefly"}
+    return schema
+
+
+def system_prompt(prompts_dir: Path | str | None = None) -> str:
+    schema = json.dumps(EnvConfig.engineer_schema(), indent=1)
+    return fill(load_template("engineer_system.md", prompts_dir), schema=schema).strip()
+
+
+def user_message(context: str, feedback: list[str]) -> str:
+    msg = context.strip()
+    if feedback:
+        errs = "\n".join(f"- {f}" for f in feedback)
+        msg += (
+            "\n\n## Your previous reply could not be used\n"
+            f"{errs}\n\nReply again with ONE JSON object that follows the answer contract, and nothing else."
+        )
+    return msg
+
+
+def _messages_md(messages: list[dict], header: str) -> str:
+    parts = [f"# {header}"]
+    for m in messages:
+        parts.append(f"## {m['role']}\n\n{m['content']}")
+    return "\n\n".join(parts) + "\n"
+
+
+def _write(path: Path, text: str, append: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a" if append else "w", encoding="utf-8") as f:
+        f.write(("\n\n" if append else "") + text)
+
+
+# ----------------------------------------------------------------------------- the node
+
+
+def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dict[str, Any]:
+    """Plain-function form of the node. `model` (a ChatModel) replaces `open_engineer` (for tests).
+
+    Reads state: stage, config, metrics, context, checkpoint, decision/attempts/feedback (a retry is
+    `decision == "retry"`), engineer_memory. Returns: proposal, rationale, attempts, feedback (the
+    extraction error when proposal is None, else []), engineer_memory (classic engineers), log.
+    """
+    stage = int(state.get("stage") or 0)
+    stage_dir = Path(run_dir) / f"stage_{stage}"
+    retry = state.get("decision") == "retry"
+    attempt = int(state.get("attempts") or 0) + 1 if retry else 1
+    feedback = list(state.get("feedback") or []) if retry else []
+    engineer = settings.engineer
+    append = attempt > 1
+    header = f"attempt {attempt} (stage {stage}, engineer {engineer})"
+
+    if engineer in CLASSIC:
+        rng = random.Random(f"{settings.seed}:{stage}:{attempt}")
+        memory = dict(state.get("engineer_memory") or {})
+        by_size = (state.get("metrics") or {}).get("by_size") or {}
+        raw, rationale, memory = CLASSIC[engineer](state.get("config") or {}, by_size, memory, rng)
+        inputs = {"config": state.get("config"), "metrics_by_size": by_size, "memory": state.get("engineer_memory") or {}}
+        _write(stage_dir / "engineer_prompt.md", f"# {header}\n\nClassic engineer; its inputs:\n\n```json\n"
+               + json.dumps(inputs, indent=1, default=str) + "\n```\n", append)
+        _write(stage_dir / "engineer_reply.md", f"# {header}\n\n{rationale}\n\n```json\n{json.dumps(raw, indent=1)}\n```\n", append)
+        return {
+            "proposal": raw,
+            "rationale": rationale,
+            "attempts": attempt,
+            "feedback": [],
+            "engineer_memory": memory,
+            "log": [f"stage {stage}: {engineer} engineer proposed (attempt {attempt})"],
+        }
+
+    pdir = getattr(settings, "prompts_dir", None)
+    messages = [
+        {"role": "system", "content": system_prompt(pdir)},
+        {"role": "user", "content": user_message(state.get("context") or "", feedback)},
+    ]
+    _write(stage_dir / "engineer_prompt.md", _messages_md(messages, header), append)
+    kwargs = {
+        "max_tokens": int(getattr(settings, "engineer_max_tokens", 512)),
+        "temperature": float(getattr(settings, "engineer_temperature", 0.0)),
+        "json_schema": answer_schema() if getattr(settings, "engineer_structured", True) else None,
+    }
+    t0 = time.monotonic()
+    text, meta = _ask(model, messages, kwargs, state, settings, run_dir)
+    meta["wall_s"] = round(time.monotonic() - t0, 3)
+    _write(stage_dir / "engineer_reply.md", f"# {header}\n\n<!-- {json.dumps(meta)} -->\n\n{text}\n", append)
+
+    ex = extract_proposal(text, meta.get("finish_reason")) if meta.get("error") is None else Extracted(
+        None, error=f"the engineer call failed: {meta['error']}"
+    )
+    return {
+        "proposal": ex.config,
+        "rationale": ex.rationale,
+        "attempts": attempt,
+        "feedback": [] if ex.config is not None else [ex.error or "no usable proposal"],
+        "log": [
+            f"stage {stage}: engineer {engineer} replied {len(text)} chars (attempt {attempt}); "
+            + ("found a config" if ex.config is not None else f"no config: {ex.error}")
+        ],
+    }
+
+
+def _ask(model, messages, kwargs, state, settings, run_dir) -> tuple[str, dict]:
+    """Send the messages; a failed call becomes an empty reply with the error (never a crash)."""
+    from llm.base import ChatError
+
+    def call(m) -> tuple[str, dict]:
+        try:
+            res = m.chat(messages, **kwargs)
+        except ChatError as e:
+            return "", {"error": str(e)}
+        return res.text or "", {
+            "model": res.model,
+            "latency_s": round(res.latency_s, 3),
+            "prompt_tokens": res.prompt_tokens,
+            "completion_tokens": res.completion_tokens,
+            "finish_reason": getattr(res, "finish_reason", None),
+            "error": None,
+        }
+
+    if model is not None:
+        return call(model)
+    from llm.engineers import open_engineer
+
+    with open_engineer(
+        settings.engineer, checkpoint=state.get("checkpoint"), base_model=settings.policy_model, run_dir=Path(run_dir)
+    ) as m:
+        return call(m)
+
+
+def propose_config(state: dict, runtime) -> dict[str, Any]:
+    """Node: the engineer proposes the next stage's config; returns {proposal, rationale, attempts, ...}."""
+    return propose(state, runtime.context.settings, runtime.context.run_dir)

@@ -1,0 +1,332 @@
+"""Turn a stage's evaluation into the context the engineer reads (the paper's context modules).
+
+Modules (PAPER.md), each rendered from a template in `prompts/` (`module_<X>.md`):
+- F: per-size failure counts, valid and optimal rates (from `state["metrics"]["by_size"]`);
+- G: the fixed guideline (`prompts/guideline.md`);
+- H: history of (config, result) pairs, the current stage included; "H0" keeps stage 0's random config,
+  "H" drops it (the engineer anchors on it);
+- S: the engineer's own explanation of its last choice (`state["rationale"]`);
+- T: training details; bookkeeping only (stage index, stages, epochs, instances) by default, or the full
+  RL details (hyper-parameters, last train metrics) when `settings.context_details == "full"`.
+Variants: V1=F, V2=F+G, V3=F+G+H0, V4=F+G+H, V5=V4+S, V6=V4+T (default).
+
+Two additions shown in every variant (they are evidence, not advice): E, the generator's environment
+statistics for the current training set (asked vs achieved hole and wait shares, shortfalls; from
+`stage_<k>/env_stats.json`, written by `apply`), and X, up to `settings.evidence_examples` verbatim
+failing answers cut to `settings.evidence_chars` characters (0 examples turns X off).
+
+Policy text is untrusted: each answer is put between marker lines carrying a nonce the policy cannot
+know in advance (a hash of the run seed, the stage and the texts), every quoted line is prefixed with
+`│ ` so none can pose as a heading or a marker, and marker look-alikes inside it are neutralised.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from env import FAILURES
+
+PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
+
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "V1": ("F",),
+    "V2": ("F", "G"),
+    "V3": ("F", "G", "H0"),
+    "V4": ("F", "G", "H"),
+    "V5": ("F", "G", "H", "S"),
+    "V6": ("F", "G", "H", "T"),
+}
+FENCE_OPEN = "<<<UNTRUSTED POLICY ANSWER"
+FENCE_CLOSE = "<<<END UNTRUSTED POLICY ANSWER"
+QUOTE = "│ "
+
+
+# ----------------------------------------------------------------------------- templates
+
+
+def load_template(name: str, prompts_dir: Path | str | None = None) -> str:
+    """`prompts/<name>` or its override in `prompts_dir` (settings.prompts_dir) when that file exists."""
+    if prompts_dir:
+        p = Path(prompts_dir) / name
+        if p.is_file():
+            return p.read_text()
+    return (PROMPTS_DIR / name).read_text()
+
+
+def fill(template: str, **values: Any) -> str:
+    """Replace `{name}` placeholders by value; other braces (JSON in templates) are left alone."""
+    for k, v in values.items():
+        template = template.replace("{" + k + "}", str(v))
+    return template
+
+
+# ----------------------------------------------------------------------------- module bodies
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def failure_table(by_size: dict[str, dict]) -> str:
+    """Markdown table: size, n, valid %, optimal %, then one count column per failure."""
+    head = "| size | n | valid | optimal | " + " | ".join(FAILURES) + " |"
+    lines = [head, "|" + "---|" * (4 + len(FAILURES))]
+    for size in sorted(by_size, key=int):
+        row = by_size[size]
+        counts = " | ".join(str(row.get("failures", {}).get(f, 0)) for f in FAILURES)
+        lines.append(
+            f"| {size}x{size} | {row['n']} | {_pct(row['valid_rate'])} | {_pct(row['optimal_rate'])} | {counts} |"
+        )
+    return "\n".join(lines)
+
+
+def _sizes(config: dict) -> dict[int, dict]:
+    return {int(k): v for k, v in (config.get("sizes") or {}).items()}
+
+
+def config_table(config: dict) -> str:
+    """Markdown table of a config's 24 knobs."""
+    lines = ["| size | data_ratio | hole_ratio | wait_ratio |", "|---|---|---|---|"]
+    for s, k in sorted(_sizes(config).items()):
+        lines.append(f"| {s}x{s} | {k['data_ratio']:.3f} | {k['hole_ratio']:.3f} | {k['wait_ratio']:.3f} |")
+    return "\n".join(lines)
+
+
+def history_table(entries: Sequence[dict]) -> str:
+    """One block per stage: its config's knobs next to the valid/optimal rate it reached, per size."""
+    blocks = []
+    for e in entries:
+        metrics = e.get("metrics") or {}
+        by_size = metrics.get("by_size") or {}
+        head = f"Stage {e['stage']}: overall valid {_pct(metrics.get('eval/valid_rate'))}, optimal {_pct(metrics.get('eval/optimal_rate'))}"
+        lines = [head, "", "| size | data_ratio | hole_ratio | wait_ratio | valid | optimal |", "|---|---|---|---|---|---|"]
+        for s, k in sorted(_sizes(e.get("config") or {}).items()):
+            r = by_size.get(str(s)) or {}
+            lines.append(
+                f"| {s}x{s} | {k['data_ratio']:.3f} | {k['hole_ratio']:.3f} | {k['wait_ratio']:.3f} | "
+                f"{_pct(r.get('valid_rate'))} | {_pct(r.get('optimal_rate'))} |"
+            )
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) if blocks else "(no earlier stage to show yet)"
+
+
+def env_stats_table(stats: dict | None) -> str:
+    """The generator's per-size statistics (whatever fields it reports) as a markdown table."""
+    if not stats:
+        return "(no environment statistics recorded for this stage)"
+    per_size = stats.get("sizes", stats) if isinstance(stats, dict) else {}
+    rows = {k: v for k, v in per_size.items() if isinstance(v, dict)}
+    if not rows:
+        return "```\n" + json.dumps(stats, indent=1, sort_keys=True)[:2000] + "\n```"
+    cols: list[str] = []
+    for v in rows.values():
+        cols += [c for c, x in v.items() if c not in cols and isinstance(x, int | float | str | bool | None)]
+    lines = ["| size | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    for size in sorted(rows, key=lambda k: (len(str(k)), str(k))):
+        cells = []
+        for c in cols:
+            x = rows[size].get(c)
+            cells.append(f"{x:.3f}" if isinstance(x, float) else str(x if x is not None else "-"))
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
+    extra = {k: v for k, v in stats.items() if k != "sizes" and not isinstance(v, dict)} if "sizes" in stats else {}
+    if extra:
+        lines.append("")
+        lines += [f"- {k}: {v}" for k, v in extra.items()]
+    return "\n".join(lines)
+
+
+def training_details(state: dict, settings: Any, full: bool) -> str:
+    """T: bookkeeping (where the run stands) or, with `full`, the RL hyper-parameters and train metrics."""
+    stage = int(state.get("stage") or 0)
+    stages = int(getattr(settings, "stages", stage + 1))
+    train = getattr(settings, "train", None)
+    epochs = getattr(train, "epochs", None) or getattr(train, "num_train_epochs", None)
+    per_stage = getattr(train, "instances_per_stage", None)
+    lines = [
+        f"- Stage {stage} (0-based) has just finished; you are designing stage {stage + 1} of {stages} "
+        f"(stages 0..{stages - 1}; {max(0, stages - stage - 1)} left, this one included).",
+    ]
+    if epochs is not None:
+        lines.append(f"- Each stage trains for {epochs} epoch(s) over its training set.")
+    if per_stage is not None:
+        lines.append(f"- Each stage's training set has {per_stage} two-agent instances.")
+    if full:
+        if train is not None and hasattr(train, "model_dump"):
+            hp = train.model_dump(mode="json")
+            lines.append("- RL hyper-parameters (GRPO): " + ", ".join(f"{k}={v}" for k, v in sorted(hp.items())))
+        tm = state.get("train_metrics") or {}
+        if tm:
+            shown = {k: v for k, v in tm.items() if isinstance(v, int | float)}
+            lines.append("- Last stage's training metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(shown.items())))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- evidence
+
+
+def _neutralise(text: str, nonce: str) -> str:
+    """Policy text made inert: no control characters, no marker or fence look-alikes, no nonce."""
+    text = "".join(ch for ch in text if ch in "\n\t" or (ch.isprintable()))
+    text = text.replace(nonce, "[nonce removed]")
+    text = text.replace("<<<", "‹‹‹").replace(">>>", "›››").replace("```", "ʼʼʼ").replace("~~~", "∼∼∼")
+    return text
+
+
+def pick_failures(rows: Sequence[dict], k: int) -> list[dict]:
+    """Up to `k` failing rows, one failure kind after another (in FAILURES order) so that the examples show
+    different failures; within a kind, smallest size first, file order kept."""
+    if k <= 0:
+        return []
+    by_kind: dict[str, list[dict]] = {}
+    for r in rows:
+        if not r.get("valid"):
+            by_kind.setdefault(r.get("failure") or "unknown", []).append(r)
+    kinds = [f for f in FAILURES if f in by_kind] + sorted(set(by_kind) - set(FAILURES))
+    for f in kinds:
+        by_kind[f].sort(key=lambda r: int(r.get("size", 0)))
+    picked: list[dict] = []
+    depth = 0
+    while len(picked) < k and any(depth < len(by_kind[f]) for f in kinds):
+        for f in kinds:
+            if depth < len(by_kind[f]) and len(picked) < k:
+                picked.append(by_kind[f][depth])
+        depth += 1
+    return picked
+
+
+def evidence_nonce(seed: Any, stage: int, texts: Sequence[str]) -> str:
+    h = hashlib.sha256(f"{seed}:{stage}".encode())
+    for t in texts:
+        h.update(b"\0" + t.encode("utf-8", "replace"))
+    return h.hexdigest()[:16]
+
+
+def fence_evidence(rows: Sequence[dict], *, max_chars: int, nonce: str) -> str:
+    """The fenced blocks of module X: one per row, its text cut to `max_chars` and quoted line by line."""
+    blocks = []
+    for i, r in enumerate(rows, 1):
+        text = r.get("text") or ""
+        cut = len(text) - max_chars
+        body = _neutralise(text[:max_chars], nonce)
+        quoted = "\n".join(QUOTE + line for line in body.split("\n"))
+        tail = f"\n{QUOTE}[... {cut} more characters cut]" if cut > 0 else ""
+        what = f"example {i}: size {r.get('size')}, failure {r.get('failure')}"
+        blocks.append(f"{FENCE_OPEN} {nonce}>>> ({what})\n{quoted}{tail}\n{FENCE_CLOSE} {nonce}>>>")
+    return "\n\n".join(blocks)
+
+
+# ----------------------------------------------------------------------------- the context
+
+
+def build_context(
+    *,
+    variant: str,
+    state: dict,
+    settings: Any,
+    eval_rows: Sequence[dict] = (),
+    env_stats: dict | None = None,
+) -> str:
+    """The engineer's context (markdown) for `variant`, from the state after `evaluate` of stage k."""
+    if variant not in VARIANTS:
+        raise ValueError(f"context variant {variant!r} is not one of {', '.join(VARIANTS)}")
+    modules = VARIANTS[variant]
+    pdir = getattr(settings, "prompts_dir", None)
+    stage = int(state.get("stage") or 0)
+    metrics = state.get("metrics") or {}
+    parts = [f"# Evidence after training stage {stage} (context {variant})"]
+
+    if "F" in modules:
+        parts.append(
+            fill(
+                load_template("module_F.md", pdir),
+                stage=stage,
+                valid_rate=_pct(metrics.get("eval/valid_rate")),
+                optimal_rate=_pct(metrics.get("eval/optimal_rate")),
+                n=metrics.get("eval/n", 0),
+                table=failure_table(metrics.get("by_size") or {}),
+            )
+        )
+    if "G" in modules:
+        parts.append(fill(load_template("module_G.md", pdir), guideline=load_template("guideline.md", pdir).strip()))
+    if "H" in modules or "H0" in modules:
+        entries = [e for e in (state.get("history") or []) if e.get("stage") != stage]
+        entries.append({"stage": stage, "config": state.get("config") or {}, "metrics": metrics})
+        with_stage0 = "H0" in modules
+        if not with_stage0:
+            entries = [e for e in entries if e.get("stage") != 0]
+        note = "" if with_stage0 else " Stage 0's random starting configuration is left out on purpose."
+        parts.append(fill(load_template("module_H.md", pdir), note=note, table=history_table(entries)))
+    if "S" in modules:
+        rationale = (state.get("rationale") or "").strip() or "(no earlier explanation: this is your first proposal)"
+        parts.append(fill(load_template("module_S.md", pdir), rationale=rationale))
+    if "T" in modules:
+        full = getattr(settings, "context_details", "bookkeeping") == "full"
+        parts.append(fill(load_template("module_T.md", pdir), details=training_details(state, settings, full)))
+
+    parts.append(fill(load_template("module_E.md", pdir), table=env_stats_table(env_stats)))
+
+    k = int(getattr(settings, "evidence_examples", 3))
+    picked = pick_failures(eval_rows, k)
+    if picked:
+        nonce = evidence_nonce(getattr(settings, "seed", 0), stage, [r.get("text") or "" for r in picked])
+        blocks = fence_evidence(picked, max_chars=int(getattr(settings, "evidence_chars", 600)), nonce=nonce)
+        parts.append(
+            fill(
+                load_template("module_X.md", pdir),
+                open=f"{FENCE_OPEN} {nonce}>>>",
+                close=f"{FENCE_CLOSE} {nonce}>>>",
+                blocks=blocks,
+            )
+        )
+    return "\n\n".join(p.strip() for p in parts) + "\n"
+
+
+def fenced_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) character spans of every evidence block in `text` (for checks and tests)."""
+    pat = re.compile(re.escape(FENCE_OPEN) + r" ([0-9a-f]{16})>>>.*?" + re.escape(FENCE_CLOSE) + r" \1>>>", re.S)
+    return [m.span() for m in pat.finditer(text)]
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def summarize_stage(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
+    """Plain-function form of the node: reads stage_k/{eval.jsonl, env_stats.json}, writes summary.md."""
+    stage = int(state.get("stage") or 0)
+    stage_dir = Path(run_dir) / f"stage_{stage}"
+    context = build_context(
+        variant=getattr(settings, "context", "V6"),
+        state=state,
+        settings=settings,
+        eval_rows=_read_rows(stage_dir / "eval.jsonl"),
+        env_stats=_read_json(stage_dir / "env_stats.json"),
+    )
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    (stage_dir / "summary.md").write_text(context)
+    return {"context": context}
+
+
+def summarize_failures(state: dict, runtime) -> dict[str, Any]:
+    """Node: compose the engineer's context for the stage just evaluated; returns {"context"}."""
+    return summarize_stage(state, runtime.context.settings, runtime.context.run_dir)

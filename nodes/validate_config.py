@@ -1,0 +1,227 @@
+"""Check the engineer's proposal and decide what the next stage trains on.
+
+Order of checks, each recorded:
+1. Extraction: no proposal (the reply had no usable JSON) is unusable; the reason comes from
+   `propose_config` through `state["feedback"]`.
+2. Strict validation: `EnvConfig.model_validate` of the proposal's `sizes` with the run-level fields
+   (`num_agents`, `num_instances`) taken from the current config: the engineer cannot change them, so
+   such keys (and any other top-level key) are dropped with a note. Passing -> "accepted".
+3. Projection (the paper's path): `env.project` clips, renormalises, caps and fills, with a note per
+   change -> "projected". A proposal not even shaped like a config (`ValueError`) is unusable.
+4. Feasibility dry-run: the generator draws `settings.feasibility_n` instances (default 16; 0 skips it)
+   from the candidate; an exception or a severe shortfall (fewer than half the asked instances overall,
+   or at a size asked for at least 4) makes it unusable.
+
+An unusable proposal goes back to the engineer with the errors ("retry") while `attempts <
+settings.engineer_max_attempts`; after that the current config is kept ("kept_previous") and passed on as
+`accepted`. Every decision (with reason, errors, notes, feasibility and the diff against the current
+config) is appended to `stage_<k>/validation.json`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from env import EnvConfig, generate, project
+from env.config import format_validation_error
+
+KNOBS = ("data_ratio", "hole_ratio", "wait_ratio")
+DEFAULT_FEASIBILITY_N = 16
+SHORTFALL = 0.5  # a size (or the whole draw) that gets less than this share of what it asked is infeasible
+
+
+def config_diff(old: dict | None, new: dict) -> dict[str, dict[str, dict[str, float]]]:
+    """`{"5": {"hole_ratio": {"from": 0.1, "to": 0.3}}, ...}`: every knob that moved by more than 1e-9."""
+    old_sizes = {str(k): v for k, v in ((old or {}).get("sizes") or {}).items()}
+    out: dict[str, dict] = {}
+    for s, knobs in ((new or {}).get("sizes") or {}).items():
+        prev = old_sizes.get(str(s)) or {}
+        for k in KNOBS:
+            a, b = prev.get(k), knobs.get(k)
+            if a is None or b is None or abs(float(a) - float(b)) > 1e-9:
+                out.setdefault(str(s), {})[k] = {"from": a, "to": b}
+    return out
+
+
+def _stage_seed(seed: Any, stage: int, attempt: int) -> int:
+    return int(hashlib.sha256(f"feasibility:{seed}:{stage}:{attempt}".encode()).hexdigest()[:8], 16)
+
+
+def feasibility(cfg: EnvConfig, n: int, seed: int) -> dict[str, Any]:
+    """Dry-run the generator on `n` instances; `{"ok", "problems", "generated", "asked", "seconds"}`."""
+    import time
+
+    t0 = time.monotonic()
+    cfg = EnvConfig.model_validate({**cfg.model_dump(), "num_instances": n})
+    try:
+        gen = generate(cfg, n, seed, num_agents=cfg.num_agents, workers=1)
+    except Exception as e:  # any generator failure is a reason to reject, never a crash of the run
+        return {"ok": False, "problems": [f"the generator failed: {type(e).__name__}: {e}"[:500]], "seconds": round(time.monotonic() - t0, 3)}
+    problems: list[str] = []
+    counts: dict[int, int] = {}
+    for inst in gen.instances:
+        counts[inst.size] = counts.get(inst.size, 0) + 1
+    asked = quotas(cfg, n)
+    if len(gen.instances) < SHORTFALL * n:
+        problems.append(f"the generator served only {len(gen.instances)} of {n} instances")
+    for s, q in asked.items():
+        if q >= 4 and counts.get(s, 0) < SHORTFALL * q:
+            problems.append(f"size {s}: the generator served {counts.get(s, 0)} of {q} asked instances")
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "asked": {str(s): q for s, q in asked.items()},
+        "generated": {str(s): c for s, c in sorted(counts.items())},
+        "stats": gen.stats,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+
+
+def quotas(cfg: EnvConfig, n: int) -> dict[int, int]:
+    """Approximate per-size counts asked of the generator (largest remainder of n * data_ratio)."""
+    raw = {s: n * k.data_ratio for s, k in cfg.sizes.items()}
+    out = {s: math.floor(v) for s, v in raw.items()}
+    for s in sorted(raw, key=lambda s: raw[s] - out[s], reverse=True)[: n - sum(out.values())]:
+        out[s] += 1
+    return out
+
+
+def check_proposal(proposal: dict | None, current: dict, parse_errors: list[str] | None = None) -> dict[str, Any]:
+    """Steps 1-3 (no generator): `{"config": EnvConfig|None, "decision": "accepted"|"projected"|None,
+    "errors": [...], "notes": [...]}`; `config` None means unusable."""
+    notes: list[str] = []
+    if proposal is None:
+        return {"config": None, "decision": None, "errors": list(parse_errors or ["no usable JSON object in the reply"]), "notes": notes}
+    if not isinstance(proposal, dict):
+        return {"config": None, "decision": None, "errors": [f"the proposal must be a JSON object, got {type(proposal).__name__}"], "notes": notes}
+    for key in proposal:
+        if key != "sizes":
+            notes.append(f"{key}: dropped (the engineer sets only 'sizes')")
+    cur = EnvConfig.model_validate(current)
+    candidate = {"sizes": proposal.get("sizes"), "num_agents": cur.num_agents, "num_instances": cur.num_instances}
+    try:
+        return {"config": EnvConfig.model_validate(candidate), "decision": "accepted", "errors": [], "notes": notes}
+    except ValidationError as e:
+        strict_error = format_validation_error(e)
+    except (TypeError, ValueError) as e:
+        strict_error = str(e)
+    try:
+        cfg, proj_notes = project(candidate)
+    except (TypeError, ValueError, ValidationError) as e:
+        return {"config": None, "decision": None, "errors": [strict_error[:1500], f"cannot project it: {e}"[:500]], "notes": notes}
+    return {"config": cfg, "decision": "projected", "errors": [strict_error[:1500]], "notes": notes + proj_notes}
+
+
+def validate(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
+    """Plain-function form of the node.
+
+    Reads state: stage, config (current), proposal, feedback (extraction errors when proposal is None),
+    attempts, rationale. Returns: accepted (EnvConfig dump, or None on "retry"), decision, feedback (errors
+    for the engineer; [] when accepted), attempts, log.
+    """
+    stage = int(state.get("stage") or 0)
+    attempts = int(state.get("attempts") or 1)
+    max_attempts = int(getattr(settings, "engineer_max_attempts", 3))
+    current = state["config"]
+    proposal = state.get("proposal")
+    parse_errors = list(state.get("feedback") or []) if proposal is None else None
+
+    checked = check_proposal(proposal, current, parse_errors)
+    cfg: EnvConfig | None = checked["config"]
+    errors: list[str] = list(checked["errors"])
+    feas: dict[str, Any] | None = None
+    n = int(getattr(settings, "feasibility_n", DEFAULT_FEASIBILITY_N))
+    if cfg is not None and n > 0:
+        feas = feasibility(cfg, n, _stage_seed(getattr(settings, "seed", 0), stage, attempts))
+        if not feas["ok"]:
+            errors += [f"infeasible: {p}" for p in feas["problems"]]
+            cfg = None
+
+    if cfg is not None:
+        decision = checked["decision"]
+        accepted = cfg.model_dump(mode="json")
+        reason = "the proposal passed strict validation" if decision == "accepted" else (
+            f"the proposal failed strict validation and was projected ({len(checked['notes'])} change(s))"
+        )
+        feedback: list[str] = []
+    elif attempts < max_attempts:
+        decision, accepted = "retry", None
+        reason = f"unusable proposal (attempt {attempts} of {max_attempts}); errors sent back to the engineer"
+        feedback = errors
+    else:
+        decision = "kept_previous"
+        accepted = EnvConfig.model_validate(current).model_dump(mode="json")
+        reason = f"unusable proposal after {attempts} attempt(s); the current config is kept"
+        feedback = errors
+
+    record = {
+        "attempt": attempts,
+        "decision": decision,
+        "reason": reason,
+        "errors": errors,
+        "notes": checked["notes"],
+        "proposal": proposal,
+        "rationale": state.get("rationale", ""),
+        "diff": config_diff(current, accepted) if accepted is not None else {},
+        "feasibility": _brief(feas),
+        "accepted": accepted,
+    }
+    _append_record(Path(run_dir) / f"stage_{stage}" / "validation.json", stage, record)
+    moved = len(record["diff"])
+    return {
+        "accepted": accepted,
+        "decision": decision,
+        "feedback": feedback,
+        "attempts": attempts,
+        "log": [f"stage {stage}: validation attempt {attempts}: {decision} ({moved} size(s) changed)" + (
+            f"; {errors[0][:160]}" if errors else "")],
+    }
+
+
+def _brief(feas: dict | None) -> dict | None:
+    if feas is None:
+        return None
+    return {k: v for k, v in feas.items() if k != "stats"} | {"stats": _jsonable(feas.get("stats"))}
+
+
+def _jsonable(obj: Any) -> Any:
+    """A strict-JSON copy: non-finite floats (NaN, inf from a proposal) become strings."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if obj is None or isinstance(obj, str | int | float | bool):
+        return obj
+    return str(obj)
+
+
+def _append_record(path: Path, stage: int, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"stage": stage, "decisions": []}
+    if path.is_file() and record["attempt"] > 1:
+        try:
+            doc = json.loads(path.read_text())
+        except ValueError:
+            pass
+    doc["decisions"] = [d for d in doc.get("decisions", []) if d.get("attempt") != record["attempt"]] + [record]
+    doc["final"] = record["decision"] if record["decision"] != "retry" else None
+    path.write_text(json.dumps(_jsonable(doc), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def route_after_validation(state: dict) -> Literal["propose_config", "apply"]:
+    """A "retry" goes back to the engineer with the errors; anything else (accepted, projected or kept) is
+    applied."""
+    return "propose_config" if state.get("decision") == "retry" else "apply"
+
+
+def validate_config(state: dict, runtime) -> dict[str, Any]:
+    """Node: strict check, projection, feasibility; returns {accepted, decision, feedback, attempts, log}."""
+    return validate(state, runtime.context.settings, runtime.context.run_dir)
