@@ -170,7 +170,7 @@ def _describe_update(node: str, update: dict[str, Any], state: dict[str, Any]) -
         return f"[stage {stage}] trained" + (f": mean reward {r:.3f}" if isinstance(r, (int, float)) else "")
     if node == "final_evaluate":
         fm = update.get("final_metrics") or {}
-        v = fm.get("eval/valid_rate")
+        v = fm.get("final/valid_rate")
         return "[final] benchmark evaluated" + (f": valid {100 * v:.1f}%" if isinstance(v, (int, float)) else "")
     if node == "report":
         return "[report] written"
@@ -257,8 +257,7 @@ def dry_run(run_dir: Path, settings: Settings) -> None:
 
     make_graph()
     _say("[dry-run] graph built")
-    ctx = RunContext(settings=settings, run_dir=run_dir)
-    update = apply_config(None, stage=0, ctx=ctx)
+    update = apply_config({}, settings, run_dir)
     _say(f"[dry-run] stage-0 data generated: {update['train_path']}")
     if settings.is_classic_engineer:
         _say(f"[dry-run] engineer {settings.engineer!r} is a classic curriculum: nothing to ping")

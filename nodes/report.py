@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nodes.evaluate import final_table_md
+
 SIZES = tuple(range(3, 11))
 
 
@@ -104,27 +106,6 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
     return files
 
 
-def final_table(final: dict[str, Any] | None) -> list[str]:
-    """The paper's table: valid % / optimal % per agent count (and per wait subset), over sizes."""
-    if not final:
-        return ["(no final benchmark)"]
-    agents = sorted({int(k.split("agents_")[1].split("/")[0]) for k in final if "/agents_" in k})
-    waits = sorted({k.split("wait_")[1] for k in final if "/wait_" in k and "/agents_" not in k})
-    lines = ["| split | " + " | ".join(f"{a} agents" for a in agents) + " |",
-             "|---|" + "---|" * len(agents)]
-    lines.append("| all wait ratios | " + " | ".join(
-        f"{_pct(final.get(f'eval/valid_rate/agents_{a}'))} / {_pct(final.get(f'eval/optimal_rate/agents_{a}'))}"
-        for a in agents) + " |")
-    for w in waits:
-        lines.append(f"| wait {w} | " + " | ".join(
-            f"{_pct(final.get(f'eval/valid_rate/agents_{a}/wait_{w}'))} / "
-            f"{_pct(final.get(f'eval/optimal_rate/agents_{a}/wait_{w}'))}" for a in agents) + " |")
-    lines.append("")
-    lines.append(f"Overall: valid {_pct(final.get('eval/valid_rate'))} %, optimal {_pct(final.get('eval/optimal_rate'))} %"
-                 f" over {final.get('eval/n', '?')} instances. Cells: valid % / optimal %.")
-    return lines
-
-
 def render(data: dict[str, Any], plots: list[str], title: str) -> str:
     lines = [f"# Run report: {title}", ""]
     lines += ["## Validation per stage", "", "| stage | valid % | optimal % | " +
@@ -148,15 +129,21 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
                 k = cfg.get(str(n), cfg.get(n, {}))
                 lines.append(f"| {n}x{n} | {k.get('data_ratio', 0):.3f} | {k.get('hole_ratio', 0):.3f} | "
                              f"{k.get('wait_ratio', 0):.3f} |")
-        v = s["validation"]
-        if v:
-            decision = v.get("decision", "?")
-            lines += ["", f"Engineer proposal for the next stage: **{decision}**"
-                      + (f" — {v.get('reason')}" if v.get("reason") else "")]
-            if v.get("rationale"):
-                lines += ["", "> " + str(v["rationale"]).replace("\n", "\n> ")[:2000]]
+        decisions = (s["validation"] or {}).get("decisions") or []
+        if decisions:
+            last = decisions[-1]
+            lines += ["", f"Engineer proposal for stage {s['stage'] + 1}: **{last.get('decision', '?')}** after "
+                      f"{len(decisions)} attempt(s) — {last.get('reason', '')}"]
+            if last.get("rationale"):
+                lines += ["", "> " + str(last["rationale"])[:2000].replace("\n", "\n> ")]
         lines.append("")
-    lines += ["## Final benchmark (held-out, more agents than in training)", ""] + final_table(data["final"])
+    lines += ["## Final benchmark (held-out, more agents than in training)", ""]
+    final = data["final"]
+    if final:
+        lines += [f"{final.get('final/n', '?')} instances: valid {_pct(final.get('final/valid_rate'))} %, "
+                  f"optimal {_pct(final.get('final/optimal_rate'))} %.", "", final_table_md(final)]
+    else:
+        lines.append("(no final benchmark yet)")
     return "\n".join(lines) + "\n"
 
 
