@@ -148,13 +148,15 @@ def extract_proposal(text: str, finish_reason: str | None = None) -> Extracted:
         if first_dict is not None and isinstance(first_dict[0].get("config"), dict):
             found = (first_dict[0]["config"], first_dict[1], first_dict[2])
             notes.append("took the config from a 'config' key")
-        elif first_dict is not None:
-            keys = ", ".join(sorted(map(str, first_dict[0])))[:200]
-            return Extracted(None, error=f"the JSON object in the reply has no 'sizes' (keys: {keys})")
         else:
-            why = f"no JSON object in the reply ({len(text)} characters)"
-            if "{" in text:
+            first_brace = text.find("{")
+            if first_dict is not None and first_dict[1] == first_brace:
+                keys = ", ".join(sorted(map(str, first_dict[0])))[:200]
+                why = f"the JSON object in the reply has no 'sizes' (keys: {keys})"
+            elif first_brace != -1:
                 why = f"the JSON in the reply does not decode (truncated or malformed; {len(text)} characters)"
+            else:
+                why = f"no JSON object in the reply ({len(text)} characters)"
             if finish_reason == "length":
                 why += "; the reply was cut at the token limit: answer with the JSON object only"
             return Extracted(None, error=why)
