@@ -1,0 +1,66 @@
+"""Which context makes a good engineer? The loop once per (context variant, seed) for one engineer.
+
+    python -m evals.ablate_context --config evals/configs/ablate_cpu.yaml [--dry-run] [--tables-only]
+
+Variants (PAPER.md): V1=F, V2=F+G, V3=F+G+H (with stage 0), V4=F+G+H (without), V5=V4+S, V6=V4+T.
+Each variant runs `python -m graph.run --engineer <engineer> --context <V>` once per seed in its own run
+folder `<runs_dir>/<V>-s<seed>`; `baselines:` adds other engineers (e.g. `fixed`) as extra rows so the
+gap can be measured against a curriculum that does not redesign. Same seeds, budgets, resume rules,
+statistics, tables and plots as `evals.compare_engineers` (both use `evals.common`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pydantic import Field
+
+from evals.common import Arm, EvalConfigError, LoopConfig, load_config, run_loop_eval
+
+VARIANTS = ("V1", "V2", "V3", "V4", "V5", "V6")
+
+
+class AblateConfig(LoopConfig):
+    """ablate_context config: the shared loop fields plus the engineer, the variants and extra baselines."""
+
+    engineer: str = Field("self", description="the engineer whose context is varied")
+    engineer_model: str | None = Field(None, description="model id for an API engineer")
+    engineer_base_url: str | None = Field(None, description="base URL of a custom endpoint")
+    variants: list[str] = Field(default_factory=lambda: list(VARIANTS), min_length=1, description="V1..V6")
+    baselines: list[str] = Field(default_factory=list, description="extra engineers run as rows (e.g. fixed)")
+
+
+def arms_of(cfg: AblateConfig) -> list[Arm]:
+    bad = [v for v in cfg.variants if v not in VARIANTS]
+    if bad:
+        raise EvalConfigError(f"variants: {bad} unknown; allowed: {', '.join(VARIANTS)}")
+    arms = [Arm(label=v, engineer=cfg.engineer, context=v, engineer_model=cfg.engineer_model,
+                engineer_base_url=cfg.engineer_base_url) for v in cfg.variants]
+    arms += [Arm(label=b, engineer=b) for b in cfg.baselines if b not in cfg.variants]
+    return arms
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m evals.ablate_context", description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, type=Path, help="YAML/TOML config (see evals/configs/)")
+    p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; run nothing")
+    p.add_argument("--tables-only", action="store_true", help="rebuild tables/plots from <out>/verdicts only")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(args.config, AblateConfig)
+        assert isinstance(cfg, AblateConfig)
+        return run_loop_eval(arms=arms_of(cfg), cfg=cfg, config_path=args.config, arm_header="context",
+                             title=f"Context ablation for engineer `{cfg.engineer}` ({cfg.preset} preset, "
+                             f"seeds {cfg.seeds})", dry_run=args.dry_run, tables_only=args.tables_only)
+    except EvalConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,883 @@
+"""Shared machinery of the evals: config files, one loop run per (arm, seed), statistics, tables, plots.
+
+An *arm* is one thing being compared: an engineer (`compare_engineers.py`) or a context variant of one
+engineer (`ablate_context.py`). Every arm runs the full loop once per seed as a subprocess of
+`python -m graph.run` with its own run folder; the same seed gives every arm the same stage-0 config and
+data, and the same preset gives every arm the same budget, so per-seed differences between arms are paired.
+
+Results are computed from per-instance verdict files only: after a pair finishes, its verdict files
+(`final/eval.jsonl`, `stage_k/eval.jsonl`, `stage_k/config.json`, `settings.json`) are copied into
+`<out>/verdicts/<arm>-s<seed>/`, and every table and plot is rebuilt from that folder alone, so a reader
+of the committed results can recompute each number (`--tables-only`).
+
+Statistics: per seed, the valid / optimal rate of a subset (3, 4 or 5 agents; wait ratio 0.25 / 0.50 /
+0.75; all) pools every instance of that subset over all sizes (the paper's "aggregate over sizes"). Over
+seeds we report the mean and a two-sided 95% Student-t interval (mean +- t_{0.975, n-1} * sd / sqrt(n)),
+and the gap to the baseline arm as the mean of the per-seed paired differences with its own t-interval.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CLASSIC_ENGINEERS = ("fixed", "random", "learnability", "threshold")
+SIZES = tuple(range(3, 11))
+METRICS = ("valid", "optimal")
+
+
+class EvalConfigError(ValueError):
+    """A bad eval config: one line naming the file, the field, the value and what is allowed."""
+
+
+# ----------------------------------------------------------------------------- config files
+
+
+class LoopConfig(BaseModel):
+    """Fields every loop eval (compare, ablate) shares. Paths are relative to the repository root."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    preset: str = Field("smoke", description="graph.run preset: smoke | cpu | paper (same budget for every arm)")
+    seeds: list[int] = Field(description="seeds; each gives every arm the same stage-0 config and data")
+    out: Path = Field(description="folder of the tables, plots, logs and copied verdict files")
+    runs_dir: Path | None = Field(None, description="parent of the run folders (default: runs/evals/<out name>)")
+    baseline: str | None = Field(None, description="arm that gaps are measured against (None: no gap columns)")
+    set: dict[str, Any] = Field(
+        default_factory=dict, description="settings passed identically to every run as --set KEY=VALUE"
+    )
+    timeout_s: float | None = Field(None, gt=0, description="wall-clock limit of one graph.run call (None: none)")
+
+    def resolved_runs_dir(self) -> Path:
+        return repo_path(self.runs_dir) if self.runs_dir else REPO_ROOT / "runs" / "evals" / Path(self.out).name
+
+    def resolved_out(self) -> Path:
+        return repo_path(self.out)
+
+
+def repo_path(p: Path | str) -> Path:
+    p = Path(p)
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def config_command(path: Path) -> str | None:
+    """The command in the config's opening comment (`# python -m evals....`), or None."""
+    for line in Path(path).read_text().splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        if s.startswith("#"):
+            return s.lstrip("#").strip() or None
+        return None
+    return None
+
+
+def load_config(path: str | os.PathLike, model: type[BaseModel]) -> BaseModel:
+    """Read a YAML (or TOML) eval config into `model`; raise `EvalConfigError` with one readable line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise EvalConfigError(f"cannot read config {path}: {e.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            raw = tomllib.loads(text)
+        else:
+            raw = yaml.safe_load(text)
+    except Exception as e:  # noqa: BLE001 - any parse error becomes one line
+        raise EvalConfigError(f"config {path} is not valid {path.suffix[1:] or 'YAML'}: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise EvalConfigError(f"config {path}: expected a mapping of fields, got {type(raw).__name__}")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        known = ", ".join(model.model_fields)
+        hint = f"; known fields: {known}" if err["type"] == "extra_forbidden" else ""
+        raise EvalConfigError(f"config {path}: field {loc}={err.get('input')!r}: {err['msg']}{hint}") from None
+
+
+# ----------------------------------------------------------------------------- arms and pairs
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One compared thing: a label for the tables and the graph.run flags that make it."""
+
+    label: str
+    engineer: str
+    context: str | None = None
+    engineer_model: str | None = None
+    engineer_base_url: str | None = None
+
+    @property
+    def is_api(self) -> bool:
+        return self.engineer not in CLASSIC_ENGINEERS and self.engineer not in ("self", "base")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One loop run: an arm with one seed, in its own run folder."""
+
+    arm: Arm
+    seed: int
+    run_dir: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.arm.label}-s{self.seed}"
+
+    def cli_values(self, preset: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """The settings graph.run builds from our flags (same shape as graph.run's own CLI values)."""
+        values: dict[str, Any] = {"preset": preset, "engineer": self.arm.engineer, "seed": str(self.seed),
+                                  "run_dir": str(self.run_dir)}
+        if self.arm.context:
+            values["context"] = self.arm.context
+        if self.arm.engineer_model:
+            values["engineer_model"] = self.arm.engineer_model
+        if self.arm.engineer_base_url:
+            values["engineer_base_url"] = self.arm.engineer_base_url
+        for k, v in overrides.items():
+            values[k] = _flag_value(v)
+        return values
+
+    def command(self, preset: str, overrides: Mapping[str, Any], resume: bool = False) -> list[str]:
+        if resume:
+            return [sys.executable, "-m", "graph.run", "--resume", str(self.run_dir)]
+        cmd = [sys.executable, "-m", "graph.run", "--preset", preset, "--engineer", self.arm.engineer,
+               "--seed", str(self.seed), "--run-dir", str(self.run_dir)]
+        if self.arm.context:
+            cmd += ["--context", self.arm.context]
+        if self.arm.engineer_model:
+            cmd += ["--engineer-model", self.arm.engineer_model]
+        if self.arm.engineer_base_url:
+            cmd += ["--engineer-base-url", self.arm.engineer_base_url]
+        for k, v in overrides.items():
+            cmd += ["--set", f"{k}={_flag_value(v)}"]
+        return cmd
+
+    def status(self) -> str:
+        """`finished` (final/metrics.json and report.md), `partial` (settings.json: resumable), `new`,
+        or `blocked` (a non-empty folder that is no run folder)."""
+        d = self.run_dir
+        if (d / "final" / "metrics.json").is_file() and (d / "report.md").is_file():
+            return "finished"
+        if (d / "settings.json").is_file():
+            return "partial"
+        if d.exists() and any(d.iterdir()):
+            return "blocked"
+        return "new"
+
+
+def _flag_value(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def make_pairs(arms: Sequence[Arm], seeds: Sequence[int], runs_dir: Path) -> list[Pair]:
+    """Every (arm, seed), seed-major so that a partial grid still has every arm on the first seeds."""
+    return [Pair(arm, s, runs_dir / f"{arm.label}-s{s}") for s in seeds for arm in arms]
+
+
+def short_command(cmd: Sequence[str]) -> str:
+    """A command as a person would type it (`python` for this interpreter, paths relative to the repo)."""
+    out = []
+    for i, c in enumerate(cmd):
+        if i == 0 and c == sys.executable:
+            out.append("python")
+            continue
+        try:
+            c = str(Path(c).relative_to(REPO_ROOT)) if c.startswith("/") else c
+        except ValueError:
+            pass
+        out.append(c if c and all(ch not in c for ch in " '\"$") else repr(c))
+    return " ".join(out)
+
+
+# ----------------------------------------------------------------------------- checks before any work
+
+
+def check_api_engineer(arm: Arm, env: Mapping[str, str]) -> str | None:
+    """None when the arm's engineer can run here, else the reason it cannot (missing key, unknown name).
+
+    Uses `llm.engineers.check_engineer_env`, the check graph.run itself makes before starting.
+    """
+    if not arm.is_api:
+        return None
+    try:
+        from llm.engineers import EngineerConfigError, check_engineer_env
+    except ImportError:  # llm.engineers not installed yet: the minimal check graph.run would also fail on
+        return _fallback_key_check(arm, env)
+    try:
+        check_engineer_env(arm.engineer, env, model=arm.engineer_model, base_url=arm.engineer_base_url)
+    except EngineerConfigError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+def _fallback_key_check(arm: Arm, env: Mapping[str, str]) -> str | None:
+    keys = {"openai": ("ENGINEER_API_KEY", "OPENAI_API_KEY"), "gemini": ("ENGINEER_API_KEY", "GEMINI_API_KEY")}
+    names = keys.get(arm.engineer, ("ENGINEER_API_KEY",))
+    if not any(env.get(k) for k in names):
+        return f"engineer {arm.engineer!r} needs an API key: set {' or '.join(names)}"
+    if arm.engineer not in keys and not (arm.engineer_base_url or env.get("ENGINEER_BASE_URL")):
+        return f"engineer {arm.engineer!r} is a custom endpoint: set ENGINEER_BASE_URL or engineer base_url"
+    return None
+
+
+def check_settings(pair: Pair, preset: str, overrides: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
+    """Build the pair's graph.run settings in-process (no model, no files); the error line or None."""
+    from env import list_splits
+    from nodes.context import SettingsError, build_settings
+
+    try:
+        settings = build_settings(pair.cli_values(preset, overrides), env)
+    except SettingsError as e:
+        return str(e)
+    splits = list_splits()
+    for name in ("eval_split", "final_split"):
+        if getattr(settings, name) not in splits:
+            return f"bad setting {name}={getattr(settings, name)!r}: allowed: {', '.join(splits)}"
+    return None
+
+
+def settings_drift(pair: Pair, preset: str, overrides: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
+    """Fields where an existing run folder's settings.json differs from what this config would start."""
+    from nodes.context import Settings, build_settings
+
+    try:
+        saved = Settings.load(pair.run_dir / "settings.json").model_dump(mode="json")
+        planned = build_settings(pair.cli_values(preset, overrides), env).model_dump(mode="json")
+    except Exception:  # noqa: BLE001 - an unreadable settings.json is reported by graph.run itself
+        return []
+    out = []
+    for key in sorted(set(saved) | set(planned)):
+        if key == "run_dir":
+            continue
+        a, b = saved.get(key), planned.get(key)
+        if key == "train" and isinstance(a, dict) and isinstance(b, dict):
+            out += [f"train.{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif a != b:
+            out.append(f"{key}: {a!r} -> {b!r}")
+    return out
+
+
+# ----------------------------------------------------------------------------- running the grid
+
+
+class EventLog:
+    """Progress lines for people (stderr, through tqdm when a bar is shown) and `<out>/events.log`."""
+
+    def __init__(self, path: Path | None, write: Callable[[str], None] | None = None):
+        self.path = path
+        self._write = write or (lambda s: print(s, file=sys.stderr, flush=True))
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, line: str) -> None:
+        self._write(line)
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+
+
+@dataclass
+class GridResult:
+    ran: list[str] = field(default_factory=list)  # pairs for which a graph.run subprocess was started
+    skipped: dict[str, str] = field(default_factory=dict)  # pair or arm -> reason (visible, never silent)
+    failed: dict[str, str] = field(default_factory=dict)
+    finished: list[Pair] = field(default_factory=list)
+
+
+def run_grid(
+    pairs: Sequence[Pair],
+    *,
+    preset: str,
+    overrides: Mapping[str, Any],
+    out: Path,
+    dry_run: bool = False,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> GridResult:
+    """Check everything, then run every pair that is not finished (sequentially; resume partial ones).
+
+    Arms whose API engineer cannot run (no key) are skipped with a line; a pair whose settings are bad
+    is reported and left out, before anything expensive starts. Per-pair wall times go to
+    `<out>/timings.json`; each child's output to `<out>/logs/<pair>.log`.
+    """
+    from tqdm import tqdm
+
+    env = dict(os.environ if env is None else env)
+    log = EventLog(None if dry_run else out / "events.log", write=lambda s: tqdm.write(s, file=sys.stderr))
+    result = GridResult()
+    todo: list[tuple[Pair, bool]] = []
+    arm_reason: dict[str, str | None] = {}
+    for pair in pairs:
+        if pair.arm.label not in arm_reason:
+            arm_reason[pair.arm.label] = check_api_engineer(pair.arm, env)
+            if arm_reason[pair.arm.label]:
+                log(f"[skip] engineer {pair.arm.label}: {arm_reason[pair.arm.label]} -- all its seeds are left out")
+                result.skipped[pair.arm.label] = arm_reason[pair.arm.label]
+        if arm_reason[pair.arm.label]:
+            continue
+        status = pair.status()
+        if status == "finished":
+            drift = settings_drift(pair, preset, overrides, env)
+            note = f" (WARNING: made with other settings: {'; '.join(drift)[:300]})" if drift else ""
+            log(f"[skip] {pair.name}: finished in {pair.run_dir}, not redone{note}")
+            result.finished.append(pair)
+            continue
+        if status == "blocked":
+            msg = f"{pair.run_dir} exists, is not empty and holds no settings.json; move it away or change runs_dir"
+            log(f"[error] {pair.name}: {msg}")
+            result.failed[pair.name] = msg
+            continue
+        if status == "partial":
+            drift = settings_drift(pair, preset, overrides, env)
+            if drift:
+                log(f"[warn] {pair.name}: resuming with the run's saved settings, which differ: {'; '.join(drift)[:300]}")
+        else:
+            err = check_settings(pair, preset, overrides, env)
+            if err:
+                log(f"[error] {pair.name}: {err}")
+                result.failed[pair.name] = err
+                continue
+        todo.append((pair, status == "partial"))
+
+    for pair, resume in todo:
+        log(f"[plan] {pair.name}: {'resume' if resume else 'run'}: "
+            f"{short_command(pair.command(preset, overrides, resume=resume))}")
+    if dry_run:
+        log(f"[dry-run] {len(todo)} run(s) planned, {len(result.finished)} finished, "
+            f"{len(result.skipped)} arm(s) skipped, {len(result.failed)} bad; nothing was started")
+        return result
+
+    timings_path = out / "timings.json"
+    timings = _read_json(timings_path) or {}
+    bar = tqdm(todo, desc="runs", unit="run", file=sys.stderr, disable=not todo)
+    for pair, resume in bar:
+        bar.set_postfix_str(pair.name)
+        cmd = pair.command(preset, overrides, resume=resume)
+        log(f"[start] {pair.name}: {short_command(cmd)}")
+        result.ran.append(pair.name)
+        rc, wall = _run_child(cmd, out / "logs" / f"{pair.name}.log", pair.name, timeout_s, env)
+        t = timings.setdefault(pair.name, {"wall_s": 0.0, "calls": 0})
+        t["wall_s"] = round(t["wall_s"] + wall, 1)
+        t["calls"] += 1
+        t["last_rc"] = rc
+        timings_path.write_text(json.dumps(timings, indent=2) + "\n")
+        if rc == 0 and pair.status() == "finished":
+            log(f"[done] {pair.name}: {wall:.0f}s")
+            result.finished.append(pair)
+        else:
+            msg = f"graph.run exited with {rc} after {wall:.0f}s; see {out / 'logs' / (pair.name + '.log')}"
+            log(f"[fail] {pair.name}: {msg}; rerun the same command to resume it")
+            result.failed[pair.name] = msg
+    return result
+
+
+def _run_child(cmd: list[str], log_path: Path, name: str, timeout_s: float | None,
+               env: Mapping[str, str]) -> tuple[int, float]:
+    """Run one graph.run, appending its output to `log_path` and echoing its `[...]` progress lines."""
+    from tqdm import tqdm
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(log_path, "a") as logf:
+        logf.write(f"\n$ {short_command(cmd)}\n")
+        logf.flush()
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=dict(env), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                logf.write(line)
+                if line.startswith("[") or line.startswith("error:") or line.startswith("interrupted"):
+                    tqdm.write(f"  {name} {line.rstrip()}", file=sys.stderr)
+                if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+                    proc.terminate()
+                    tqdm.write(f"  {name} timed out after {timeout_s:.0f}s; stopping it", file=sys.stderr)
+                    break
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()  # graph.run handles SIGTERM like Ctrl-C: the run stays resumable
+            proc.wait()
+            raise
+    return rc, time.monotonic() - t0
+
+
+# ----------------------------------------------------------------------------- verdict files
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def stage_numbers(folder: Path) -> list[int]:
+    out = []
+    for d in folder.glob("stage_*"):
+        try:
+            out.append(int(d.name.split("_", 1)[1]))
+        except ValueError:
+            continue
+    return sorted(out)
+
+
+def collect_verdicts(pair: Pair, out: Path) -> Path:
+    """Copy a finished pair's verdict files to `<out>/verdicts/<pair>/` (small; no checkpoints); return it."""
+    dest = out / "verdicts" / pair.name
+    files = ["settings.json", "final/eval.jsonl"]
+    for k in stage_numbers(pair.run_dir):
+        files += [f"stage_{k}/eval.jsonl", f"stage_{k}/config.json"]
+    for rel in files:
+        src = pair.run_dir / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            if not (dest / rel).is_file() or (dest / rel).read_bytes() != src.read_bytes():
+                shutil.copyfile(src, dest / rel)
+    return dest
+
+
+def verdict_folders(out: Path) -> dict[tuple[str, int], Path]:
+    """`(arm label, seed) -> <out>/verdicts/<label>-s<seed>` for every collected pair with a final eval."""
+    found = {}
+    for d in sorted((out / "verdicts").glob("*-s*")):
+        label, _, seed = d.name.rpartition("-s")
+        if seed.isdigit() and (d / "final" / "eval.jsonl").is_file():
+            found[(label, int(seed))] = d
+    return found
+
+
+# ----------------------------------------------------------------------------- statistics
+
+# two-sided 95% Student-t quantiles t_{0.975, df}; df > 30 uses the Cornish-Fisher expansion below
+_T975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 7: 2.3646, 8: 2.3060, 9: 2.2622,
+         10: 2.2281, 11: 2.2010, 12: 2.1788, 13: 2.1604, 14: 2.1448, 15: 2.1314, 16: 2.1199, 17: 2.1098,
+         18: 2.1009, 19: 2.0930, 20: 2.0860, 21: 2.0796, 22: 2.0739, 23: 2.0687, 24: 2.0639, 25: 2.0595,
+         26: 2.0555, 27: 2.0518, 28: 2.0484, 29: 2.0452, 30: 2.0423}
+
+
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t with `df` degrees of freedom (exact table up to 30)."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    if df in _T975:
+        return _T975[df]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def mean_ci(values: Sequence[float]) -> dict[str, Any]:
+    """Mean and 95% t-interval half-width over seeds; half is None with fewer than 2 values.
+
+    >>> r = mean_ci([0.2, 0.4, 0.6]); round(r["mean"], 3), round(r["half"], 3)
+    (0.4, 0.497)
+    """
+    vals = [float(v) for v in values]
+    n = len(vals)
+    if n == 0:
+        return {"n": 0, "mean": None, "half": None, "low": None, "high": None, "sd": None}
+    m = statistics.fmean(vals)
+    if n < 2:
+        return {"n": 1, "mean": m, "half": None, "low": None, "high": None, "sd": None}
+    sd = statistics.stdev(vals)
+    half = t975(n - 1) * sd / math.sqrt(n)
+    return {"n": n, "mean": m, "half": half, "low": m - half, "high": m + half, "sd": sd}
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion k/n (for one model on one split, no seeds)."""
+    if n == 0:
+        return (0.0, 0.0)
+    p = k / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def subset_key_agents(row: dict) -> str:
+    return f"agents_{int((row.get('tags') or {}).get('agents') or row.get('num_agents') or 2)}"
+
+
+def subset_key_wait(row: dict) -> str | None:
+    w = (row.get("tags") or {}).get("wait")
+    return None if w is None else f"wait_{float(w):.2f}"
+
+
+def subset_counts(rows: Iterable[dict]) -> dict[str, dict[str, int]]:
+    """Per subset (`all`, `agents_<a>`, `wait_<w>`, `agents_<a>/wait_<w>`): n, valid, optimal counts,
+    pooled over sizes. Plain counting on the verdict rows, so a reader can check it by hand."""
+    out: dict[str, dict[str, int]] = {}
+
+    def add(key: str, row: dict) -> None:
+        c = out.setdefault(key, {"n": 0, "valid": 0, "optimal": 0})
+        c["n"] += 1
+        c["valid"] += bool(row.get("valid"))
+        c["optimal"] += bool(row.get("valid")) and bool(row.get("optimal"))
+
+    for row in rows:
+        a, w = subset_key_agents(row), subset_key_wait(row)
+        add("all", row)
+        add(a, row)
+        if w is not None:
+            add(w, row)
+            add(f"{a}/{w}", row)
+    return out
+
+
+def subset_order(keys: Iterable[str]) -> list[str]:
+    keys = set(keys)
+    agents = sorted((k for k in keys if k.startswith("agents_") and "/" not in k), key=lambda k: int(k[7:]))
+    waits = sorted((k for k in keys if k.startswith("wait_")), key=lambda k: float(k[5:]))
+    cross = sorted((k for k in keys if "/" in k), key=lambda k: (int(k.split("/")[0][7:]), float(k.split("/")[1][5:])))
+    return agents + waits + cross + (["all"] if "all" in keys else [])
+
+
+def summarize(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[str], baseline: str | None) -> dict:
+    """Per arm and subset: per-seed rates, mean and 95% t-interval, and the paired gap to `baseline`."""
+    per_seed: dict[str, dict[int, dict[str, dict[str, int]]]] = {}
+    for (label, seed), folder in sorted(verdicts.items()):
+        per_seed.setdefault(label, {})[seed] = subset_counts(read_jsonl(folder / "final" / "eval.jsonl"))
+    arms = [a for a in arm_order if a in per_seed] + sorted(a for a in per_seed if a not in arm_order)
+    subsets = subset_order(k for seeds in per_seed.values() for c in seeds.values() for k in c)
+    table: dict[str, Any] = {"arms": arms, "subsets": subsets, "baseline": baseline, "rows": {}}
+    for label in arms:
+        seeds = per_seed[label]
+        row: dict[str, Any] = {"seeds": sorted(seeds)}
+        for sub in subsets:
+            cell: dict[str, Any] = {}
+            for metric in METRICS:
+                rates = {s: c[sub][metric] / c[sub]["n"] for s, c in seeds.items() if sub in c and c[sub]["n"]}
+                stat = mean_ci(list(rates.values()))
+                stat["per_seed"] = {str(s): r for s, r in sorted(rates.items())}
+                stat["n_instances"] = {str(s): c[sub]["n"] for s, c in sorted(seeds.items()) if sub in c}
+                if baseline and baseline in per_seed and label != baseline:
+                    base = per_seed[baseline]
+                    diffs = [r - base[s][sub][metric] / base[s][sub]["n"]
+                             for s, r in sorted(rates.items()) if s in base and sub in base[s] and base[s][sub]["n"]]
+                    stat["gap"] = mean_ci(diffs)
+                cell[metric] = stat
+            row[sub] = cell
+        table["rows"][label] = row
+    return table
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{100 * x:.{digits}f}"
+
+
+def _cell(stat: Mapping[str, Any] | None, signed: bool = False) -> str:
+    if not stat or stat.get("mean") is None:
+        return "–"
+    m = 100 * stat["mean"]
+    s = f"{m:+.1f}" if signed else f"{m:.1f}"
+    return s + ("" if stat.get("half") is None else f" ± {100 * stat['half']:.1f}")
+
+
+def subset_title(sub: str) -> str:
+    if sub == "all":
+        return "all"
+    parts = []
+    for p in sub.split("/"):
+        parts.append(f"{p[7:]} agents" if p.startswith("agents_") else f"wait {p[5:]}")
+    return ", ".join(parts)
+
+
+def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None, arm_header: str = "engineer",
+                   notes: Sequence[str] = ()) -> str:
+    """The paper-style tables: valid % / optimal % per agent count, per wait subset, and gaps to baseline."""
+    arms, subsets, base = table["arms"], table["subsets"], table.get("baseline")
+    agents = [s for s in subsets if s.startswith("agents_") and "/" not in s]
+    waits = [s for s in subsets if s.startswith("wait_")]
+    lines = [f"# {title}", ""]
+    if command:
+        lines += ["Command:", "", f"    {command}", ""]
+    lines += [
+        "Valid % / optimal % on the held-out benchmark, pooled over sizes; mean ± half-width of the 95% "
+        "Student-t interval over seeds (no interval with one seed). Computed from the per-instance verdict "
+        "files in `verdicts/` only.",
+        "",
+    ]
+
+    def block(cols: list[str], metric_pairs: bool, caption: str) -> None:
+        if not cols:
+            return
+        lines.extend([caption, ""])
+        lines.append(f"| {arm_header} | seeds | " + " | ".join(subset_title(c) for c in cols) + " |")
+        lines.append("|---|---|" + "---|" * len(cols))
+        for a in arms:
+            row = table["rows"][a]
+            cells = []
+            for c in cols:
+                cell = row.get(c, {})
+                if metric_pairs:
+                    cells.append(f"{_cell(cell.get('valid'))} / {_cell(cell.get('optimal'))}")
+                else:
+                    cells.append(_cell(cell.get("valid")))
+            lines.append(f"| {a} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
+        lines.append("")
+
+    block(agents + (["all"] if "all" in subsets else []), True, "**Valid % / optimal % per agent count**")
+    block(waits, True, "**Valid % / optimal % per wait-ratio subset (all agent counts)**")
+    if base and base in table["rows"]:
+        cols = agents + waits + (["all"] if "all" in subsets else [])
+        lines.append(f"**Gap to `{base}` in percentage points (valid / optimal), mean of per-seed paired "
+                     "differences ± 95% t half-width**")
+        lines.append("")
+        lines.append(f"| {arm_header} | " + " | ".join(subset_title(c) for c in cols) + " |")
+        lines.append("|---|" + "---|" * len(cols))
+        for a in arms:
+            if a == base:
+                continue
+            row = table["rows"][a]
+            cells = [f"{_cell(row.get(c, {}).get('valid', {}).get('gap'), True)} / "
+                     f"{_cell(row.get(c, {}).get('optimal', {}).get('gap'), True)}" for c in cols]
+            lines.append(f"| {a} | " + " | ".join(cells) + " |")
+        lines.append("")
+    elif base:
+        lines += [f"No gap columns: the baseline `{base}` has no finished run.", ""]
+    ninst = {}
+    for a in arms:
+        for c in subsets:
+            for n in (table["rows"][a].get(c, {}).get("valid", {}).get("n_instances") or {}).values():
+                ninst.setdefault(c, set()).add(n)
+    if ninst:
+        desc = ", ".join(f"{subset_title(c)}: {'/'.join(str(n) for n in sorted(v))}"
+                         for c, v in ninst.items() if "/" not in c)
+        lines += [f"Instances per seed and subset: {desc}.", ""]
+    for note in notes:
+        lines.append(f"- {note}")
+    if notes:
+        lines.append("")
+    return "\n".join(lines)
+
+
+def table_rows(table: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Long form for CSV: one row per (arm, subset, metric)."""
+    out = []
+    for a in table["arms"]:
+        row = table["rows"][a]
+        for sub in table["subsets"]:
+            for metric in METRICS:
+                st = row.get(sub, {}).get(metric)
+                if not st:
+                    continue
+                gap = st.get("gap") or {}
+                out.append({
+                    "arm": a, "subset": sub, "metric": metric, "n_seeds": st["n"],
+                    "mean": st["mean"], "ci95_low": st["low"], "ci95_high": st["high"], "ci95_half": st["half"],
+                    "gap_mean": gap.get("mean"), "gap_ci95_half": gap.get("half"),
+                    "per_seed": json.dumps(st["per_seed"]),
+                })
+    return out
+
+
+def write_tables(table: Mapping[str, Any], out: Path, *, title: str, command: str | None,
+                 arm_header: str = "engineer", notes: Sequence[str] = (), extra: Mapping[str, Any] | None = None) -> None:
+    """`<out>/table.md`, `table.csv` (long form) and `table.json` (everything, per-seed values included)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.md").write_text(table_markdown(table, title=title, command=command, arm_header=arm_header,
+                                                 notes=notes))
+    rows = table_rows(table)
+    with open(out / "table.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["arm"])
+        w.writeheader()
+        w.writerows(rows)
+    payload = {"title": title, "command": command, **dict(extra or {}), "table": table}
+    (out / "table.json").write_text(json.dumps(payload, indent=2) + "\n")
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def stage_curves(folder: Path) -> dict[int, float]:
+    """Validation valid rate per stage, from `stage_k/eval.jsonl` verdict rows."""
+    curve = {}
+    for k in stage_numbers(folder):
+        p = folder / f"stage_{k}" / "eval.jsonl"
+        if p.is_file():
+            rows = read_jsonl(p)
+            if rows:
+                curve[k] = sum(bool(r.get("valid")) for r in rows) / len(rows)
+    return curve
+
+
+def stage_allocations(folder: Path) -> dict[int, dict[int, float]]:
+    """`stage -> size -> data_ratio` from `stage_k/config.json`."""
+    out = {}
+    for k in stage_numbers(folder):
+        cfg = _read_json(folder / f"stage_{k}" / "config.json")
+        if isinstance(cfg, dict):
+            sizes = cfg.get("sizes", cfg)
+            try:
+                out[k] = {int(s): float(v["data_ratio"]) for s, v in sizes.items()}
+            except (TypeError, KeyError, ValueError):
+                continue
+    return out
+
+
+def stage0_mismatches(verdicts: Mapping[tuple[str, int], Path]) -> list[str]:
+    """Seeds whose stage-0 config differs between arms (the comparison assumes they are identical)."""
+    by_seed: dict[int, dict[str, Any]] = {}
+    for (label, seed), folder in verdicts.items():
+        cfg = _read_json(folder / "stage_0" / "config.json")
+        if cfg is not None:
+            by_seed.setdefault(seed, {})[label] = cfg
+    out = []
+    for seed, cfgs in sorted(by_seed.items()):
+        ref_label, ref = next(iter(cfgs.items()))
+        diff = [lbl for lbl, c in cfgs.items() if c != ref]
+        if diff:
+            out.append(f"seed {seed}: stage-0 config of {', '.join(diff)} differs from {ref_label}")
+    return out
+
+
+def write_plots(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[str], out: Path,
+                arm_header: str = "engineer") -> list[str]:
+    """`validation_per_stage.png` (mean ± 95% t over seeds, seeds as faint dots) and `allocation.png`
+    (mean data_ratio per size that each arm set for each stage). Returns the file names written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [a for a in arm_order if any(lbl == a for lbl, _ in verdicts)]
+    if not labels:
+        return []
+    files = []
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, label in enumerate(labels):
+        curves = [stage_curves(f) for (lbl, _), f in sorted(verdicts.items()) if lbl == label]
+        stages = sorted({k for c in curves for k in c})
+        stats = [mean_ci([c[k] for c in curves if k in c]) for k in stages]
+        xs = [k + (i - (len(labels) - 1) / 2) * 0.04 for k in stages]
+        ax.errorbar(xs, [100 * s["mean"] for s in stats], yerr=[100 * (s["half"] or 0) for s in stats],
+                    marker="o", capsize=3, label=f"{label} (n={len(curves)})")
+        for c in curves:
+            ax.scatter([k + (i - (len(labels) - 1) / 2) * 0.04 for k in c], [100 * v for v in c.values()],
+                       s=8, alpha=0.3, color=ax.lines[-1].get_color())
+    ax.set_xlabel("stage (evaluated after training it)")
+    ax.set_ylabel("validation valid %")
+    ax.set_title("Validation success per stage (mean ± 95% t over seeds)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, title=arm_header)
+    fig.tight_layout()
+    fig.savefig(out / "validation_per_stage.png", dpi=110)
+    plt.close(fig)
+    files.append("validation_per_stage.png")
+
+    allocs = {label: [stage_allocations(f) for (lbl, _), f in sorted(verdicts.items()) if lbl == label]
+              for label in labels}
+    n_stages = max((max(a) + 1 for al in allocs.values() for a in al if a), default=0)
+    if n_stages:
+        fig, axes = plt.subplots(len(labels), 1, figsize=(8, 1.9 * len(labels) + 0.8), sharex=True, squeeze=False)
+        width = 0.8 / n_stages
+        for ax, label in zip(axes[:, 0], labels, strict=True):
+            for k in range(n_stages):
+                means = [statistics.fmean([a[k][s] for a in allocs[label] if k in a and s in a[k]] or [0.0])
+                         for s in SIZES]
+                ax.bar([s + (k - (n_stages - 1) / 2) * width for s in SIZES], means, width=width,
+                       label=f"stage {k}")
+            ax.set_ylabel("data ratio")
+            ax.set_title(f"{label} (mean over {len(allocs[label])} seed(s))", fontsize=9)
+            ax.grid(alpha=0.3, axis="y")
+        axes[0, 0].legend(fontsize=8, ncol=n_stages)
+        axes[-1, 0].set_xticks(list(SIZES))
+        axes[-1, 0].set_xlabel("grid size")
+        fig.suptitle("Training-data allocation per size chosen for each stage")
+        fig.tight_layout()
+        fig.savefig(out / "allocation.png", dpi=110)
+        plt.close(fig)
+        files.append("allocation.png")
+    return files
+
+
+# ----------------------------------------------------------------------------- one loop eval, end to end
+
+
+def run_loop_eval(
+    *,
+    arms: Sequence[Arm],
+    cfg: LoopConfig,
+    config_path: Path,
+    title: str,
+    arm_header: str,
+    dry_run: bool,
+    tables_only: bool,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Run (or resume) the grid, collect verdicts, write tables and plots. Returns the exit status."""
+    out = cfg.resolved_out()
+    command = config_command(config_path)
+    if command is None:
+        print(f"warning: {config_path} does not open with a comment holding the command that runs it",
+              file=sys.stderr)
+    pairs = make_pairs(arms, cfg.seeds, cfg.resolved_runs_dir())
+    labels = [a.label for a in arms]
+    if cfg.baseline and cfg.baseline not in labels:
+        raise EvalConfigError(f"config {config_path}: baseline {cfg.baseline!r} is not one of the arms {labels}")
+    notes: list[str] = []
+    grid = GridResult()
+    if not tables_only:
+        grid = run_grid(pairs, preset=cfg.preset, overrides=cfg.set, out=out, dry_run=dry_run,
+                        timeout_s=cfg.timeout_s, env=env)
+        if dry_run:
+            return 0
+        for pair in grid.finished:
+            collect_verdicts(pair, out)
+    verdicts = {k: v for k, v in verdict_folders(out).items() if k[0] in labels and k[1] in cfg.seeds}
+    for label, reason in grid.skipped.items():
+        notes.append(f"`{label}` skipped: {reason}")
+    for name, reason in grid.failed.items():
+        notes.append(f"`{name}` not finished: {reason}")
+    notes += [f"WARNING {m}" for m in stage0_mismatches(verdicts)]
+    missing = [p.name for p in pairs if (p.arm.label, p.seed) not in verdicts and p.arm.label not in grid.skipped]
+    if missing and tables_only:
+        notes.append(f"no verdict files for: {', '.join(missing)}")
+    timings = _read_json(out / "timings.json") or {}
+    if not verdicts:
+        print(f"no finished runs with verdict files under {out / 'verdicts'}; no table written", file=sys.stderr)
+        return 1 if (grid.failed or missing) else 0
+    table = summarize(verdicts, labels, cfg.baseline)
+    write_tables(table, out, title=title, command=command, arm_header=arm_header, notes=notes,
+                 extra={"preset": cfg.preset, "seeds": cfg.seeds, "set": cfg.set, "timings_s": timings,
+                        "skipped": grid.skipped, "failed": grid.failed})
+    plots = write_plots(verdicts, labels, out, arm_header=arm_header)
+    print(f"wrote {out / 'table.md'}, table.csv, table.json" + (f", {', '.join(plots)}" if plots else ""),
+          file=sys.stderr)
+    print((out / "table.md").read_text())
+    return 1 if grid.failed else 0

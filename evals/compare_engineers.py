@@ -1,0 +1,92 @@
+"""Which engineer designs the best curriculum? The full loop once per (engineer, seed), then the paper's table.
+
+    python -m evals.compare_engineers --config evals/configs/compare_smoke.yaml [--dry-run] [--tables-only]
+
+Every engineer in the config (`self`, `base`, `openai`, `gemini`, a custom OpenAI-compatible endpoint,
+`fixed`, `random`, `learnability`, `threshold`) runs `python -m graph.run` once per seed, each in its own
+run folder `<runs_dir>/<engineer>-s<seed>`. The same seed gives every engineer the same stage-0 config,
+data and training seed; the same preset and `set:` overrides give every engineer the same budget.
+
+- API engineers without a key are skipped with a visible `[skip]` line (and a note under the table).
+- Finished pairs (final/metrics.json and report.md) are never redone; unfinished ones are continued with
+  `graph.run --resume`. Rerunning the same command after a crash or Ctrl-C picks up where it stopped.
+- `--dry-run` checks the config, the engineers and their keys, and every run's settings, and prints the
+  planned commands; no model is called and no run folder is made.
+- `--tables-only` rebuilds the tables and plots from `<out>/verdicts/` alone (what is committed).
+
+Outputs in `<out>`: table.md / table.csv / table.json (valid % / optimal % per agent count and wait subset,
+mean ± 95% t-interval over seeds, gap to the baseline), validation_per_stage.png, allocation.png,
+timings.json, events.log, logs/<pair>.log, verdicts/<pair>/ (the per-instance verdict files).
+
+Config fields (YAML or TOML): see `CompareConfig` below and `evals.common.LoopConfig`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from evals.common import Arm, EvalConfigError, LoopConfig, load_config, run_loop_eval
+
+
+class EngineerSpec(BaseModel):
+    """An engineer with options; a plain string in the config means just the name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="engineer kind: self | base | openai | gemini | fixed | ... | custom endpoint")
+    label: str | None = Field(None, description="name in the tables and run folders (default: name)")
+    model: str | None = Field(None, description="model id for an API engineer (graph.run --engineer-model)")
+    base_url: str | None = Field(None, description="base URL of a custom endpoint (--engineer-base-url)")
+
+
+class CompareConfig(LoopConfig):
+    """compare_engineers config: the shared loop fields plus the engineers and the context."""
+
+    engineers: list[str | EngineerSpec] = Field(min_length=1, description="engineers compared, in table order")
+    context: str | None = Field(None, description="engineer context variant V1..V6 for every LLM engineer")
+    baseline: str | None = Field("fixed", description="engineer the gaps are measured against (needs to be listed)")
+
+
+def arms_of(cfg: CompareConfig) -> list[Arm]:
+    arms = []
+    for e in cfg.engineers:
+        spec = EngineerSpec(name=e) if isinstance(e, str) else e
+        arms.append(Arm(label=spec.label or spec.name, engineer=spec.name, context=cfg.context,
+                        engineer_model=spec.model, engineer_base_url=spec.base_url))
+    labels = [a.label for a in arms]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise EvalConfigError(f"engineers: {dup} listed twice; give one of them a distinct `label`")
+    return arms
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m evals.compare_engineers", description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, type=Path, help="YAML/TOML config (see evals/configs/)")
+    p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; run nothing")
+    p.add_argument("--tables-only", action="store_true", help="rebuild tables/plots from <out>/verdicts only")
+    args = p.parse_args(argv)
+    try:
+        cfg = load_config(args.config, CompareConfig)
+        assert isinstance(cfg, CompareConfig)
+        arms = arms_of(cfg)
+        if cfg.baseline and cfg.baseline not in [a.label for a in arms]:
+            print(f"note: baseline {cfg.baseline!r} is not among the engineers; no gap columns", file=sys.stderr)
+            cfg = cfg.model_copy(update={"baseline": None})
+        return run_loop_eval(arms=arms, cfg=cfg, config_path=args.config, arm_header="engineer",
+                             title=f"Engineers compared ({cfg.preset} preset, seeds {cfg.seeds})",
+                             dry_run=args.dry_run, tables_only=args.tables_only)
+    except EvalConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,272 @@
+"""Score any model as a direct solver on a benchmark split (the paper's proprietary-model and no-RL rows).
+
+    python -m evals.solve_direct --config evals/configs/solve_direct_mini.yaml [--dry-run] [--tables-only]
+
+Each model in the config answers every instance of `split` (the same prompt the policy sees at evaluation,
+`env.render_prompt`), every answer is verified by `env.verify`, and one verdict row per instance is
+appended to `<out>/<model name>/eval.jsonl` (the row format of `nodes.evaluate`). Models are reached
+through `llm`: any OpenAI-compatible endpoint (`kind: openai`, via `llm.openai_chat.OpenAIChat`) or a
+local checkpoint (`kind: local`, via `llm.policy.open_policy`).
+
+- Resumable: ids already in a model's eval.jsonl are not asked again; rerun the same command after a crash.
+- A model whose API key variable is unset is skipped with a visible `[skip]` line and a note in the table.
+- `--dry-run` checks the config, the split and the keys and prints what would be asked; no model is called.
+- `--tables-only` rebuilds the tables from the eval.jsonl files alone.
+
+Outputs: `<out>/<name>/{eval.jsonl, metrics.json}` and `<out>/table.{md,csv,json}`: valid % / optimal % per
+agent count and wait subset, pooled over sizes, with a 95% Wilson interval (one run, so no seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from evals.common import (
+    EvalConfigError,
+    EventLog,
+    config_command,
+    load_config,
+    read_jsonl,
+    repo_path,
+    subset_counts,
+    subset_order,
+    subset_title,
+    wilson,
+)
+
+
+class ModelSpec(BaseModel):
+    """One solver: an OpenAI-compatible endpoint or a local checkpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="row name in the table and folder name under out/")
+    kind: Literal["openai", "local"] = Field(description="openai: any OpenAI-compatible endpoint; local: checkpoint")
+    base_url: str | None = Field(None, description="kind openai: e.g. https://api.openai.com/v1")
+    model: str | None = Field(None, description="kind openai: model id sent with each request")
+    api_key_env: str | None = Field(None, description="kind openai: environment variable holding the key "
+                                    "(None: no key, e.g. a local vLLM server)")
+    checkpoint: str | None = Field(None, description="kind local: short name, Hugging Face id or folder")
+    backend: Literal["transformers", "vllm"] = Field("transformers", description="kind local: how it generates")
+    max_concurrency: int = Field(8, ge=1, description="kind openai: parallel requests")
+    timeout_s: float = Field(120.0, gt=0, description="kind openai: limit of one HTTP attempt")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
+            raise ValueError("must be letters, digits, '_', '-' or '.' (it names a folder)")
+        return v
+
+    def missing(self, env: Mapping[str, str]) -> str | None:
+        """Why this model cannot be asked here (config hole or missing key), or None."""
+        if self.kind == "openai":
+            if not self.base_url or not self.model:
+                return f"model {self.name!r} (kind openai) needs base_url and model"
+            if self.api_key_env and not env.get(self.api_key_env):
+                return f"model {self.name!r} needs an API key: set {self.api_key_env}"
+        elif not self.checkpoint:
+            return f"model {self.name!r} (kind local) needs checkpoint"
+        return None
+
+
+class SolveConfig(BaseModel):
+    """solve_direct config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    split: str = Field("test-mini", description="benchmark split (env.list_splits())")
+    limit: int | None = Field(None, ge=1, description="at most this many instances, spread over subsets")
+    out: Path = Field(description="output folder (relative to the repository root)")
+    max_tokens: int = Field(512, ge=8, description="token limit of one answer")
+    temperature: float = Field(0.0, ge=0.0, description="sampling temperature (0: greedy)")
+    batch_size: int = Field(8, ge=1, description="instances asked per batch (rows are saved after each)")
+    models: list[ModelSpec] = Field(min_length=1, description="the solvers scored, in table order")
+
+
+def _open(spec: ModelSpec, log_dir: Path, env: Mapping[str, str]):
+    if spec.kind == "openai":
+        from llm.openai_chat import OpenAIChat
+
+        key = env.get(spec.api_key_env) if spec.api_key_env else None
+        return OpenAIChat(spec.base_url, spec.model, api_key=key, backend=spec.name, timeout_s=spec.timeout_s,
+                          max_concurrency=spec.max_concurrency)
+    from llm.policy import open_policy
+
+    return open_policy(spec.checkpoint, spec.backend, log_dir)
+
+
+def solve_model(spec: ModelSpec, instances: list[Any], cfg: SolveConfig, out: Path, log: EventLog,
+                env: Mapping[str, str]) -> int:
+    """Ask the instances not yet answered; append verdict rows batch by batch. Returns rows added."""
+    from tqdm import tqdm
+
+    from env import render_prompt
+    from nodes.evaluate import verdict_row
+
+    folder = out / spec.name
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "eval.jsonl"
+    done = {r["id"] for r in read_jsonl(path)} if path.is_file() else set()
+    todo = [i for i in instances if i.id not in done]
+    if not todo:
+        log(f"[skip] {spec.name}: all {len(instances)} instances already answered in {path}")
+        return 0
+    log(f"[start] {spec.name}: {len(todo)} to ask ({len(done)} already answered)")
+    t0 = time.monotonic()
+    added = 0
+    cm = _open(spec, folder, env)
+    with cm as model:
+        bar = tqdm(total=len(todo), desc=spec.name, unit="inst", file=sys.stderr)
+        for start in range(0, len(todo), cfg.batch_size):
+            batch = todo[start : start + cfg.batch_size]
+            msgs = [[{"role": "user", "content": render_prompt(inst)}] for inst in batch]
+            results = model.chat_batch(msgs, max_tokens=cfg.max_tokens, temperature=cfg.temperature)
+            with open(path, "a") as f:
+                for inst, res in zip(batch, results, strict=True):
+                    row = verdict_row(inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None))
+                    row["latency_s"] = res.latency_s
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            added += len(batch)
+            bar.update(len(batch))
+        bar.close()
+    log(f"[done] {spec.name}: {added} answered in {time.monotonic() - t0:.0f}s")
+    return added
+
+
+def _fmt(k: int, n: int) -> str:
+    lo, hi = wilson(k, n)
+    return f"{100 * k / n:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
+def write_solve_tables(cfg: SolveConfig, out: Path, ids: set[str], command: str | None,
+                       notes: list[str]) -> dict[str, Any]:
+    """table.md/csv/json from `<out>/<name>/eval.jsonl` (only rows of this split's chosen ids)."""
+    from nodes.evaluate import compute_final_metrics
+
+    counts: dict[str, dict[str, dict[str, int]]] = {}
+    for spec in cfg.models:
+        path = out / spec.name / "eval.jsonl"
+        if not path.is_file():
+            continue
+        rows = [r for r in read_jsonl(path) if r["id"] in ids]
+        if not rows:
+            continue
+        if len(rows) < len(ids):
+            notes.append(f"`{spec.name}` answered {len(rows)} of {len(ids)} instances so far (rerun to finish)")
+        counts[spec.name] = subset_counts(rows)
+        (out / spec.name / "metrics.json").write_text(json.dumps(compute_final_metrics(rows), indent=2) + "\n")
+    subsets = subset_order(k for c in counts.values() for k in c)
+    agents = [s for s in subsets if s.startswith("agents_") and "/" not in s] + (["all"] if "all" in subsets else [])
+    waits = [s for s in subsets if s.startswith("wait_")]
+    lines = [f"# Direct solvers on `{cfg.split}`" + (f" (first {cfg.limit})" if cfg.limit else ""), ""]
+    if command:
+        lines += ["Command:", "", f"    {command}", ""]
+    lines += ["Valid % / optimal % pooled over sizes, each with its 95% Wilson interval [low, high]; computed "
+              "from `<model>/eval.jsonl` only.", ""]
+    for caption, cols in (("**Per agent count**", agents), ("**Per wait-ratio subset**", waits)):
+        if not cols:
+            continue
+        lines += [caption, "", "| model | " + " | ".join(subset_title(c) for c in cols) + " |",
+                  "|---|" + "---|" * len(cols)]
+        for name, c in counts.items():
+            cells = ["–" if s not in c else f"{_fmt(c[s]['valid'], c[s]['n'])} / {_fmt(c[s]['optimal'], c[s]['n'])}"
+                     for s in cols]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [f"- {n}" for n in notes]
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    rows_csv = []
+    for name, c in counts.items():
+        for s in subsets:
+            for metric in ("valid", "optimal"):
+                lo, hi = wilson(c[s][metric], c[s]["n"])
+                rows_csv.append({"model": name, "subset": s, "metric": metric, "n": c[s]["n"], "k": c[s][metric],
+                                 "rate": c[s][metric] / c[s]["n"], "wilson95_low": lo, "wilson95_high": hi})
+    with open(out / "table.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows_csv[0]) if rows_csv else ["model"])
+        w.writeheader()
+        w.writerows(rows_csv)
+    payload = {"split": cfg.split, "limit": cfg.limit, "command": command, "counts": counts, "notes": notes}
+    (out / "table.json").write_text(json.dumps(payload, indent=2) + "\n")
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m evals.solve_direct", description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, type=Path, help="YAML/TOML config (see evals/configs/)")
+    p.add_argument("--dry-run", action="store_true", help="check config, split and keys; call no model")
+    p.add_argument("--tables-only", action="store_true", help="rebuild the tables from the eval.jsonl files")
+    args = p.parse_args(argv)
+    env = dict(os.environ)
+    try:
+        cfg = load_config(args.config, SolveConfig)
+        assert isinstance(cfg, SolveConfig)
+        names = [m.name for m in cfg.models]
+        if len(set(names)) != len(names):
+            raise EvalConfigError(f"config {args.config}: model names must be distinct, got {names}")
+        from env import list_splits, load_split
+        from nodes.evaluate import limit_instances
+
+        splits = list_splits()
+        if cfg.split not in splits:
+            raise EvalConfigError(f"config {args.config}: split {cfg.split!r} unknown; allowed: {', '.join(splits)}")
+        instances = limit_instances(load_split(cfg.split), cfg.limit)
+    except EvalConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = repo_path(cfg.out)
+    command = config_command(args.config)
+    if command is None:
+        print(f"warning: {args.config} does not open with a comment holding the command that runs it",
+              file=sys.stderr)
+    out.mkdir(parents=True, exist_ok=True)
+    log = EventLog(None if args.dry_run else out / "events.log")
+    notes: list[str] = []
+    failed = False
+    if not args.tables_only:
+        for spec in cfg.models:
+            why = spec.missing(env)
+            if why:
+                log(f"[skip] {spec.name}: {why}")
+                notes.append(f"`{spec.name}` skipped: {why}")
+                continue
+            if args.dry_run:
+                path = out / spec.name / "eval.jsonl"
+                done = {r["id"] for r in read_jsonl(path)} if path.is_file() else set()
+                n_todo = sum(1 for i in instances if i.id not in done)
+                where = spec.base_url if spec.kind == "openai" else f"{spec.checkpoint} ({spec.backend})"
+                log(f"[plan] {spec.name}: {n_todo} of {len(instances)} {cfg.split} instances to ask via "
+                    f"{spec.kind} {where}")
+                continue
+            try:
+                solve_model(spec, instances, cfg, out, log, env)
+            except KeyboardInterrupt:
+                print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
+                return 130
+            except Exception as e:  # noqa: BLE001 - one model failing must not lose the others' rows
+                log(f"[fail] {spec.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
+                    "rerun to resume")
+                notes.append(f"`{spec.name}` failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+                failed = True
+    if args.dry_run:
+        log(f"[dry-run] split {cfg.split}: {len(instances)} instances; nothing was asked")
+        return 0
+    write_solve_tables(cfg, out, {i.id for i in instances}, command, notes)
+    print((out / "table.md").read_text())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
