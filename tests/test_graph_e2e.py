@@ -1,0 +1,136 @@
+"""`python -m graph.run` end to end in a subprocess, with the real embedded model: a crash (SIGKILL) in
+the middle of stage 1 and a Ctrl-C (SIGINT) while the self-engineer's vLLM server runs, each resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def start_run(args: list[str], env_extra: dict[str, str], log: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **env_extra})
+    return subprocess.Popen([sys.executable, "-m", "graph.run", *args], cwd=ROOT, env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(pred, proc: subprocess.Popen, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run exited ({proc.returncode}) before {what}")
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Bytes and modification time of every file below `folder` (a retrain would change the mtimes)."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def check_finished_run(run_dir: Path, stages: int) -> None:
+    for k in range(stages):
+        d = run_dir / f"stage_{k}"
+        for name in ("config.json", "train.jsonl", "env_stats.json", "eval.jsonl", "metrics.json"):
+            assert (d / name).is_file(), f"{d / name} missing"
+        assert any((d / "checkpoint").iterdir())
+        if k < stages - 1:  # the engineer designed stage k+1 from stage k's evidence
+            for name in ("summary.md", "engineer_prompt.md", "engineer_reply.md", "validation.json"):
+                assert (d / name).is_file(), f"{d / name} missing"
+    assert (run_dir / "final" / "metrics.json").is_file()
+    report = (run_dir / "report.md").read_text()
+    # The report matches the per-stage metrics it was written from.
+    for k in range(stages):
+        m = json.loads((run_dir / f"stage_{k}" / "metrics.json").read_text())
+        assert f"| {k} | {100 * m['eval/valid_rate']:.1f} | {100 * m['eval/optimal_rate']:.1f} |" in report
+    final = json.loads((run_dir / "final" / "metrics.json").read_text())
+    assert f"{final['final/n']} instances" in report
+    assert (run_dir / "rates.png").is_file() and (run_dir / "allocation.png").is_file()
+
+
+def train_stage_runs(run_dir: Path) -> list[int]:
+    """Stages that the graph's train_stage node finished, from the checkpoint history in graph.sqlite."""
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    import sqlite3
+
+    conn = sqlite3.connect(run_dir / "graph.sqlite", check_same_thread=False)
+    try:
+        saver = SqliteSaver(conn)
+        cfg = {"configurable": {"thread_id": run_dir.name}}
+        stages = []
+        for ckpt in saver.list(cfg):
+            writes = (ckpt.metadata or {}).get("writes") or {}
+            if "train_stage" in writes:
+                stages.append(ckpt.checkpoint["channel_values"].get("stage"))
+        return sorted(stages)
+    finally:
+        conn.close()
+
+
+def test_sigkill_in_stage_1_then_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {"PRESET": "smoke", "ENGINEER": "self", "SEED": "1"}
+    proc = start_run(["--run-dir", str(run_dir)], env, tmp_path / "first.log")
+    try:
+        # stage_1/train.jsonl appears when apply has built stage 1: training of stage 1 is next.
+        wait_for(lambda: (run_dir / "stage_1" / "train.jsonl").is_file(), proc, 900, "stage 1 to start")
+        time.sleep(3)
+        before = snapshot(run_dir / "stage_0")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert not (run_dir / "report.md").exists()
+    resumed = start_run(["--resume", str(run_dir)], {}, tmp_path / "resume.log")
+    assert resumed.wait(900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    log = (tmp_path / "resume.log").read_text()
+    assert "[resume]" in log
+    check_finished_run(run_dir, stages=2)
+    after = snapshot(run_dir / "stage_0")
+    changed = [f for f in before if before[f] != after.get(f)]
+    assert not changed, f"stage 0 files changed on resume: {changed}"
+    assert train_stage_runs(run_dir) == [0, 1]  # stage 0 trained exactly once
+
+
+def test_sigint_stops_vllm_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    env = {"PRESET": "smoke", "ENGINEER": "self", "SEED": "2", "POLICY_BACKEND": "vllm"}
+    proc = start_run(["--run-dir", str(run_dir), "--stages", "2"], env, tmp_path / "first.log")
+    try:
+        def vllm_children() -> list[psutil.Process]:
+            try:
+                kids = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                return []
+            return [k for k in kids if "vllm" in " ".join(k.cmdline())]
+
+        wait_for(lambda: bool(vllm_children()), proc, 900, "a vLLM server to start")
+        servers = vllm_children()
+        time.sleep(5)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 130, (tmp_path / "first.log").read_text()[-3000:]
+        gone, alive = psutil.wait_procs(servers, timeout=30)
+        assert not alive, f"vLLM server still running: {[p.pid for p in alive]}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "--resume" in (tmp_path / "first.log").read_text()
+    resumed = start_run(["--resume", str(run_dir)], {}, tmp_path / "resume.log")
+    assert resumed.wait(900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    check_finished_run(run_dir, stages=2)
