@@ -1,0 +1,404 @@
+"""Optimal multi-agent path finding on FrozenLake maps (sum of costs, agents stay on their goals).
+
+Rules (the same as the verifier's): lock-step time; each step every agent moves to a 4-neighbour
+ice cell or waits; no two agents in one cell at one time (vertex conflict) and no two agents swapping
+cells in one step (edge conflict). An agent's cost is the time it last arrives at its goal; after that
+it stays there for ever (and blocks that cell). The objective is the sum of the agents' costs.
+
+Two exact searches, both pure Python:
+
+- `joint` (the default for 2 agents): A* over joint states (positions + a "finished for good" flag per
+  agent) with the sum of true single-agent distances as heuristic. The state space is finite
+  (<= 4 * cells^2), so the search also proves unsolvability.
+- `cbs` (the default for 3+ agents): Conflict-Based Search with a space-time A* low level, a
+  conflict-avoidance tie-break and the earliest conflict split first.
+
+Both stop after `max_nodes` expansions (joint states, or CBS high-level nodes) and raise
+`SolverBudgetExceeded`; an instance proven impossible raises `Unsolvable`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+Cell = tuple[int, int]
+
+DEFAULT_MAX_NODES = {"joint": 200_000, "cbs": 2_000}
+
+
+class SolverBudgetExceeded(RuntimeError):
+    """The search hit its node budget before proving an optimum."""
+
+
+class Unsolvable(ValueError):
+    """The instance has no conflict-free plan (e.g. a goal unreachable, or a corridor no one can pass)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An optimal joint plan: one path per agent, each ending on its goal at its final arrival."""
+
+    paths: list[list[Cell]]
+    cost: int  # sum of costs
+    makespan: int
+
+
+class GridMap:
+    """Cells as ints ``r * size + c``; neighbour lists of passable cells (a wait is the cell itself)."""
+
+    __slots__ = ("size", "n", "free", "moves")
+
+    def __init__(self, grid: list[str]):
+        self.size = len(grid)
+        self.n = self.size * self.size
+        self.free = [ch != "H" for row in grid for ch in row]
+        size = self.size
+        moves = []
+        for i in range(self.n):
+            if not self.free[i]:
+                moves.append(())
+                continue
+            r, c = divmod(i, size)
+            out = [i]
+            if r > 0 and self.free[i - size]:
+                out.append(i - size)
+            if r < size - 1 and self.free[i + size]:
+                out.append(i + size)
+            if c > 0 and self.free[i - 1]:
+                out.append(i - 1)
+            if c < size - 1 and self.free[i + 1]:
+                out.append(i + 1)
+            moves.append(tuple(out))
+        self.moves = moves
+
+    def bfs(self, src: int) -> list[int]:
+        """Distances from `src` over ice cells; -1 where unreachable."""
+        dist = [-1] * self.n
+        dist[src] = 0
+        q = deque([src])
+        moves = self.moves
+        while q:
+            u = q.popleft()
+            du = dist[u] + 1
+            for v in moves[u]:
+                if dist[v] < 0:
+                    dist[v] = du
+                    q.append(v)
+        return dist
+
+
+def solve(
+    grid: list[str],
+    starts: list[Cell],
+    goals: list[Cell],
+    max_nodes: int | None = None,
+    method: str = "auto",
+) -> Plan:
+    """Return an optimal (minimum sum of costs) conflict-free plan.
+
+    `method` is ``auto`` (joint A* for up to 2 agents, CBS otherwise), ``joint`` or ``cbs``.
+    Raises `SolverBudgetExceeded` after `max_nodes` expansions, `Unsolvable` when no plan exists,
+    `ValueError` on malformed input (a start or goal on a hole or off the map, shared starts or goals).
+    """
+    gm = GridMap(grid)
+    k = len(starts)
+    if k != len(goals) or k == 0:
+        raise ValueError(f"need one goal per start and at least one agent; got {k} starts, {len(goals)} goals")
+    s = [_index(gm, p, f"start of agent {i}") for i, p in enumerate(starts)]
+    g = [_index(gm, p, f"goal of agent {i}") for i, p in enumerate(goals)]
+    if len(set(s)) != k or len(set(g)) != k:
+        raise ValueError("starts must be distinct and goals must be distinct")
+    dists = [gm.bfs(x) for x in g]
+    for i in range(k):
+        if dists[i][s[i]] < 0:
+            raise Unsolvable(f"agent {i}'s goal {goals[i]} is unreachable from its start {starts[i]}")
+    if method == "auto":
+        method = "joint" if k <= 2 else "cbs"
+    if max_nodes is None:
+        max_nodes = DEFAULT_MAX_NODES.get(method, 2_000)
+    if method == "joint":
+        if k > 2:
+            raise ValueError("method 'joint' supports at most 2 agents; use 'cbs'")
+        paths = _joint(gm, s, g, dists, max_nodes)
+    elif method == "cbs":
+        paths = _cbs(gm, s, g, dists, max_nodes)
+    else:
+        raise ValueError(f"unknown method {method!r}; use 'auto', 'joint' or 'cbs'")
+    size = gm.size
+    out = [[divmod(x, size) for x in p] for p in paths]
+    return Plan(paths=out, cost=sum(len(p) - 1 for p in paths), makespan=max(len(p) - 1 for p in paths))
+
+
+def _index(gm: GridMap, p: Cell, what: str) -> int:
+    r, c = p
+    if not (0 <= r < gm.size and 0 <= c < gm.size):
+        raise ValueError(f"{what} {p} is off the {gm.size}x{gm.size} map")
+    i = r * gm.size + c
+    if not gm.free[i]:
+        raise ValueError(f"{what} {p} is on a hole")
+    return i
+
+
+# ----------------------------------------------------------------------------------------------------
+# Joint-state A* (1 or 2 agents)
+
+
+def _joint(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]], max_nodes: int) -> list[list[int]]:
+    if len(s) == 1:
+        return [_single_path(gm, s[0], g[0], dists[0])]
+    n = gm.n
+    moves = gm.moves
+    ga, gb = g
+    da, db = dists
+    # State key: ((a * n + b) * 2 + fa) * 2 + fb; fa/fb = agent finished (stays on its goal for ever).
+    heap: list[tuple[int, int, int]] = []
+    best: dict[int, int] = {}
+    parent: dict[int, int] = {}
+    a0, b0 = s
+    for fa in (0, 1) if a0 == ga else (0,):
+        for fb in (0, 1) if b0 == gb else (0,):
+            key = ((a0 * n + b0) * 2 + fa) * 2 + fb
+            h = (0 if fa else da[a0]) + (0 if fb else db[b0])
+            best[key] = 0
+            parent[key] = -1
+            heapq.heappush(heap, (h, 0, key))
+    expanded = 0
+    while heap:
+        f, negg, key = heapq.heappop(heap)
+        gcost = -negg
+        if best.get(key, 1 << 60) < gcost:
+            continue
+        fb = key & 1
+        fa = (key >> 1) & 1
+        a, b = divmod(key >> 2, n)
+        if fa and fb:
+            return _joint_paths(key, parent, n)
+        expanded += 1
+        if expanded > max_nodes:
+            raise SolverBudgetExceeded(
+                f"joint A* expanded {max_nodes} states without proving an optimum "
+                f"({gm.size}x{gm.size} map, 2 agents); raise max_nodes"
+            )
+        if fa:
+            opts_a = ((a, 1, 0),)
+        else:
+            opts_a = [(x, 0, 1) for x in moves[a]]
+            if ga in moves[a]:
+                opts_a.append((ga, 1, 1))
+        if fb:
+            opts_b = ((b, 1, 0),)
+        else:
+            opts_b = [(y, 0, 1) for y in moves[b]]
+            if gb in moves[b]:
+                opts_b.append((gb, 1, 1))
+        for x, nfa, ca in opts_a:
+            ha = 0 if nfa else da[x]
+            for y, nfb, cb in opts_b:
+                if x == y or (x == b and y == a):
+                    continue
+                ng = gcost + ca + cb
+                nk = ((x * n + y) * 2 + nfa) * 2 + nfb
+                if ng < best.get(nk, 1 << 60):
+                    best[nk] = ng
+                    parent[nk] = key
+                    heapq.heappush(heap, (ng + ha + (0 if nfb else db[y]), -ng, nk))
+    raise Unsolvable("no conflict-free plan exists (joint search exhausted every state)")
+
+
+def _joint_paths(key: int, parent: dict[int, int], n: int) -> list[list[int]]:
+    chain = []
+    while key != -1:
+        chain.append(key)
+        key = parent[key]
+    chain.reverse()
+    pa: list[int] = []
+    pb: list[int] = []
+    done_a = done_b = False
+    for k in chain:
+        fb = k & 1
+        fa = (k >> 1) & 1
+        a, b = divmod(k >> 2, n)
+        if not done_a:  # record each agent until the step it finishes for good
+            pa.append(a)
+            done_a = bool(fa)
+        if not done_b:
+            pb.append(b)
+            done_b = bool(fb)
+    return [pa, pb]
+
+
+def _single_path(gm: GridMap, s: int, g: int, dist: list[int]) -> list[int]:
+    path = [s]
+    while path[-1] != g:
+        u = path[-1]
+        path.append(next(v for v in gm.moves[u] if dist[v] == dist[u] - 1))
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------
+# Conflict-Based Search
+
+
+def _low_level(
+    gm: GridMap,
+    s: int,
+    g: int,
+    dist: list[int],
+    vcons: frozenset[int],
+    econs: frozenset[int],
+    avoid: dict[int, int],
+    avoid_goal: dict[int, int],
+) -> list[int] | None:
+    """Space-time A* for one agent; constraints are ints ``t*n + cell`` and ``(t*n + u)*n + v``.
+
+    `avoid` counts other agents at ``t*n + cell``; `avoid_goal[cell] = T` marks a cell held from T on.
+    Ties on f go to fewer such conflicts, then to later time.
+    """
+    n = gm.n
+    moves = gm.moves
+    last = -1
+    horizon = 0
+    for c in vcons:
+        t, cell = divmod(c, n)
+        horizon = max(horizon, t)
+        if cell == g and t > last:
+            last = t
+    for c in econs:
+        horizon = max(horizon, c // (n * n))
+    horizon += n + 1
+    start_key = s
+    if start_key in vcons:
+        return None
+    heap = [(dist[s], 0, 0, s)]  # (f, conflicts, -t, t*n + cell)
+    seen = {s: 0}
+    parent = {s: -1}
+    while heap:
+        f, conf, negt, key = heapq.heappop(heap)
+        t, u = divmod(key, n)
+        if u == g and t > last:
+            path = []
+            while key != -1:
+                path.append(key % n)
+                key = parent[key]
+            path.reverse()
+            return path
+        if t >= horizon:
+            continue
+        nt = t + 1
+        base = nt * n
+        for v in moves[u]:
+            nk = base + v
+            if nk in seen or nk in vcons or (key * n + v) in econs:
+                continue
+            d = dist[v]
+            if d < 0:
+                continue
+            nc = conf + avoid.get(nk, 0)
+            ag = avoid_goal.get(v)
+            if ag is not None and nt >= ag:
+                nc += 1
+            seen[nk] = nc
+            parent[nk] = key
+            heapq.heappush(heap, (nt + d, nc, -nt, nk))
+    return None
+
+
+def _first_conflict(paths: list[list[int]]) -> tuple[int, tuple | None]:
+    """(number of conflicting (pair, time) events, the earliest one) with padding at goals."""
+    k = len(paths)
+    horizon = max(len(p) for p in paths)
+    count = 0
+    first = None
+    lens = [len(p) - 1 for p in paths]
+    prev = [p[0] for p in paths]
+    for t in range(horizon):
+        cur = [p[t] if t <= lens[i] else p[-1] for i, p in enumerate(paths)]
+        seen: dict[int, int] = {}
+        for i in range(k):
+            c = cur[i]
+            j = seen.get(c)
+            if j is not None:
+                count += 1
+                if first is None:
+                    first = ("v", j, i, c, t)
+            else:
+                seen[c] = i
+        if t > 0:
+            for i in range(k):
+                if prev[i] == cur[i]:
+                    continue
+                for j in range(i + 1, k):
+                    if cur[j] == prev[i] and prev[j] == cur[i]:
+                        count += 1
+                        if first is None:
+                            first = ("e", i, j, prev[i], cur[i], t)
+        prev = cur
+    return count, first
+
+
+def _avoid_tables(paths: list[list[int] | None], skip: int, n: int) -> tuple[dict[int, int], dict[int, int]]:
+    avoid: dict[int, int] = {}
+    goal: dict[int, int] = {}
+    for j, p in enumerate(paths):
+        if j == skip or p is None:
+            continue
+        for t, c in enumerate(p):
+            key = t * n + c
+            avoid[key] = avoid.get(key, 0) + 1
+        goal[p[-1]] = len(p)
+    return avoid, goal
+
+
+def _cbs(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]], max_nodes: int) -> list[list[int]]:
+    k = len(s)
+    n = gm.n
+    empty: frozenset[int] = frozenset()
+    vcons = [empty] * k
+    econs = [empty] * k
+    paths: list[list[int] | None] = [None] * k
+    for i in range(k):
+        avoid, ag = _avoid_tables(paths, i, n)
+        p = _low_level(gm, s[i], g[i], dists[i], empty, empty, avoid, ag)
+        if p is None:
+            raise Unsolvable(f"agent {i} cannot reach its goal")
+        paths[i] = p
+    counter = 0
+    nconf, first = _first_conflict(paths)
+    cost = sum(len(p) - 1 for p in paths)
+    heap = [(cost, nconf, counter, vcons, econs, paths, first)]
+    nodes = 0
+    while heap:
+        cost, nconf, _, vcons, econs, paths, first = heapq.heappop(heap)
+        if first is None:
+            return paths
+        nodes += 1
+        if nodes > max_nodes:
+            raise SolverBudgetExceeded(
+                f"CBS expanded {max_nodes} high-level nodes without proving an optimum "
+                f"({gm.size}x{gm.size} map, {k} agents); raise max_nodes or simplify the instance"
+            )
+        if first[0] == "v":
+            _, i, j, c, t = first
+            branches = [(i, t * n + c, None), (j, t * n + c, None)]
+        else:
+            _, i, j, u, v, t = first  # i moves u -> v and j moves v -> u, arriving at time t
+            branches = [(i, None, ((t - 1) * n + u) * n + v), (j, None, ((t - 1) * n + v) * n + u)]
+        for a, vc, ec in branches:
+            nv = list(vcons)
+            ne = list(econs)
+            if vc is not None:
+                nv[a] = vcons[a] | {vc}
+            else:
+                ne[a] = econs[a] | {ec}
+            avoid, ag = _avoid_tables(paths, a, n)
+            p = _low_level(gm, s[a], g[a], dists[a], nv[a], ne[a], avoid, ag)
+            if p is None:
+                continue
+            np_ = list(paths)
+            np_[a] = p
+            c2, f2 = _first_conflict(np_)
+            counter += 1
+            heapq.heappush(heap, (cost - (len(paths[a]) - 1) + (len(p) - 1), c2, counter, nv, ne, np_, f2))
+    raise Unsolvable("no conflict-free plan exists (CBS ran out of branches)")
