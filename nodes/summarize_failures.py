@@ -288,7 +288,7 @@ def build_context(
 
 def fenced_spans(text: str) -> list[tuple[int, int]]:
     """(start, end) character spans of every evidence block in `text` (for checks and tests)."""
-    pat = re.compile(re.escape(FENCE_OPEN) + r" ([0-9a-f]{16})>>>.*?" + re.escape(FENCE_CLOSE) + r" \1>>>", re.S)
+    pat = re.compile(r"^" + re.escape(FENCE_OPEN) + r" ([0-9a-f]{16})>>>.*?^" + re.escape(FENCE_CLOSE) + r" \1>>>$", re.S | re.M)
     return [m.span() for m in pat.finditer(text)]
 
 
