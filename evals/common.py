@@ -223,14 +223,19 @@ def check_api_engineer(arm: Arm, env: Mapping[str, str]) -> str | None:
 
     Uses `llm.engineers.check_engineer_env`, the check graph.run itself makes before starting.
     """
-    if not arm.is_api:
+    if arm.engineer in CLASSIC_ENGINEERS:
         return None
+    env = dict(env)
+    if arm.engineer_model:  # the flags graph.run gets, as the variables llm.engineers reads
+        env["ENGINEER_MODEL"] = arm.engineer_model
+    if arm.engineer_base_url:
+        env["ENGINEER_BASE_URL"] = arm.engineer_base_url
     try:
         from llm.engineers import EngineerConfigError, check_engineer_env
-    except ImportError:  # llm.engineers not installed yet: the minimal check graph.run would also fail on
-        return _fallback_key_check(arm, env)
+    except ImportError:  # llm.engineers not there yet: the minimal key check
+        return _fallback_key_check(arm, env) if arm.is_api else None
     try:
-        check_engineer_env(arm.engineer, env, model=arm.engineer_model, base_url=arm.engineer_base_url)
+        check_engineer_env(arm.engineer, env)
     except EngineerConfigError as e:
         return str(e).splitlines()[0]
     return None
@@ -593,10 +598,6 @@ def summarize(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[str]
 
 
 # ----------------------------------------------------------------------------- tables
-
-
-def _pct(x: float | None, digits: int = 1) -> str:
-    return "–" if x is None else f"{100 * x:.{digits}f}"
 
 
 def _cell(stat: Mapping[str, Any] | None, signed: bool = False) -> str:
