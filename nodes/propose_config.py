@@ -302,10 +302,22 @@ def _ask(model, messages, kwargs, state, settings, run_dir) -> tuple[str, dict]:
 
     if model is not None:
         return call(model)
+    import os
+
     from llm.engineers import open_engineer
 
+    # Settings given as CLI flags reach open_engineer through its environment mapping (the contract).
+    env = dict(os.environ)
+    if getattr(settings, "engineer_model", None):
+        env["ENGINEER_MODEL"] = str(settings.engineer_model)
+    if getattr(settings, "engineer_base_url", None):
+        env["ENGINEER_BASE_URL"] = str(settings.engineer_base_url)
     with open_engineer(
-        settings.engineer, checkpoint=state.get("checkpoint"), base_model=settings.policy_model, run_dir=Path(run_dir)
+        settings.engineer,
+        checkpoint=state.get("checkpoint"),
+        base_model=settings.policy_model,
+        run_dir=Path(run_dir),
+        env=env,
     ) as m:
         return call(m)
 

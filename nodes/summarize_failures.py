@@ -115,28 +115,38 @@ def history_table(entries: Sequence[dict]) -> str:
     return "\n\n".join(blocks) if blocks else "(no earlier stage to show yet)"
 
 
+# Columns of env.generate's per-size statistics shown to the engineer, in this order (others are left out
+# when these are present, to keep the table readable).
+ENV_STAT_COLUMNS = (
+    "asked", "produced", "asked_hole_ratio", "achieved_hole_ratio", "asked_wait_ratio", "achieved_wait_share",
+    "wait_shortfall", "nowait_shortfall", "dropped",
+)
+
+
 def env_stats_table(stats: dict | None) -> str:
-    """The generator's per-size statistics (whatever fields it reports) as a markdown table."""
-    if not stats:
+    """The generator's per-size statistics (asked vs achieved) as a markdown table, plus the totals."""
+    if not stats or not isinstance(stats, dict):
         return "(no environment statistics recorded for this stage)"
-    per_size = stats.get("sizes", stats) if isinstance(stats, dict) else {}
-    rows = {k: v for k, v in per_size.items() if isinstance(v, dict)}
+    per_size = stats.get("sizes") if isinstance(stats.get("sizes"), dict) else {}
+    rows = {str(k): v for k, v in per_size.items() if isinstance(v, dict)}
     if not rows:
         return "```\n" + json.dumps(stats, indent=1, sort_keys=True)[:2000] + "\n```"
-    cols: list[str] = []
-    for v in rows.values():
-        cols += [c for c, x in v.items() if c not in cols and isinstance(x, int | float | str | bool | None)]
+    present = {c for v in rows.values() for c, x in v.items() if not isinstance(x, dict | list)}
+    cols = [c for c in ENV_STAT_COLUMNS if c in present] or sorted(present)
     lines = ["| size | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
-    for size in sorted(rows, key=lambda k: (len(str(k)), str(k))):
+    for size in sorted(rows, key=lambda k: (len(k), k)):
         cells = []
         for c in cols:
             x = rows[size].get(c)
-            cells.append(f"{x:.3f}" if isinstance(x, float) else str(x if x is not None else "-"))
-        lines.append(f"| {size} | " + " | ".join(cells) + " |")
-    extra = {k: v for k, v in stats.items() if k != "sizes" and not isinstance(v, dict)} if "sizes" in stats else {}
-    if extra:
+            cells.append(f"{x:.3f}" if isinstance(x, float) else ("-" if x is None else str(x)))
+        lines.append(f"| {size}x{size} | " + " | ".join(cells) + " |" if size.isdigit() else f"| {size} | " + " | ".join(cells) + " |")
+    totals = {k: v for k, v in stats.items() if k != "sizes" and not isinstance(v, dict | list)}
+    for k, v in stats.items():
+        if k != "sizes" and isinstance(v, dict):
+            totals.update({f"{k}.{kk}": vv for kk, vv in v.items() if not isinstance(vv, dict | list)})
+    if totals:
         lines.append("")
-        lines += [f"- {k}: {v}" for k, v in extra.items()]
+        lines.append("Totals: " + ", ".join(f"{k} {v}" for k, v in totals.items()))
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -54,42 +55,47 @@ def _stage_seed(seed: Any, stage: int, attempt: int) -> int:
 
 
 def feasibility(cfg: EnvConfig, n: int, seed: int) -> dict[str, Any]:
-    """Dry-run the generator on `n` instances; `{"ok", "problems", "generated", "asked", "seconds"}`."""
-    import time
+    """Dry-run the generator on `n` instances.
 
+    Returns `{"ok", "problems", "warnings", "asked", "produced", "stats", "seconds"}`. A problem (reject):
+    the generator raised, served fewer than `SHORTFALL` of the instances overall, or of a size asked for
+    at least 4. A warning (kept, shown to the engineer through the env statistics): a wait-share shortfall.
+    """
     t0 = time.monotonic()
     cfg = EnvConfig.model_validate({**cfg.model_dump(), "num_instances": n})
     try:
         gen = generate(cfg, n, seed, num_agents=cfg.num_agents, workers=1)
     except Exception as e:  # any generator failure is a reason to reject, never a crash of the run
-        return {"ok": False, "problems": [f"the generator failed: {type(e).__name__}: {e}"[:500]], "seconds": round(time.monotonic() - t0, 3)}
+        return {
+            "ok": False,
+            "problems": [f"the generator failed: {type(e).__name__}: {e}"[:500]],
+            "warnings": [],
+            "seconds": round(time.monotonic() - t0, 3),
+        }
     problems: list[str] = []
-    counts: dict[int, int] = {}
-    for inst in gen.instances:
-        counts[inst.size] = counts.get(inst.size, 0) + 1
-    asked = quotas(cfg, n)
-    if len(gen.instances) < SHORTFALL * n:
-        problems.append(f"the generator served only {len(gen.instances)} of {n} instances")
-    for s, q in asked.items():
-        if q >= 4 and counts.get(s, 0) < SHORTFALL * q:
-            problems.append(f"size {s}: the generator served {counts.get(s, 0)} of {q} asked instances")
+    warnings: list[str] = []
+    produced = len(gen.instances)
+    if produced < SHORTFALL * n:
+        problems.append(f"the generator served only {produced} of {n} instances")
+    per_size = (gen.stats or {}).get("sizes") or {}
+    for s, row in sorted(per_size.items(), key=lambda kv: int(kv[0])):
+        asked, got = int(row.get("asked") or 0), int(row.get("produced") or 0)
+        if asked >= 4 and got < SHORTFALL * asked:
+            problems.append(f"size {s}: the generator served {got} of {asked} asked instances")
+        if row.get("wait_shortfall"):
+            warnings.append(
+                f"size {s}: {row['wait_shortfall']} of {row.get('asked_wait_count', '?')} instances asked to need "
+                f"a wait do not (wait_ratio {row.get('asked_wait_ratio')})"
+            )
     return {
         "ok": not problems,
         "problems": problems,
-        "asked": {str(s): q for s, q in asked.items()},
-        "generated": {str(s): c for s, c in sorted(counts.items())},
+        "warnings": warnings,
+        "asked": n,
+        "produced": produced,
         "stats": gen.stats,
         "seconds": round(time.monotonic() - t0, 3),
     }
-
-
-def quotas(cfg: EnvConfig, n: int) -> dict[int, int]:
-    """Approximate per-size counts asked of the generator (largest remainder of n * data_ratio)."""
-    raw = {s: n * k.data_ratio for s, k in cfg.sizes.items()}
-    out = {s: math.floor(v) for s, v in raw.items()}
-    for s in sorted(raw, key=lambda s: raw[s] - out[s], reverse=True)[: n - sum(out.values())]:
-        out[s] += 1
-    return out
 
 
 def check_proposal(proposal: dict | None, current: dict, parse_errors: list[str] | None = None) -> dict[str, Any]:
