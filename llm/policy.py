@@ -1,0 +1,120 @@
+"""The current policy checkpoint as a chat model, for the evaluate node and the self/base engineers.
+
+``open_policy(checkpoint, backend, log_dir)`` yields a :class:`~llm.base.ChatModel`:
+
+- ``backend="transformers"``: :class:`~llm.local.LocalEngine` in this process (works everywhere);
+- ``backend="vllm"``: a :class:`~llm.vllm_server.VLLMServer` started on the checkpoint (a LoRA adapter is
+  served on its base model with runtime LoRA loading) and an :class:`~llm.openai_chat.OpenAIChat` on it;
+  the server is stopped on exit and its log kept in ``log_dir``.
+
+A checkpoint is a folder with full weights or a LoRA adapter (``adapter_config.json``), a short name
+(``smollm2-135m``) or a Hugging Face id; None means the embedded default policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from llm.base import ChatModel
+from llm.models import DEFAULT_POLICY, resolve_model
+
+BACKENDS = ("transformers", "vllm")
+_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's --max-lora-rank accepts
+
+
+@contextlib.contextmanager
+def open_policy(
+    checkpoint: str | os.PathLike | None = None,
+    backend: str = "transformers",
+    log_dir: str | os.PathLike | None = None,
+    *,
+    base_model: str | os.PathLike | None = None,
+    batch_size: int = 8,
+    max_concurrency: int = 16,
+) -> Iterator[ChatModel]:
+    """A chat model answering with ``checkpoint``; everything it started is stopped on exit.
+
+    ``base_model`` is only used for a LoRA adapter whose config does not name a loadable base.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"policy backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    log_dir = Path(log_dir) if log_dir is not None else Path.cwd() / "logs"
+    with open_checkpoint(
+        checkpoint or DEFAULT_POLICY,
+        backend=backend,
+        log_path=log_dir / "policy-vllm.log",
+        base_model=base_model,
+        served_name="policy",
+        batch_size=batch_size,
+        max_concurrency=max_concurrency,
+    ) as chat:
+        yield chat
+
+
+@contextlib.contextmanager
+def open_checkpoint(
+    weights: str | os.PathLike,
+    *,
+    backend: str,
+    log_path: str | os.PathLike,
+    base_model: str | os.PathLike | None = None,
+    served_name: str = "policy",
+    batch_size: int = 8,
+    max_concurrency: int = 16,
+) -> Iterator[ChatModel]:
+    """Shared by :func:`open_policy` and :func:`llm.engineers.open_engineer`."""
+    path = resolve_model(weights)
+    if backend == "transformers":
+        from llm.local import LocalEngine
+
+        engine = LocalEngine(path, batch_size=batch_size)
+        try:
+            yield engine
+        finally:
+            engine.close()
+        return
+    if backend != "vllm":
+        raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    from llm.vllm_server import VLLMServer
+
+    adapter = adapter_config(path)
+    if adapter is None:
+        with VLLMServer(path, log_path=log_path, served_model_name=served_name) as server:
+            chat = server.client(max_concurrency=max_concurrency)
+            try:
+                yield chat
+            finally:
+                chat.close()
+        return
+    base = adapter_base(path, adapter, base_model)
+    rank = int(adapter.get("r") or 16)
+    max_rank = next((r for r in _LORA_RANKS if r >= rank), rank)
+    with VLLMServer(base, log_path=log_path, enable_lora=True, max_lora_rank=max(16, max_rank)) as server:
+        server.load_lora(served_name, path)
+        chat = server.client(model=served_name, max_concurrency=max_concurrency)
+        try:
+            yield chat
+        finally:
+            chat.close()
+
+
+def adapter_config(path: str | os.PathLike) -> dict | None:
+    """The LoRA adapter config in ``path``, or None for full weights."""
+    f = Path(path) / "adapter_config.json"
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def adapter_base(path: Path, adapter: dict, fallback: str | os.PathLike | None) -> Path:
+    """The base model of an adapter: the one its config names when that resolves, else ``fallback``."""
+    named = adapter.get("base_model_name_or_path")
+    if named:
+        try:
+            return resolve_model(named)
+        except (ValueError, FileNotFoundError):
+            if fallback is None:
+                raise
+    return resolve_model(fallback or DEFAULT_POLICY)

