@@ -222,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         splits = list_splits()
         if cfg.split not in splits:
             raise EvalConfigError(f"config {args.config}: split {cfg.split!r} unknown; allowed: {', '.join(splits)}")
-        instances = limit_instances(load_split(cfg.split), cfg.limit)
+        try:
+            instances = limit_instances(load_split(cfg.split), cfg.limit)
+        except Exception as e:  # noqa: BLE001 - a missing or corrupt split file: one line, not a traceback
+            raise EvalConfigError(f"cannot load split {cfg.split!r}: {str(e).splitlines()[0]}") from None
     except EvalConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,126 @@
+"""evals/ end to end on the real loop: compare_engineers and ablate_context on the smoke preset with the
+`fixed` and `self` engineers and two seeds, each `python -m graph.run` a real subprocess with the embedded
+model. Checks that the table is what the raw verdict files say and that a rerun redoes nothing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def evals_cmd(module: str, config: Path, *extra: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+    return subprocess.run([sys.executable, "-m", module, "--config", str(config), *extra], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def rates_from_raw(run_dir: Path, metric: str, keep) -> float:
+    """valid (or optimal) share of the final benchmark rows that `keep` selects, counted by hand."""
+    rows = [json.loads(line) for line in (run_dir / "final" / "eval.jsonl").read_text().splitlines() if line]
+    sub = [r for r in rows if keep(r)]
+    return sum(1 for r in sub if r["valid"] and (metric == "valid" or r["optimal"])) / len(sub)
+
+
+def check_table_against_raw(out: Path, runs: Path, arms: list[str], seeds: list[int], baseline: str) -> None:
+    table = {(r["arm"], r["subset"], r["metric"]): r for r in csv.DictReader(open(out / "table.csv"))}
+    subsets = {s for (_, s, _) in table}
+    assert any(s.startswith("agents_") for s in subsets) and "all" in subsets
+    for (arm, sub, metric), row in table.items():
+        if "/" in sub:
+            continue
+        if sub == "all":
+            keep = (lambda r: True)
+        elif sub.startswith("agents_"):
+            keep = (lambda r, a=int(sub[7:]): r["tags"]["agents"] == a)
+        else:
+            keep = (lambda r, w=float(sub[5:]): abs(float(r["tags"]["wait"]) - w) < 1e-9)
+        rates = [rates_from_raw(runs / f"{arm}-s{s}", metric, keep) for s in seeds]
+        assert float(row["mean"]) == pytest.approx(statistics.fmean(rates)), (arm, sub, metric)
+        half = 12.7062 * statistics.stdev(rates) / math.sqrt(2)  # t_{0.975, 1} with two seeds
+        assert float(row["ci95_half"]) == pytest.approx(half, abs=1e-12), (arm, sub, metric)
+        if arm != baseline:
+            base = [rates_from_raw(runs / f"{baseline}-s{s}", metric, keep) for s in seeds]
+            assert float(row["gap_mean"]) == pytest.approx(statistics.fmean(rates) - statistics.fmean(base))
+    assert {a for (a, _, _) in table} == set(arms)
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("compare")
+    cfg = tmp / "compare.yaml"
+    cfg.write_text(
+        f"# python -m evals.compare_engineers --config {cfg}\n"
+        f"preset: smoke\nengineers: [fixed, self]\nseeds: [0, 1]\nbaseline: fixed\n"
+        f"out: {tmp / 'out'}\nruns_dir: {tmp / 'runs'}\n"
+    )
+    proc = evals_cmd("evals.compare_engineers", cfg)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return tmp, cfg, proc
+
+
+def test_compare_engineers_smoke(compared):
+    tmp, cfg, proc = compared
+    out, runs = tmp / "out", tmp / "runs"
+    for pair in ("fixed-s0", "self-s0", "fixed-s1", "self-s1"):
+        assert f"[start] {pair}: python -m graph.run --preset smoke" in proc.stderr
+        assert (runs / pair / "final" / "eval.jsonl").is_file()
+        assert (out / "verdicts" / pair / "final" / "eval.jsonl").read_bytes() == (
+            runs / pair / "final" / "eval.jsonl").read_bytes()
+    check_table_against_raw(out, runs, ["fixed", "self"], [0, 1], "fixed")
+    # same seed, same stage-0 config for every engineer
+    for s in (0, 1):
+        assert (runs / f"fixed-s{s}" / "stage_0" / "config.json").read_text() == (
+            runs / f"self-s{s}" / "stage_0" / "config.json").read_text()
+    md = (out / "table.md").read_text()
+    assert "| fixed | 2 |" in md and "| self | 2 |" in md and "Gap to `fixed`" in md
+    for png in ("validation_per_stage.png", "allocation.png"):
+        assert (out / png).stat().st_size > 1000
+    timings = json.loads((out / "timings.json").read_text())
+    assert set(timings) == {"fixed-s0", "self-s0", "fixed-s1", "self-s1"}
+
+    # A rerun redoes nothing: no graph.run is started and the run folders are untouched.
+    before = snapshot(runs)
+    again = evals_cmd("evals.compare_engineers", cfg)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "[start]" not in again.stderr
+    for pair in ("fixed-s0", "self-s0", "fixed-s1", "self-s1"):
+        assert f"[skip] {pair}: finished" in again.stderr
+    assert snapshot(runs) == before
+    assert (out / "table.csv").read_text().count("\n") > 4
+
+
+def test_ablate_context_smoke(compared):
+    """V1 of the self-engineer next to the fixed baseline; the finished fixed runs of the comparison are
+    reused (same settings, same folder), so only the V1 runs start."""
+    tmp, _, _ = compared
+    cfg = tmp / "ablate.yaml"
+    cfg.write_text(
+        f"# python -m evals.ablate_context --config {cfg}\n"
+        f"preset: smoke\nengineer: self\nvariants: [V1]\nbaselines: [fixed]\nbaseline: fixed\nseeds: [0, 1]\n"
+        f"out: {tmp / 'ablate_out'}\nruns_dir: {tmp / 'runs'}\n"
+    )
+    proc = evals_cmd("evals.ablate_context", cfg)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "[skip] fixed-s0: finished" in proc.stderr and "WARNING" not in proc.stderr
+    assert "[start] V1-s0:" in proc.stderr and "--context V1" in proc.stderr
+    settings = json.loads((tmp / "runs" / "V1-s1" / "settings.json").read_text())
+    assert settings["context"] == "V1" and settings["engineer"] == "self" and settings["seed"] == 1
+    check_table_against_raw(tmp / "ablate_out", tmp / "runs", ["V1", "fixed"], [0, 1], "fixed")
+    assert "| context | seeds |" in (tmp / "ablate_out" / "table.md").read_text()

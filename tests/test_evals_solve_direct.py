@@ -1,0 +1,89 @@
+"""evals/solve_direct.py against the scripted OpenAI-compatible server (tests/fakeopenai.py): a server that
+answers every benchmark prompt with the solver's optimal plan scores 100% valid and optimal; an unset key
+is a visible skip; a rerun asks only what is missing."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from fakeopenai import FakeOpenAI
+from test_nodes_support import format_plan
+
+from evals import solve_direct
+
+LIMIT = 18
+
+
+@pytest.fixture
+def optimal_server():
+    """A fake endpoint that replies to each benchmark prompt with that instance's optimal plan."""
+    from env import load_split, render_prompt
+
+    plans = {render_prompt(inst): format_plan(inst.plan) for inst in load_split("test-mini")}
+
+    def reply(body: dict) -> str:
+        return plans[body["messages"][-1]["content"]]
+
+    with FakeOpenAI(default=reply) as srv:
+        yield srv
+
+
+def write_config(tmp: Path, base_url: str) -> Path:
+    cfg = tmp / "solve.yaml"
+    cfg.write_text(
+        f"# python -m evals.solve_direct --config {cfg}\n"
+        f"split: test-mini\nlimit: {LIMIT}\nbatch_size: 4\nmax_tokens: 256\nout: {tmp / 'out'}\n"
+        "models:\n"
+        f"  - {{name: oracle, kind: openai, base_url: '{base_url}', model: fake-model}}\n"
+        f"  - {{name: keyless, kind: openai, base_url: '{base_url}', model: m, api_key_env: EVALS_TEST_UNSET_KEY}}\n"
+    )
+    return cfg
+
+
+def test_optimal_plans_score_100(optimal_server, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("EVALS_TEST_UNSET_KEY", raising=False)
+    cfg = write_config(tmp_path, optimal_server.base_url)
+
+    assert solve_direct.main(["--config", str(cfg), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert f"[plan] oracle: {LIMIT} of {LIMIT} test-mini instances" in err
+    assert optimal_server.chat_requests == []  # the dry run called no model
+
+    assert solve_direct.main(["--config", str(cfg)]) == 0
+    err = capsys.readouterr().err
+    assert "[skip] keyless: model 'keyless' needs an API key: set EVALS_TEST_UNSET_KEY" in err
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "oracle" / "eval.jsonl")]
+    assert len(rows) == LIMIT == len({r["id"] for r in rows})
+    assert all(r["valid"] and r["optimal"] for r in rows), [r["failure"] for r in rows if not r["valid"]]
+    table = {(r["model"], r["subset"], r["metric"]): r for r in csv.DictReader(open(tmp_path / "out" / "table.csv"))}
+    assert float(table[("oracle", "all", "valid")]["rate"]) == 1.0
+    assert float(table[("oracle", "all", "optimal")]["rate"]) == 1.0
+    assert int(table[("oracle", "all", "valid")]["n"]) == LIMIT
+    assert not any(m == "keyless" for (m, _, _) in table)
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "| oracle | 100.0 [" in md and "`keyless` skipped: model 'keyless' needs an API key" in md
+
+    # Resumable: drop the last 5 answers; the rerun asks exactly those 5 again.
+    path = tmp_path / "out" / "oracle" / "eval.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:-5]))
+    asked = len(optimal_server.chat_requests)
+    assert solve_direct.main(["--config", str(cfg)]) == 0
+    assert len(optimal_server.chat_requests) - asked == 5
+    assert sorted(json.loads(x)["id"] for x in path.read_text().splitlines()) == sorted(r["id"] for r in rows)
+    # and a complete run asks nothing
+    assert solve_direct.main(["--config", str(cfg)]) == 0
+    assert len(optimal_server.chat_requests) - asked == 5
+    assert "[skip] oracle: all 18 instances already answered" in capsys.readouterr().err
+
+
+def test_wrong_answers_are_scored_as_failures(tmp_path):
+    with FakeOpenAI(default="I cannot solve this.") as srv:
+        cfg = write_config(tmp_path, srv.base_url)
+        assert solve_direct.main(["--config", str(cfg)]) == 0
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "oracle" / "eval.jsonl")]
+    assert rows and all(not r["valid"] and r["failure"] == "parse_error" for r in rows)
+    assert "| oracle | 0.0 [0.0," in (tmp_path / "out" / "table.md").read_text()
