@@ -161,7 +161,10 @@ def training_details(state: dict, settings: Any, full: bool) -> str:
         f"- Stage {stage} (0-based) has just finished; you are designing stage {stage + 1} of {stages} "
         f"(stages 0..{stages - 1}; {max(0, stages - stage - 1)} left, this one included).",
     ]
-    if epochs is not None:
+    max_steps = getattr(train, "max_steps", None)
+    if isinstance(max_steps, int) and max_steps > 0:
+        lines.append(f"- Each stage runs {max_steps} GRPO optimiser steps on its training set.")
+    elif epochs is not None:
         lines.append(f"- Each stage trains for {epochs} epoch(s) over its training set.")
     if per_stage is not None:
         lines.append(f"- Each stage's training set has {per_stage} two-agent instances.")

@@ -1,0 +1,89 @@
+"""evaluate / final_evaluate on real benchmark instances with real verdicts (a scripted policy answers with
+the solver's plans, nonsense, or a plan for the wrong agents), and the pure metric functions."""
+
+from __future__ import annotations
+
+import json
+
+from env import FAILURES, load_split, plan_text
+from nodes.evaluate import (
+    compute_final_metrics,
+    compute_metrics,
+    evaluate_stage,
+    final_evaluate_run,
+    limit_instances,
+    read_rows,
+)
+
+try:
+    from tests.test_nodes_support import make_settings, scripted_policy
+except ImportError:
+    from test_nodes_support import make_settings, scripted_policy
+
+
+def _answer(i, inst):
+    """Optimal, unparsable, or the paths of the agents swapped (wrong start), in turn."""
+    if i % 3 == 0:
+        return "Let me think.\n" + plan_text(inst.plan)
+    if i % 3 == 1:
+        return "I am not sure how to do this."
+    return plan_text(list(reversed(inst.plan)))
+
+
+def test_evaluate_on_val_mini_with_real_verdicts(tmp_path):
+    settings = make_settings(eval_limit=9)
+    instances = limit_instances(load_split(settings.eval_split), 9)
+    policy = scripted_policy(instances, _answer)
+    out = evaluate_stage({"stage": 1, "checkpoint": None}, settings, tmp_path, model=policy)
+    m = out["metrics"]
+    assert m["eval/n"] == 9 and m["eval/valid_rate"] == 3 / 9 and m["eval/optimal_rate"] == 3 / 9
+    assert m["eval/failure/parse_error"] == 3
+    assert sum(m[f"eval/failure/{f}"] for f in FAILURES) == 6  # every invalid answer has one failure
+    assert m["eval/failure/wrong_start"] + m["eval/failure/agent_count"] + m["eval/failure/conflict"] >= 1
+    sizes = {str(i.size) for i in instances}
+    assert set(m["by_size"]) == sizes and all(f"eval/valid_rate/size_{s}" in m for s in sizes)
+    assert sum(r["n"] for r in m["by_size"].values()) == 9
+    # the files: every raw answer with its verdict, and metrics that can be recomputed from them
+    sdir = tmp_path / "stage_1"
+    rows = read_rows(sdir / "eval.jsonl")
+    assert [r["id"] for r in rows] == [i.id for i in instances]
+    assert rows[1]["text"] == "I am not sure how to do this." and rows[1]["failure"] == "parse_error"
+    assert rows[0]["valid"] and rows[0]["optimal"] and rows[0]["cost"] == rows[0]["optimal_cost"]
+    assert compute_metrics(rows) == json.loads((sdir / "metrics.json").read_text()) == m
+    assert out["log"] and "valid 0.333" in out["log"][0]
+    # batches of eval_batch_size prompts went to the policy
+    assert len(policy.calls) == 9
+
+
+def test_final_evaluate_writes_paper_tables(tmp_path):
+    settings = make_settings(final_limit=18)
+    instances = limit_instances(load_split(settings.final_split), 18)
+    # optimal for 3 agents, nonsense otherwise
+    policy = scripted_policy(instances, lambda i, inst: plan_text(inst.plan) if inst.num_agents == 3 else "?")
+    out = final_evaluate_run({"checkpoint": None}, settings, tmp_path, model=policy)
+    f = out["final_metrics"]
+    agents = {str(i.tags.get("agents", i.num_agents)) for i in instances}
+    assert set(f["by_agents"]) == agents
+    if "3" in agents:
+        assert f["final/valid_rate/agents_3"] == 1.0 and f["by_agents"]["3"]["optimal_rate"] == 1.0
+    for a in agents - {"3"}:
+        assert f[f"final/valid_rate/agents_{a}"] == 0.0
+    waits = {f"{float(i.tags['wait']):.2f}" for i in instances if "wait" in i.tags}
+    assert set(f["by_wait"]) == waits
+    table = (tmp_path / "final" / "table.md").read_text()
+    assert "| agents | n | valid % | optimal % |" in table and "wait" in table
+    rows = read_rows(tmp_path / "final" / "eval.jsonl")
+    assert compute_final_metrics(rows) == json.loads((tmp_path / "final" / "metrics.json").read_text())
+
+
+def test_limit_covers_every_group():
+    test = load_split("test-mini")
+    groups = {(i.num_agents, str(i.tags.get("wait")), i.size) for i in test}
+    picked = limit_instances(test, len(groups))
+    assert {(i.num_agents, str(i.tags.get("wait")), i.size) for i in picked} == groups
+    assert limit_instances(test, None) == list(test)
+
+
+def test_metrics_of_no_rows_are_zero():
+    m = compute_metrics([])
+    assert m["eval/n"] == 0 and m["eval/valid_rate"] == 0.0 and m["by_size"] == {}
