@@ -260,7 +260,9 @@ class VLLMServer:
                     _kill_group(proc, signal.SIGKILL)
                     proc.wait(timeout=10)
             # engine workers left behind by a crashed front-end still share the group
-            _kill_group(proc, signal.SIGKILL)
+            if _group_alive(proc.pid, wait_s=5.0):
+                _kill_group(proc, signal.SIGKILL)
+                _group_alive(proc.pid, wait_s=5.0)
             log.info("vLLM server on port %s stopped", self.port)
         _unregister(self)
         if self._log_file is not None:
@@ -339,6 +341,19 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _group_alive(pgid: int, wait_s: float = 0.0) -> bool:
+    """True while any process of group ``pgid`` exists (zombies awaiting their reaper count), polled."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.1)
 
 
 def _register(server: VLLMServer) -> None:

@@ -1,0 +1,50 @@
+"""LocalEngine: the embedded model generating in-process, batched, with the chat template."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm.base import ChatModel
+from llm.local import LocalEngine
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engine(embedded_model_path):
+    eng = LocalEngine(embedded_model_path, batch_size=4)
+    yield eng
+    eng.close()
+
+
+def test_generates_text_with_the_chat_template(engine):
+    assert isinstance(engine, ChatModel)
+    r = engine.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=24)
+    assert "Paris" in r.text
+    assert 0 < r.completion_tokens <= 24 and r.prompt_tokens > 5 and r.latency_s > 0
+    assert r.model == engine.model_path.name
+
+
+def test_batch_keeps_order_and_left_padding_does_not_change_greedy_answers(engine):
+    prompts = [
+        [{"role": "user", "content": "Say hi."}],
+        [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours of the rainbow, please, in order."}],
+        [{"role": "user", "content": "What is 2+2?"}],
+    ]
+    batch = engine.chat_batch(prompts, max_tokens=16)
+    assert len(batch) == 3
+    # the longest prompt has no padding in its batch: its answer must equal the answer alone
+    alone = engine.chat(prompts[1], max_tokens=16)
+    assert batch[1].text == alone.text
+    assert all(r.completion_tokens <= 16 for r in batch)
+
+
+def test_sampling_and_schema_prompt(engine):
+    r = engine.chat([{"role": "user", "content": "Tell me a word."}], max_tokens=8, temperature=1.0)
+    assert isinstance(r.text, str) and r.completion_tokens <= 8
+    r = engine.chat(
+        [{"role": "user", "content": "Is the sky blue?"}],
+        max_tokens=32,
+        json_schema={"type": "object", "properties": {"answer": {"type": "boolean"}}},
+    )
+    assert r.parsed is None or isinstance(r.parsed, dict | list | int | float | str | bool)
