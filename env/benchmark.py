@@ -1,0 +1,193 @@
+"""The fixed evaluation sets, built once from fixed seeds and committed under env/data/ with checksums.
+
+Splits (`list_splits()`):
+
+- ``val``: the 2-agent validation set the loop evaluates on after every stage: 25 instances for each
+  size 3..10 (200), hole ratios cycling 0.1, 0.2, ..., 0.5 (capped by `max_hole_ratio`), half of each
+  size asked to need a wait.
+- ``val-mini``: the first 8 ``val`` instances of sizes 3, 4 and 5 (24), for CPU runs.
+- ``test``: the held-out suite: 3, 4 and 5 agents x wait ratio 0.25 / 0.50 / 0.75 x sizes 3..10 x 50
+  instances, hole ratios cycling 0.1..0.5 within each size (capped by `max_hole_ratio(size, agents)`:
+  with 5 agents a 3x3 map has no holes, for example). Each instance has ``tags`` {"agents", "wait",
+  "hole"}. Where a subset cannot reach its wait ratio (5 agents on a 3x3 map almost always need waits),
+  the shortfall is recorded in ``env/data/build.json``.
+- ``test-mini``: one ``test`` instance per (agents, wait, size) stratum (72), for CPU runs.
+
+Every file's sha256 is in ``env/data/SHA256SUMS`` and is checked on load; a mismatch raises
+`BenchmarkIntegrityError`. Rebuilding is a deliberate act: ``python -m env benchmark --build``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from .config import SIZES, max_hole_ratio
+from .generator import run_tasks, slot_seed
+from .instance import Instance, atomic_write_lines, read_jsonl
+
+DATA_DIR = Path(__file__).parent / "data"
+CHECKSUMS = "SHA256SUMS"
+VAL_SEED = 1001
+TEST_SEED = 2002
+VAL_PER_SIZE = 25
+VAL_MINI_SIZES = (3, 4, 5)
+VAL_MINI_PER_SIZE = 8
+TEST_AGENTS = (3, 4, 5)
+TEST_WAITS = (0.25, 0.5, 0.75)
+TEST_PER_SIZE = 50
+HOLE_CYCLE = (0.1, 0.2, 0.3, 0.4, 0.5)
+TEST_MAX_TRIES = 40
+
+SPLITS = {
+    "val": "2 agents, sizes 3..10 x 25 (200), hole ratios 0.1-0.5, half need a wait",
+    "val-mini": "2 agents, first 8 val instances of sizes 3, 4, 5 (24)",
+    "test": "held-out: 3/4/5 agents x wait 0.25/0.50/0.75 x sizes 3..10 x 50, hole ratios 0.1-0.5",
+    "test-mini": "one test instance per (agents, wait, size) stratum (72)",
+}
+
+
+class BenchmarkIntegrityError(ValueError):
+    """A committed benchmark file does not match its recorded checksum."""
+
+
+def list_splits() -> dict[str, str]:
+    """Split name -> one-line description."""
+    return dict(SPLITS)
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _read_checksums(data_dir: Path) -> dict[str, str]:
+    path = data_dir / CHECKSUMS
+    if not path.exists():
+        raise BenchmarkIntegrityError(f"{path} is missing; the benchmark data cannot be verified")
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            digest, name = line.split(maxsplit=1)
+            out[name.strip()] = digest
+    return out
+
+
+def load_split(name: str, data_dir: str | Path | None = None) -> list[Instance]:
+    """Load a split by name after checking its sha256 against ``SHA256SUMS``."""
+    if name not in SPLITS:
+        raise ValueError(f"unknown split {name!r}; choose one of {', '.join(SPLITS)}")
+    return list(_load(name, str(data_dir or DATA_DIR)))
+
+
+@lru_cache(maxsize=16)
+def _load(name: str, data_dir: str) -> tuple[Instance, ...]:
+    d = Path(data_dir)
+    path = d / f"{name}.jsonl"
+    if not path.exists():
+        raise BenchmarkIntegrityError(f"{path} is missing; rebuild with `python -m env benchmark --build`")
+    expected = _read_checksums(d).get(path.name)
+    actual = sha256_file(path)
+    if expected != actual:
+        raise BenchmarkIntegrityError(
+            f"{path}: sha256 {actual[:16]}... does not match SHA256SUMS ({(expected or 'none')[:16]}...); "
+            "the committed benchmark was modified: restore it from git, or rebuild it deliberately with "
+            "`python -m env benchmark --build`"
+        )
+    return tuple(read_jsonl(path))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Building (once; the result is committed)
+
+
+def _spread(j: int, n: int, w: float) -> bool:
+    want = int(w * n + 0.5)
+    return (j + 1) * want // n > j * want // n
+
+
+def val_tasks() -> list[tuple]:
+    tasks = []
+    for s in SIZES:
+        for j in range(VAL_PER_SIZE):
+            idx = len(tasks)
+            hole = min(HOLE_CYCLE[j % len(HOLE_CYCLE)], max_hole_ratio(s, 2))
+            tasks.append((idx, s, hole, _spread(j, VAL_PER_SIZE, 0.5), 2, slot_seed(VAL_SEED, idx),
+                          TEST_MAX_TRIES, f"val-s{s}-{j:02d}"))
+    return tasks
+
+
+def test_tasks(agents=TEST_AGENTS, waits=TEST_WAITS, sizes=SIZES, per_size=TEST_PER_SIZE) -> list[tuple]:
+    tasks = []
+    for k in agents:
+        for w in waits:
+            for s in sizes:
+                for j in range(per_size):
+                    idx = len(tasks)
+                    hole = min(HOLE_CYCLE[j % len(HOLE_CYCLE)], max_hole_ratio(s, k))
+                    tasks.append((idx, s, hole, _spread(j, per_size, w), k, slot_seed(TEST_SEED, idx),
+                                  TEST_MAX_TRIES, f"test-a{k}-w{int(w * 100):02d}-s{s}-{j:02d}"))
+    return tasks
+
+
+def _tag(inst: Instance, **tags) -> Instance:
+    return inst.model_copy(update={"tags": tags})
+
+
+def build(data_dir: str | Path | None = None, workers: int | None = None, log=print) -> dict:
+    """Generate all splits into `data_dir` (default env/data), write SHA256SUMS and build.json."""
+    d = Path(data_dir or DATA_DIR)
+    d.mkdir(parents=True, exist_ok=True)
+    report: dict = {"splits": {}}
+    t0 = time.perf_counter()
+    vtasks = val_tasks()
+    val = [_tag(inst, agents=2, hole=task[2])
+           for task, (_, inst, _) in zip(vtasks, run_tasks(vtasks, workers), strict=True) if inst is not None]
+    report["splits"]["val"] = {"seconds": round(time.perf_counter() - t0, 1), "count": len(val),
+                               "needs_wait": sum(i.needs_wait for i in val)}
+    log(f"val: {len(val)} instances in {time.perf_counter() - t0:.1f}s")
+    mini = [i for i in val if i.size in VAL_MINI_SIZES and int(i.id.rsplit("-", 1)[1]) < VAL_MINI_PER_SIZE]
+
+    t1 = time.perf_counter()
+    tasks = test_tasks()
+    results = run_tasks(tasks, workers)
+    test: list[Instance] = []
+    subsets: dict[str, dict] = {}
+    for task, (_, inst, info) in zip(tasks, results, strict=True):
+        _, s, hole, wants, k, _, _, _ = task
+        w = TEST_WAITS[(task[0] // (len(SIZES) * TEST_PER_SIZE)) % len(TEST_WAITS)]
+        key = f"a{k}-w{int(w * 100):02d}"
+        st = subsets.setdefault(key, {"asked": 0, "produced": 0, "asked_wait": 0, "needs_wait": 0,
+                                      "wait_shortfall": 0, "nowait_shortfall": 0, "tries": 0})
+        st["asked"] += 1
+        st["asked_wait"] += int(wants)
+        st["tries"] += info["tries"]
+        if inst is None:
+            continue
+        st["produced"] += 1
+        st["needs_wait"] += int(inst.needs_wait)
+        if info["missed"]:
+            st["wait_shortfall" if wants else "nowait_shortfall"] += 1
+        test.append(_tag(inst, agents=k, wait=w, hole=hole))
+    report["splits"]["test"] = {"seconds": round(time.perf_counter() - t1, 1), "count": len(test),
+                                "subsets": subsets}
+    log(f"test: {len(test)} instances in {time.perf_counter() - t1:.1f}s")
+    seen: set[tuple] = set()
+    test_mini = []
+    for i in test:
+        key = (i.tags["agents"], i.tags["wait"], i.size)
+        if key not in seen:
+            seen.add(key)
+            test_mini.append(i)
+    files = {"val": val, "val-mini": mini, "test": test, "test-mini": test_mini}
+    for name, insts in files.items():
+        atomic_write_lines(d / f"{name}.jsonl", (i.to_json() for i in insts))
+    sums = [f"{sha256_file(d / f'{name}.jsonl')}  {name}.jsonl" for name in files]
+    atomic_write_lines(d / CHECKSUMS, sums)
+    report["total_seconds"] = round(time.perf_counter() - t0, 1)
+    report["counts"] = {name: len(v) for name, v in files.items()}
+    atomic_write_lines(d / "build.json", [json.dumps(report, indent=1)])
+    _load.cache_clear()
+    return report

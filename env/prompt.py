@@ -1,0 +1,162 @@
+"""The policy's prompt (paper style) and the answer parser.
+
+`render_prompt(instance)` shows the whole map with the legend, one "Agent i needs to go from (r, c) to
+(r, c)" line per agent, the rules, the cost convention and the answer format. `parse_plan(text, n)`
+reads the answer back: forgiving about spacing and separators, strict about meaning. It never raises;
+on bad input it returns a `ParseFailure` saying what was wrong.
+
+Answer format: anything (reasoning) first, then the LAST ``<answer>`` ... ``</answer>`` block holds one
+line per agent, ``Agent <i>: (r,c) (r,c) ...``, listing the agent's cell at every time step from its
+start to its goal (a repeated cell is a wait). Accepted variations: any case for "agent"/"answer",
+missing ``</answer>`` (the block runs to the end), ``(r, c)`` or ``[r, c]``, cells separated by spaces,
+commas, ``->``, ``→``, ``;`` or ``|``, a path wrapped over several lines, and blank or prose lines in the
+block (lines that neither start with "Agent" nor hold only cells are ignored). Rejected: no answer
+block, an agent line with anything but cells and separators, an agent line without cells, an agent
+listed twice, agent numbers that are not 0..m-1.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .instance import Cell, Instance
+
+START_SYMBOLS = "SsABC"
+GOAL_SYMBOLS = "Ggabc"
+
+
+@dataclass(frozen=True)
+class ParseFailure:
+    """Why an answer could not be read as a plan."""
+
+    reason: str
+
+    def __bool__(self) -> bool:  # a failure is falsy, a plan (non-empty list) is truthy
+        return False
+
+
+_OPEN = re.compile(r"<\s*answer\s*>", re.IGNORECASE)
+_CLOSE = re.compile(r"<\s*/\s*answer\s*>", re.IGNORECASE)
+_AGENT = re.compile(r"^\s*[*_#>\-]*\s*agent\s*(\d+)\s*[*_]*\s*[:=]?\s*[*_]*(.*)$", re.IGNORECASE)
+_CELL = re.compile(r"[(\[]\s*(-?\d{1,6})\s*(?:[,;]|\s)\s*(-?\d{1,6})\s*[)\]]")
+_SEPARATORS = re.compile(r"(?:\s|,|;|\||->|=>|→|-|\.)*")
+_MAX_AGENTS_PARSED = 64
+
+
+def render_prompt(instance: Instance) -> str:
+    """The paper-style prompt for one instance (single turn: the model answers with a joint plan)."""
+    k = instance.num_agents
+    n = instance.size
+    cells = [list(row) for row in instance.grid]
+    # Goals first, then starts: where a start and another agent's goal share a cell, the start shows.
+    for i, (r, c) in enumerate(instance.goals):
+        cells[r][c] = GOAL_SYMBOLS[i]
+    for i, (r, c) in enumerate(instance.starts):
+        cells[r][c] = START_SYMBOLS[i]
+    grid = "\n".join(" ".join(row) for row in cells)
+    legend = ", ".join(f"{START_SYMBOLS[i]} = start of agent {i}" for i in range(k))
+    legend += ", " + ", ".join(f"{GOAL_SYMBOLS[i]} = goal of agent {i}" for i in range(k))
+    tasks = "\n".join(
+        f"Agent {i} needs to go from ({sr}, {sc}) to ({gr}, {gc})."
+        for i, ((sr, sc), (gr, gc)) in enumerate(zip(instance.starts, instance.goals, strict=True))
+    )
+    example = "\n".join(
+        f"Agent {i}: ({sr},{sc}) ... ({gr},{gc})"
+        for i, ((sr, sc), (gr, gc)) in enumerate(zip(instance.starts, instance.goals, strict=True))
+    )
+    agents = "agent" if k == 1 else "agents"
+    return (
+        f"You are a multi-agent path planning expert. There is a {n}x{n} frozen lake map with {k} {agents}:\n"
+        f"\n{grid}\n\n"
+        f"Legend: F = frozen ice (safe), H = hole (never step on it), {legend}. "
+        "Where a start and another agent's goal share a cell, the map shows the start.\n"
+        f"Coordinates are 0-indexed (row, col): (0, 0) is the top-left cell, ({n - 1}, {n - 1}) the bottom-right.\n"
+        f"\n{tasks}\n\n"
+        "Rules:\n"
+        "- Time advances in steps. At each step every agent either moves one cell up, down, left or right, "
+        "or waits in place.\n"
+        "- Agents must stay on the map and never enter a hole.\n"
+        "- Two agents may never be in the same cell at the same time, and two agents may never swap cells "
+        "in one step.\n"
+        "- An agent whose path ends stays on its last cell for ever (it still blocks that cell), so every "
+        "path must end on the agent's goal.\n"
+        "- Cost: the sum over agents of the step at which each agent reaches its goal for the last time. "
+        "Find a plan with the smallest total cost.\n"
+        "\n"
+        "Answer format: you may think first, then end with an <answer> block holding one line per agent "
+        "that lists the agent's cell at every step, from its start to its goal (repeat a cell to wait):\n"
+        f"<answer>\n{example}\n</answer>"
+    )
+
+
+def parse_plan(text: object, n_agents: int) -> list[list[Cell]] | ParseFailure:
+    """Read the joint plan from `text`'s last answer block. Never raises.
+
+    Returns one path per listed agent, in agent order (the number of paths may differ from `n_agents`;
+    the verifier reports that as ``agent_count``), or a `ParseFailure`.
+
+    >>> parse_plan("I think... <answer>\\nAgent 0: (0,0) -> (0, 1)\\nagent 1: [1,1],[1,0]\\n</answer>", 2)
+    [[(0, 0), (0, 1)], [(1, 1), (1, 0)]]
+    >>> parse_plan("Agent 0: (0,0)", 1)
+    ParseFailure(reason='no <answer> block')
+    """
+    if not isinstance(text, str):
+        return ParseFailure(f"answer is not text ({type(text).__name__})")
+    opens = list(_OPEN.finditer(text))
+    if not opens:
+        return ParseFailure("no <answer> block")
+    body_start = opens[-1].end()
+    close = _CLOSE.search(text, body_start)
+    body = text[body_start : close.start() if close else len(text)]
+    paths: dict[int, list[Cell]] = {}
+    current: int | None = None
+    for raw in body.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        m = _AGENT.match(line)
+        if m:
+            idx = int(m.group(1)) if len(m.group(1)) <= 3 else 10**6
+            if idx in paths:
+                return ParseFailure(f"agent {idx} is listed twice")
+            if len(paths) >= _MAX_AGENTS_PARSED:
+                return ParseFailure(f"more than {_MAX_AGENTS_PARSED} agent lines")
+            cells = _cells(m.group(2))
+            if isinstance(cells, ParseFailure):
+                return ParseFailure(f"agent {idx}: {cells.reason}")
+            if not cells:
+                return ParseFailure(f"agent {idx}: no cells listed")
+            paths[idx] = cells
+            current = idx
+            continue
+        if _CELL.search(line):
+            cells = _cells(line)
+            if current is None:
+                return ParseFailure("cells listed before any 'Agent <i>:' line")
+            if isinstance(cells, ParseFailure):
+                return ParseFailure(f"agent {current}: {cells.reason}")
+            paths[current].extend(cells)  # a path wrapped over several lines
+        # Any other line (prose, a heading) is ignored.
+    if not paths:
+        return ParseFailure("the answer block has no 'Agent <i>: (r,c) ...' lines")
+    ids = sorted(paths)
+    if ids != list(range(len(ids))):
+        shown = ", ".join(str(i) for i in ids[:8])
+        return ParseFailure(f"agents must be numbered 0..{len(ids) - 1} (0-indexed); got {shown}")
+    return [paths[i] for i in ids]
+
+
+def _cells(s: str) -> list[Cell] | ParseFailure:
+    out = []
+    pos = 0
+    for m in _CELL.finditer(s):
+        gap = s[pos : m.start()]
+        if _SEPARATORS.fullmatch(gap) is None:
+            return ParseFailure(f"unexpected text {gap.strip()[:20]!r} between cells")
+        out.append((int(m.group(1)), int(m.group(2))))
+        pos = m.end()
+    tail = s[pos:]
+    if _SEPARATORS.fullmatch(tail) is None:
+        return ParseFailure(f"unexpected text {tail.strip()[:20]!r} after the cells")
+    return out

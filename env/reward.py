@@ -1,0 +1,122 @@
+"""The policy's reward, exactly as in the paper: R = w_acc * R_acc + w_len * R_len.
+
+- `accuracy_reward`: 0 unless the answer passes all 8 checks; then, with c = cost - optimal and
+  c_max = 2 * optimal: 1.0 if c = 0, 1 - 0.7 * c / c_max if 0 < c <= c_max, 0.3 if c > c_max.
+- `length_reward`: 0 up to 1500 tokens, falling linearly to -1 at 4096 tokens, -1 beyond.
+- Weights (w_acc, w_len) move linearly from (0.5, 0.5) to (0.8, 0.2) as the running share of answers of
+  at most 1500 tokens rises from 0.5 to 0.9. That running share is explicit state (`RewardState`), so
+  it can be saved with a checkpoint and restored on resume. The paper does not say how the share is
+  averaged; here it is an exponential moving average over batches (`decay`, default 0.9), starting at 0.5.
+
+Usage per batch: score every answer with `total_reward(verdict, n_tokens, state)` (weights from the state
+*before* the batch), then call `state.update(batch_token_counts)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
+
+SHORT_TOKENS = 1500  # answers up to this many tokens get no length penalty
+MAX_TOKENS = 4096  # at and beyond this, the length reward is -1
+GAP_FLOOR = 0.3  # R_acc of a valid answer that costs more than 3x the optimum
+W_START = (0.5, 0.5)
+W_END = (0.8, 0.2)
+SHARE_LOW, SHARE_HIGH = 0.5, 0.9
+
+
+def accuracy_reward(verdict) -> float:
+    """Gated, gap-shaped accuracy reward of a `Verdict` (anything with valid, cost, optimal_cost).
+
+    >>> from env.verify import Verdict
+    >>> accuracy_reward(Verdict(valid=True, optimal=True, cost=10, optimal_cost=10))
+    1.0
+    >>> accuracy_reward(Verdict(valid=True, optimal=False, cost=15, optimal_cost=10))  # 1 - 0.7 * 5/20
+    0.825
+    >>> accuracy_reward(Verdict(valid=True, optimal=False, cost=31, optimal_cost=10))  # c = 21 > c_max = 20
+    0.3
+    >>> accuracy_reward(Verdict(valid=False, optimal=False, failure="conflict", optimal_cost=10))
+    0.0
+    """
+    if not verdict.valid or verdict.cost is None:
+        return 0.0
+    return gap_reward(verdict.cost, verdict.optimal_cost)
+
+
+def gap_reward(cost: int, optimal_cost: int) -> float:
+    """R_acc of a valid plan of sum of costs `cost` against the optimum.
+
+    >>> gap_reward(10, 10), gap_reward(30, 10), gap_reward(12, 10)
+    (1.0, 0.3, 0.93)
+    """
+    c = cost - optimal_cost
+    if c <= 0:
+        return 1.0
+    c_max = 2 * optimal_cost
+    if c > c_max:
+        return GAP_FLOOR
+    return round(1.0 - 0.7 * c / c_max, 12)
+
+
+def length_reward(n_tokens: int) -> float:
+    """0 up to 1500 tokens, linear down to -1 at 4096, -1 beyond.
+
+    >>> length_reward(1500), length_reward(2798), length_reward(4096), length_reward(9000)
+    (0.0, -0.5, -1.0, -1.0)
+    """
+    if n_tokens <= SHORT_TOKENS:
+        return 0.0
+    if n_tokens >= MAX_TOKENS:
+        return -1.0
+    return -(n_tokens - SHORT_TOKENS) / (MAX_TOKENS - SHORT_TOKENS)
+
+
+def weights_for_share(share: float) -> tuple[float, float]:
+    """(w_acc, w_len) for a running short-answer share.
+
+    >>> weights_for_share(0.3), weights_for_share(0.7), weights_for_share(0.95)
+    ((0.5, 0.5), (0.65, 0.35), (0.8, 0.2))
+    """
+    x = min(1.0, max(0.0, (share - SHARE_LOW) / (SHARE_HIGH - SHARE_LOW)))
+    w_acc = W_START[0] + x * (W_END[0] - W_START[0])
+    w_len = W_START[1] + x * (W_END[1] - W_START[1])
+    return round(w_acc, 12), round(w_len, 12)
+
+
+class RewardState(BaseModel):
+    """Running share of short answers (<= 1500 tokens) that sets the adaptive weights."""
+
+    short_share: float = Field(default=0.5, ge=0.0, le=1.0, description="running share of short answers")
+    decay: float = Field(default=0.9, ge=0.0, lt=1.0, description="EMA decay per update (batch)")
+    updates: int = Field(default=0, ge=0, description="batches seen")
+
+    def weights(self) -> tuple[float, float]:
+        """(w_acc, w_len) for the current running share."""
+        return weights_for_share(self.short_share)
+
+    def update(self, n_tokens_list: Sequence[int]) -> RewardState:
+        """Fold one batch's completion lengths into the running share (in place; returns self).
+
+        >>> s = RewardState()
+        >>> s.update([100, 200, 5000, 300]).short_share  # 0.9 * 0.5 + 0.1 * 0.75
+        0.525
+        """
+        if not n_tokens_list:
+            return self
+        share = sum(1 for n in n_tokens_list if n <= SHORT_TOKENS) / len(n_tokens_list)
+        self.short_share = round(self.decay * self.short_share + (1.0 - self.decay) * share, 12)
+        self.updates += 1
+        return self
+
+
+def total_reward(verdict, n_tokens: int, state: RewardState) -> float:
+    """R = w_acc * R_acc + w_len * R_len with the state's current weights.
+
+    >>> from env.verify import Verdict
+    >>> v = Verdict(valid=True, optimal=True, cost=8, optimal_cost=8)
+    >>> total_reward(v, 100, RewardState()), total_reward(v, 2798, RewardState(short_share=0.9))
+    (0.5, 0.7)
+    """
+    w_acc, w_len = state.weights()
+    return round(w_acc * accuracy_reward(verdict) + w_len * length_reward(n_tokens), 12)

@@ -1,0 +1,187 @@
+"""The verifier: replays an answer in the rules engine and says whether it is valid and optimal.
+
+`verify(instance, text)` parses the answer (`env.prompt.parse_plan`), runs the 8 validity checks and
+returns a `Verdict`: `valid`, `optimal` (valid and cost == optimal_cost), the first failing check as
+`failure`, the plan's `cost` (sum of costs; None when the plan could not be read or has the wrong
+number of agents), `optimal_cost` and `details` (which agent, which step, what was wrong).
+
+`FAILURES` lists the 8 checks in the paper's order. They are *evaluated* in an order where every check
+is meaningful given the ones before it (`CHECK_ORDER`):
+
+1. ``parse_error``      - the answer has a readable ``<answer>`` block (see env.prompt).
+2. ``agent_count``      - exactly one path per agent (otherwise per-agent checks are meaningless).
+3. ``wrong_start``      - each path starts on its agent's start.
+4. ``out_of_bounds``    - every cell is on the map.
+5. ``hole``             - no cell is a hole.
+6. ``illegal_move``     - consecutive cells are equal (wait) or 4-neighbours (Manhattan step <= 1).
+7. ``goal_not_reached`` - each path ends on its agent's goal.
+8. ``conflict``         - no two agents share a cell at a time (vertex) or swap cells in a step (edge);
+   a path that has ended waits on its last cell (its goal) for ever.
+
+Each check scans agents in order and steps in order, so `details` names the first offender.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from .instance import Cell, Instance
+from .prompt import ParseFailure, parse_plan
+
+Failure = Literal[
+    "parse_error", "illegal_move", "conflict", "goal_not_reached", "wrong_start", "agent_count", "hole", "out_of_bounds"
+]
+
+# The paper's order: parsable, legal moves, conflict-free, goal reached, start correct, agent count,
+# hole-free, in bounds.
+FAILURES: tuple[str, ...] = (
+    "parse_error",
+    "illegal_move",
+    "conflict",
+    "goal_not_reached",
+    "wrong_start",
+    "agent_count",
+    "hole",
+    "out_of_bounds",
+)
+CHECK_ORDER: tuple[str, ...] = (
+    "parse_error",
+    "agent_count",
+    "wrong_start",
+    "out_of_bounds",
+    "hole",
+    "illegal_move",
+    "goal_not_reached",
+    "conflict",
+)
+
+
+class Verdict(BaseModel):
+    """The verifier's judgement of one answer."""
+
+    valid: bool = Field(description="passes all 8 checks")
+    optimal: bool = Field(description="valid and cost == optimal_cost")
+    failure: Failure | None = Field(default=None, description="first failing check (CHECK_ORDER), None if valid")
+    cost: int | None = Field(default=None, description="sum of costs of the answer's plan, when readable")
+    optimal_cost: int = Field(description="the instance's optimal sum of costs")
+    details: dict = Field(default_factory=dict, description="agent, step, cell, reason of the failure")
+
+
+def plan_cost(paths: list[list[Cell]]) -> int:
+    """Sum of costs: per agent, the step of its last arrival on its final cell (trailing waits are free).
+
+    >>> plan_cost([[(0, 0), (0, 1), (0, 1)], [(1, 1)]])
+    1
+    """
+    total = 0
+    for p in paths:
+        t = len(p) - 1
+        last = p[-1]
+        while t > 0 and p[t - 1] == last:
+            t -= 1
+        total += t
+    return total
+
+
+def _fail(instance: Instance, failure: str, cost: int | None = None, **details) -> Verdict:
+    return Verdict(valid=False, optimal=False, failure=failure, cost=cost,
+                   optimal_cost=instance.optimal_cost, details=details)
+
+
+def verify(instance: Instance, text: object) -> Verdict:
+    """Judge `text` as an answer to `instance`. Never raises on any answer text."""
+    paths = parse_plan(text, instance.num_agents)
+    if isinstance(paths, ParseFailure):
+        return _fail(instance, "parse_error", reason=paths.reason)
+    return verify_plan(instance, paths)
+
+
+def verify_plan(instance: Instance, paths: list[list[Cell]]) -> Verdict:
+    """Run checks 2..8 on an already parsed plan (one list of (row, col) per agent)."""
+    k = instance.num_agents
+    if len(paths) != k:
+        return _fail(instance, "agent_count", expected=k, got=len(paths),
+                     reason=f"expected {k} agent paths, got {len(paths)}")
+    for i, p in enumerate(paths):
+        if not p:
+            return _fail(instance, "parse_error", agent=i, reason=f"agent {i}'s path is empty")
+    cost = plan_cost(paths)
+    starts = instance.starts
+    for i, p in enumerate(paths):
+        if p[0] != starts[i]:
+            return _fail(instance, "wrong_start", cost, agent=i, step=0, cell=list(p[0]),
+                         expected=list(starts[i]), reason=f"agent {i} starts at {p[0]}, not {starts[i]}")
+    n = instance.size
+    for i, p in enumerate(paths):
+        for t, (r, c) in enumerate(p):
+            if not (0 <= r < n and 0 <= c < n):
+                return _fail(instance, "out_of_bounds", cost, agent=i, step=t, cell=[r, c],
+                             reason=f"agent {i} leaves the {n}x{n} map at step {t}")
+    grid = instance.grid
+    for i, p in enumerate(paths):
+        for t, (r, c) in enumerate(p):
+            if grid[r][c] == "H":
+                return _fail(instance, "hole", cost, agent=i, step=t, cell=[r, c],
+                             reason=f"agent {i} steps on the hole ({r}, {c}) at step {t}")
+    for i, p in enumerate(paths):
+        pr, pc = p[0]
+        for t in range(1, len(p)):
+            r, c = p[t]
+            if abs(r - pr) + abs(c - pc) > 1:
+                return _fail(instance, "illegal_move", cost, agent=i, step=t, cell=[r, c],
+                             reason=f"agent {i} jumps from ({pr}, {pc}) to ({r}, {c}) at step {t}")
+            pr, pc = r, c
+    goals = instance.goals
+    for i, p in enumerate(paths):
+        if p[-1] != goals[i]:
+            return _fail(instance, "goal_not_reached", cost, agent=i, step=len(p) - 1, cell=list(p[-1]),
+                         expected=list(goals[i]), reason=f"agent {i} ends at {p[-1]}, not its goal {goals[i]}")
+    conflict = _first_conflict(paths)
+    if conflict is not None:
+        return _fail(instance, "conflict", cost, **conflict)
+    return Verdict(valid=True, optimal=cost == instance.optimal_cost, failure=None, cost=cost,
+                   optimal_cost=instance.optimal_cost,
+                   details={"below_optimum": True} if cost < instance.optimal_cost else {})
+
+
+def _first_conflict(paths: list[list[Cell]]) -> dict | None:
+    k = len(paths)
+    horizon = max(len(p) for p in paths)
+    last = [len(p) - 1 for p in paths]
+    prev = None
+    for t in range(horizon):
+        cur = [p[t] if t <= last[i] else p[-1] for i, p in enumerate(paths)]
+        if len(set(cur)) < k:
+            seen: dict[Cell, int] = {}
+            for i, c in enumerate(cur):
+                if c in seen:
+                    j = seen[c]
+                    return {"kind": "vertex", "agent": j, "other": i, "step": t, "cell": list(c),
+                            "reason": f"agents {j} and {i} are both at {c} at step {t}"}
+                seen[c] = i
+        if prev is not None:
+            for i in range(k):
+                if prev[i] == cur[i]:
+                    continue
+                for j in range(i + 1, k):
+                    if cur[j] == prev[i] and prev[j] == cur[i]:
+                        return {"kind": "swap", "agent": i, "other": j, "step": t, "cell": list(cur[i]),
+                                "reason": f"agents {i} and {j} swap {prev[i]} and {cur[i]} at step {t}"}
+        prev = cur
+    return None
+
+
+def plan_text(paths: list[list[Cell]], reasoning: str = "") -> str:
+    """Format a plan in the answer format (used for references, tests and scripted policies).
+
+    >>> print(plan_text([[(0, 0), (0, 1)], [(1, 1)]]))
+    <answer>
+    Agent 0: (0,0) (0,1)
+    Agent 1: (1,1)
+    </answer>
+    """
+    lines = [f"Agent {i}: " + " ".join(f"({r},{c})" for r, c in p) for i, p in enumerate(paths)]
+    head = f"{reasoning}\n" if reasoning else ""
+    return head + "<answer>\n" + "\n".join(lines) + "\n</answer>"

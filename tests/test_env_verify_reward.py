@@ -1,0 +1,156 @@
+"""env: the verifier (one labelled answer per failure), the parser (never crashes) and the reward."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from env import (
+    CHECK_ORDER,
+    FAILURES,
+    Instance,
+    ParseFailure,
+    RewardState,
+    Verdict,
+    accuracy_reward,
+    length_reward,
+    parse_plan,
+    render_prompt,
+    solve,
+    total_reward,
+    verify,
+)
+
+# 3x3 lake, hole in the middle. Agent 0 goes along the top row, agent 1 along the bottom row.
+GRID = ["FFF", "FHF", "FFF"]
+STARTS = [(0, 0), (2, 0)]
+GOALS = [(0, 2), (2, 2)]
+
+
+@pytest.fixture(scope="module")
+def inst() -> Instance:
+    plan = solve(GRID, STARTS, GOALS)
+    return Instance(id="demo", size=3, grid=GRID, starts=STARTS, goals=GOALS, plan=plan.paths,
+                    optimal_cost=plan.cost, makespan=plan.makespan, shortest=[2, 2], needs_wait=False, seed=0)
+
+
+def ans(*lines: str) -> str:
+    return "Let me think.\n<answer>\n" + "\n".join(lines) + "\n</answer>"
+
+
+LABELLED = [
+    # (expected failure, answer, why)
+    (None, ans("Agent 0: (0,0) (0,1) (0,2)", "Agent 1: (2,0) (2,1) (2,2)"),
+     "both agents walk their row: valid and optimal (cost 4)"),
+    ("parse_error", "Agent 0: (0,0) (0,1) (0,2)\nAgent 1: (2,0) (2,1) (2,2)",
+     "no <answer> block: the format is part of the contract"),
+    ("parse_error", ans("Agent 0: (0,0) (0,1) then (0,2)", "Agent 1: (2,0) (2,1) (2,2)"),
+     "prose inside a path changes its meaning, so it is rejected rather than guessed"),
+    ("agent_count", ans("Agent 0: (0,0) (0,1) (0,2)"), "only one of the two agents has a path"),
+    ("wrong_start", ans("Agent 0: (0,1) (0,2)", "Agent 1: (2,0) (2,1) (2,2)"),
+     "agent 0's path begins one cell past its start"),
+    ("out_of_bounds", ans("Agent 0: (0,0) (-1,0) (0,0) (0,1) (0,2)", "Agent 1: (2,0) (2,1) (2,2)"),
+     "agent 0 steps off the top edge"),
+    ("hole", ans("Agent 0: (0,0) (0,1) (1,1) (0,1) (0,2)", "Agent 1: (2,0) (2,1) (2,2)"),
+     "agent 0 steps into the hole at (1,1)"),
+    ("illegal_move", ans("Agent 0: (0,0) (0,2)", "Agent 1: (2,0) (2,1) (2,2)"),
+     "agent 0 jumps two cells in one step"),
+    ("goal_not_reached", ans("Agent 0: (0,0) (0,1)", "Agent 1: (2,0) (2,1) (2,2)"),
+     "agent 0 stops one cell short of its goal"),
+    ("conflict", ans("Agent 0: (0,0) (1,0) (2,0) (2,1) (2,2) (1,2) (0,2)", "Agent 1: (2,0) (2,1) (2,2)"),
+     "agent 0 walks into agent 1, who sits on its goal (2,2) from step 2: a vertex conflict with padding"),
+]
+
+
+@pytest.mark.parametrize("expected,text,why", LABELLED, ids=[str(x[0]) for x in LABELLED])
+def test_labelled_answers(inst, expected, text, why):
+    v = verify(inst, text)
+    assert v.failure == expected, (why, v)
+    assert v.valid == (expected is None)
+
+
+def test_swap_conflict_and_suboptimal_valid(inst):
+    # Agents swap cells: put both in the left column going opposite ways.
+    swap = Instance(id="swap", size=3, grid=["FFF", "FFF", "FFF"], starts=[(0, 0), (1, 0)],
+                    goals=[(1, 0), (0, 0)], plan=[[(0, 0)]], optimal_cost=4, makespan=3,
+                    shortest=[1, 1], needs_wait=True, seed=0)
+    v = verify(swap, ans("Agent 0: (0,0) (1,0)", "Agent 1: (1,0) (0,0)"))
+    assert v.failure == "conflict" and v.details["kind"] == "swap"
+    # A detour of 2 extra steps is valid but not optimal: R_acc = 1 - 0.7 * 2 / 8.
+    v = verify(inst, ans("Agent 0: (0,0) (0,1) (0,0) (0,1) (0,2)", "Agent 1: (2,0) (2,1) (2,2)"))
+    assert v.valid and not v.optimal and v.cost == 6
+    assert accuracy_reward(v) == pytest.approx(1 - 0.7 * 2 / 8)
+
+
+def test_every_failure_type_is_labelled_and_orders_are_permutations():
+    assert {x[0] for x in LABELLED} - {None} == set(FAILURES)
+    assert sorted(FAILURES) == sorted(CHECK_ORDER) and len(FAILURES) == 8
+
+
+def test_parser_is_forgiving_about_form():
+    text = ("<ANSWER>\n**Agent 0**: (0, 0) -> (0,1) → [0, 2]\n\nagent 1 : (2,0),(2,1);\n  (2,2)\n")
+    assert parse_plan(text, 2) == [[(0, 0), (0, 1), (0, 2)], [(2, 0), (2, 1), (2, 2)]]
+    # The last answer block wins (a model may quote the format while thinking).
+    text = "<answer>Agent 0: (9,9)</answer> ... " + ans("Agent 0: (0,0)")
+    assert parse_plan(text, 1) == [[(0, 0)]]
+
+
+@pytest.mark.parametrize("text,reason", [
+    ("<answer>\nAgent 0: (0,0)\nAgent 0: (0,1)\n</answer>", "listed twice"),
+    ("<answer>\nAgent 1: (0,0)\nAgent 2: (0,1)\n</answer>", "numbered 0..1"),
+    ("<answer>\nAgent 0:\n</answer>", "no cells"),
+    ("<answer>\n(0,0) (0,1)\n</answer>", "before any"),
+    ("<answer>\nAgent 0: (12)\n</answer>", "unexpected text"),
+])
+def test_parser_is_strict_about_meaning(text, reason):
+    out = parse_plan(text, 2)
+    assert isinstance(out, ParseFailure) and reason in out.reason
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("<>/answerAgt 0123456789(),[]-:;\n→x")), max_size=200) | st.text())
+def test_parse_and_verify_never_crash(inst, text):
+    out = parse_plan(text, 2)
+    assert isinstance(out, list | ParseFailure)
+    v = verify(inst, text)
+    assert isinstance(v, Verdict)
+    assert v.failure in (None, *FAILURES)
+
+
+def test_prompt_has_paper_opening_legend_and_format(inst):
+    p = render_prompt(inst)
+    assert p.startswith("You are a multi-agent path planning expert. There is a 3x3 frozen lake map with 2 agents:")
+    assert "S F G\nF H F\ns F g" in p
+    assert "Agent 0 needs to go from (0, 0) to (0, 2)." in p
+    assert "<answer>" in p and "0-indexed (row, col)" in p and "sum over agents" in p
+
+
+def test_reward_worked_examples():
+    ok = Verdict(valid=True, optimal=True, cost=10, optimal_cost=10)
+    bad = Verdict(valid=False, optimal=False, failure="hole", cost=10, optimal_cost=10)
+    assert accuracy_reward(ok) == 1.0
+    assert accuracy_reward(bad) == 0.0  # the gate: an invalid answer earns nothing
+    assert accuracy_reward(Verdict(valid=True, optimal=False, cost=20, optimal_cost=10)) == pytest.approx(0.65)
+    assert accuracy_reward(Verdict(valid=True, optimal=False, cost=30, optimal_cost=10)) == pytest.approx(0.3)
+    assert accuracy_reward(Verdict(valid=True, optimal=False, cost=31, optimal_cost=10)) == 0.3
+    assert length_reward(1500) == 0.0 and length_reward(4096) == -1.0 and length_reward(10_000) == -1.0
+    assert length_reward(2798) == pytest.approx(-0.5)
+    s = RewardState()
+    assert s.weights() == (0.5, 0.5)
+    assert total_reward(ok, 3000, s) == pytest.approx(0.5 * 1.0 + 0.5 * (-(1500 / 2596)))
+    for _ in range(100):
+        s.update([10] * 10)  # every answer short: the share climbs towards 1
+    assert s.weights() == (0.8, 0.2)
+    restored = RewardState.model_validate(s.model_dump())
+    assert restored == s and restored.weights() == (0.8, 0.2)
+
+
+@pytest.mark.parametrize("module", ["reward", "verify", "prompt", "config", "generator"])
+def test_doctests(module):
+    # importlib: `env.verify` the attribute is the function; the module lives in sys.modules.
+    result = doctest.testmod(importlib.import_module(f"env.{module}"))
+    assert result.failed == 0 and result.attempted > 0
