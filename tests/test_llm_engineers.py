@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from fakeopenai import Fault, FakeOpenAI
+from fakeopenai import FakeOpenAI, Fault
 
 from llm.base import ChatError
 from llm.engineers import DEFAULTS, EngineerConfigError, check_engineer_env, open_engineer

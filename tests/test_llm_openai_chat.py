@@ -6,7 +6,7 @@ import json
 import time
 
 import pytest
-from fakeopenai import Fault, FakeOpenAI, Reply
+from fakeopenai import FakeOpenAI, Fault, Reply
 
 from llm.base import ChatError, ChatModel, extract_json
 from llm.openai_chat import OpenAIChat

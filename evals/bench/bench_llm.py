@@ -1,0 +1,137 @@
+"""Answers per second for 64 validation prompts with the embedded model: vLLM server vs in-process engine.
+
+    python -m evals.bench.bench_llm                       # both backends, 64 prompts, 128 tokens each
+    python -m evals.bench.bench_llm --only local --n 16   # one backend, fewer prompts
+    python -m evals.bench.bench_llm --json bench.json     # also write the figures
+
+Prompts are ``env.render_prompt`` of the first instances of ``env.load_split("val")``; when the split is
+not built, instances from ``env.generate(uniform_config(), n, seed=0)``; when env/ is unusable, plain text
+prompts (the output says which). Generation is greedy with ``max_tokens`` per answer on both backends:
+fp32 weights (vLLM ``--dtype float32``, ``--enforce-eager``), all prompts submitted at once (vLLM:
+``--concurrency`` requests in flight; in-process: ``--batch-size`` prompts per ``generate``). vLLM's
+start-up and one warm-up request are timed apart and not counted in its answers per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def validation_prompts(n: int) -> tuple[list[str], str]:
+    """``n`` policy prompts and where they came from."""
+    try:
+        from env import load_split, render_prompt
+
+        try:
+            instances = load_split("val")[:n]
+            source = "env.load_split('val')"
+        except Exception as e:  # noqa: BLE001 - a missing or stale split: generate instead
+            from env import generate, uniform_config
+
+            instances = generate(uniform_config(), n, seed=0).instances[:n]
+            source = f"env.generate(uniform_config(), {n}, seed=0) (val split unavailable: {type(e).__name__})"
+        return [render_prompt(i) for i in instances], source
+    except Exception as e:  # noqa: BLE001 - env not ready: the speed figure still means something
+        words = ["grid", "agent", "path", "goal", "hole", "wait", "conflict", "plan"]
+        prompts = [
+            f"Explain in a few sentences how two agents on a {3 + i % 8}x{3 + i % 8} grid avoid a "
+            f"{words[i % len(words)]} when planning paths to their goals."
+            for i in range(n)
+        ]
+        return prompts, f"plain text prompts (env unusable: {type(e).__name__}: {e})"
+
+
+def run(chat, batch, max_tokens: int) -> dict:
+    t0 = time.monotonic()
+    out = chat.chat_batch(batch, max_tokens=max_tokens, temperature=0.0)
+    elapsed = time.monotonic() - t0
+    tokens = sum(r.completion_tokens or 0 for r in out)
+    return {
+        "answers": len(out),
+        "seconds": round(elapsed, 2),
+        "answers_per_s": round(len(out) / elapsed, 3),
+        "completion_tokens": tokens,
+        "tokens_per_s": round(tokens / elapsed, 1),
+    }
+
+
+def bench_vllm(model, batch, max_tokens: int, concurrency: int, log_dir: Path) -> dict:
+    from llm.vllm_server import VLLMServer
+
+    t0 = time.monotonic()
+    with VLLMServer(model, log_path=log_dir / "bench-vllm.log") as server:
+        startup = time.monotonic() - t0
+        chat = server.client(max_concurrency=concurrency)
+        chat.chat(batch[0], max_tokens=8)  # warm-up
+        res = run(chat, batch, max_tokens)
+    res["startup_s"] = round(startup, 1)
+    return res
+
+
+def bench_local(model, batch, max_tokens: int, batch_size: int) -> dict:
+    from llm.local import LocalEngine
+
+    t0 = time.monotonic()
+    engine = LocalEngine(model, batch_size=batch_size)
+    load = time.monotonic() - t0
+    try:
+        res = run(engine, batch, max_tokens)
+    finally:
+        engine.close()
+    res["startup_s"] = round(load, 1)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=64, help="prompts")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per answer at most")
+    p.add_argument("--batch-size", type=int, default=16, help="in-process prompts per generate call")
+    p.add_argument("--concurrency", type=int, default=64, help="vLLM requests in flight")
+    p.add_argument("--only", choices=("vllm", "local"), help="bench one backend")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--json", type=Path, help="write the figures here too")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    from llm.models import resolve_model
+    from llm.vllm_server import vllm_available
+
+    model = resolve_model(args.model)
+    prompts, source = validation_prompts(args.n)
+    batch = [[{"role": "user", "content": text}] for text in prompts]
+    print(f"{len(batch)} prompts from {source}; model {model.name}; max_tokens {args.max_tokens}; greedy fp32")
+    results: dict = {"prompts": source, "n": len(batch), "max_tokens": args.max_tokens, "model": model.name}
+    if args.only != "local":
+        if vllm_available():
+            with tempfile.TemporaryDirectory() as tmp:
+                results["vllm"] = bench_vllm(model, batch, args.max_tokens, args.concurrency, Path(tmp))
+            print(f"vLLM server  : {_fmt(results['vllm'])}")
+        else:
+            print("vLLM server  : not installed, skipped")
+    if args.only != "vllm":
+        results["local"] = bench_local(model, batch, args.max_tokens, args.batch_size)
+        print(f"in-process   : {_fmt(results['local'])}")
+    if "vllm" in results and "local" in results:
+        results["ratio_vllm_over_local"] = round(results["vllm"]["answers_per_s"] / results["local"]["answers_per_s"], 2)
+        print(f"ratio vLLM / in-process answers per second: {results['ratio_vllm_over_local']}x")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def _fmt(r: dict) -> str:
+    return (
+        f"{r['answers_per_s']:.3f} answers/s ({r['answers']} in {r['seconds']:.1f}s, "
+        f"{r['tokens_per_s']:.0f} tok/s; start-up {r['startup_s']:.0f}s, not counted)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
