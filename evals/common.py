@@ -432,6 +432,27 @@ def _run_child(cmd: list[str], log_path: Path, name: str, timeout_s: float | Non
     return rc, time.monotonic() - t0
 
 
+def machine() -> str:
+    """One line describing this machine (CPU model, cores, memory), for the results' timings."""
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")).split()[1])
+        mem = f", {kb / 2**20:.0f} GiB"
+    except (OSError, StopIteration, ValueError):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores{mem}, {platform.system()}, Python {platform.python_version()}"
+
+
 # ----------------------------------------------------------------------------- verdict files
 
 
@@ -870,12 +891,17 @@ def run_loop_eval(
     if missing and tables_only:
         notes.append(f"no verdict files for: {', '.join(missing)}")
     timings = _read_json(out / "timings.json") or {}
+    times = [f"{name} {t['wall_s']:.0f}s" for name, t in timings.items()
+             if name.rpartition("-s")[0] in labels and t.get("last_rc") == 0]
+    if times:
+        notes.append(f"Wall time per run on {machine()}: {', '.join(times)}.")
     if not verdicts:
         print(f"no finished runs with verdict files under {out / 'verdicts'}; no table written", file=sys.stderr)
         return 1 if (grid.failed or missing) else 0
     table = summarize(verdicts, labels, cfg.baseline)
     write_tables(table, out, title=title, command=command, arm_header=arm_header, notes=notes,
                  extra={"preset": cfg.preset, "seeds": cfg.seeds, "set": cfg.set, "timings_s": timings,
+                        "machine": machine(),
                         "skipped": grid.skipped, "failed": grid.failed})
     plots = write_plots(verdicts, labels, out, arm_header=arm_header)
     print(f"wrote {out / 'table.md'}, table.csv, table.json" + (f", {', '.join(plots)}" if plots else ""),

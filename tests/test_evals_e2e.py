@@ -38,6 +38,15 @@ def rates_from_raw(run_dir: Path, metric: str, keep) -> float:
     return sum(1 for r in sub if r["valid"] and (metric == "valid" or r["optimal"])) / len(sub)
 
 
+def subset_filter(sub: str):
+    """Which verdict rows a table subset (`all`, `agents_3`, `wait_0.25`) pools."""
+    if sub == "all":
+        return lambda r: True
+    if sub.startswith("agents_"):
+        return lambda r: r["tags"]["agents"] == int(sub[7:])
+    return lambda r: abs(float(r["tags"]["wait"]) - float(sub[5:])) < 1e-9
+
+
 def check_table_against_raw(out: Path, runs: Path, arms: list[str], seeds: list[int], baseline: str) -> None:
     table = {(r["arm"], r["subset"], r["metric"]): r for r in csv.DictReader(open(out / "table.csv"))}
     subsets = {s for (_, s, _) in table}
@@ -45,12 +54,7 @@ def check_table_against_raw(out: Path, runs: Path, arms: list[str], seeds: list[
     for (arm, sub, metric), row in table.items():
         if "/" in sub:
             continue
-        if sub == "all":
-            keep = (lambda r: True)
-        elif sub.startswith("agents_"):
-            keep = (lambda r, a=int(sub[7:]): r["tags"]["agents"] == a)
-        else:
-            keep = (lambda r, w=float(sub[5:]): abs(float(r["tags"]["wait"]) - w) < 1e-9)
+        keep = subset_filter(sub)
         rates = [rates_from_raw(runs / f"{arm}-s{s}", metric, keep) for s in seeds]
         assert float(row["mean"]) == pytest.approx(statistics.fmean(rates)), (arm, sub, metric)
         half = 12.7062 * statistics.stdev(rates) / math.sqrt(2)  # t_{0.975, 1} with two seeds

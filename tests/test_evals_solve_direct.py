@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from fakeopenai import FakeOpenAI
-from test_nodes_support import format_plan
 
 from evals import solve_direct
 
@@ -20,9 +19,9 @@ LIMIT = 18
 @pytest.fixture
 def optimal_server():
     """A fake endpoint that replies to each benchmark prompt with that instance's optimal plan."""
-    from env import load_split, render_prompt
+    from env import load_split, plan_text, render_prompt
 
-    plans = {render_prompt(inst): format_plan(inst.plan) for inst in load_split("test-mini")}
+    plans = {render_prompt(inst): plan_text(inst.plan) for inst in load_split("test-mini")}
 
     def reply(body: dict) -> str:
         return plans[body["messages"][-1]["content"]]
