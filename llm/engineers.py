@@ -152,6 +152,7 @@ def open_engineer(
     env: Mapping[str, str] | None = None,
     model: str | None = None,
     base_url: str | None = None,
+    keep_server: bool | None = None,
     timeout_s: float = 300.0,
     total_budget_s: float = 1800.0,
     max_concurrency: int = 4,
@@ -165,6 +166,8 @@ def open_engineer(
         run_dir: where a started server writes its log (``<run_dir>/logs/engineer-<kind>-vllm.log``).
         env: environment to read (default ``os.environ``).
         model / base_url: override ``ENGINEER_MODEL`` / ``ENGINEER_BASE_URL`` (CLI flags, settings).
+        keep_server: self/base on vLLM: keep one server up across calls and load new weights into it
+            (default ``LLM_KEEP_SERVER=1``; see :mod:`llm.policy`).
         timeout_s / total_budget_s / max_concurrency: passed to :class:`~llm.openai_chat.OpenAIChat`.
     """
     spec = check_engineer_env(kind, env, model=model, base_url=base_url)
@@ -199,5 +202,6 @@ def open_engineer(
         log_path=log_dir / f"engineer-{spec.kind}-vllm.log",
         base_model=base,
         served_name=f"engineer-{spec.kind}",
+        keep_server=keep_server,
     ) as chat:
         yield chat

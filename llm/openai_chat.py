@@ -122,7 +122,7 @@ class OpenAIChat:
 
         retrying = Retrying(
             retry=retry_if_exception(lambda e: isinstance(e, _Retryable)),
-            stop=stop_after_attempt(self.max_attempts) | stop_after_delay(self.total_budget_s),
+            stop=stop_after_attempt(self.max_attempts) | stop_after_delay(self.total_budget_s) | self._retry_after_past_budget,
             wait=self._wait,
             before_sleep=self._before_sleep,
             reraise=True,
@@ -259,9 +259,15 @@ class OpenAIChat:
         backoff *= 0.5 + 0.5 * _jitter()
         exc = state.outcome.exception() if state.outcome else None
         if isinstance(exc, _Retryable) and exc.retry_after is not None:
-            backoff = max(backoff * 0.1, exc.retry_after)
+            backoff = exc.retry_after
         left = self.total_budget_s - state.seconds_since_start
         return max(0.0, min(backoff, left))
+
+    def _retry_after_past_budget(self, state: RetryCallState) -> bool:
+        """Give up at once, with the server's cause, when it asks us to wait past the budget."""
+        exc = state.outcome.exception() if state.outcome else None
+        ra = getattr(exc, "retry_after", None)
+        return ra is not None and state.seconds_since_start + ra > self.total_budget_s
 
     def _before_sleep(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None

@@ -9,6 +9,13 @@
 
 A checkpoint is a folder with full weights or a LoRA adapter (``adapter_config.json``), a short name
 (``smollm2-135m``) or a Hugging Face id; None means the embedded default policy.
+
+Keeping one server across stages (opt-in: ``keep_server=True`` or ``LLM_KEEP_SERVER=1``): instead of a
+40-90 s start per use, one vLLM server stays up between uses and follows the checkpoint: new full weights
+of the same architecture are loaded in place (``reload_weights``, about 0.6 s), a LoRA adapter is loaded
+under the requested name (about 60 ms). An incompatible request (another architecture, LoRA on a server
+started without it) replaces the server. The kept server is stopped at interpreter exit, on
+SIGINT/SIGTERM, or by :func:`stop_kept_server`.
 """
 
 from __future__ import annotations
@@ -35,8 +42,10 @@ def open_policy(
     base_model: str | os.PathLike | None = None,
     batch_size: int = 8,
     max_concurrency: int = 16,
+    keep_server: bool | None = None,
 ) -> Iterator[ChatModel]:
-    """A chat model answering with ``checkpoint``; everything it started is stopped on exit.
+    """A chat model answering with ``checkpoint``; everything it started is stopped on exit
+    (except a kept server, see the module docstring).
 
     ``base_model`` is only used for a LoRA adapter whose config does not name a loadable base.
     """
@@ -51,6 +60,7 @@ def open_policy(
         served_name="policy",
         batch_size=batch_size,
         max_concurrency=max_concurrency,
+        keep_server=keep_server,
     ) as chat:
         yield chat
 
@@ -65,8 +75,11 @@ def open_checkpoint(
     served_name: str = "policy",
     batch_size: int = 8,
     max_concurrency: int = 16,
+    keep_server: bool | None = None,
 ) -> Iterator[ChatModel]:
     """Shared by :func:`open_policy` and :func:`llm.engineers.open_engineer`."""
+    if keep_server is None:
+        keep_server = os.environ.get("LLM_KEEP_SERVER", "").lower() in ("1", "true", "yes")
     path = resolve_model(weights)
     if backend == "transformers":
         from llm.local import LocalEngine
@@ -82,6 +95,13 @@ def open_checkpoint(
     from llm.vllm_server import VLLMServer
 
     adapter = adapter_config(path)
+    if keep_server:
+        chat = _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency)
+        try:
+            yield chat
+        finally:
+            chat.close()
+        return
     if adapter is None:
         with VLLMServer(path, log_path=log_path, served_model_name=served_name) as server:
             chat = server.client(max_concurrency=max_concurrency)
@@ -91,9 +111,7 @@ def open_checkpoint(
                 chat.close()
         return
     base = adapter_base(path, adapter, base_model)
-    rank = int(adapter.get("r") or 16)
-    max_rank = next((r for r in _LORA_RANKS if r >= rank), rank)
-    with VLLMServer(base, log_path=log_path, enable_lora=True, max_lora_rank=max(16, max_rank)) as server:
+    with VLLMServer(base, log_path=log_path, enable_lora=True, max_lora_rank=_lora_rank(adapter)) as server:
         server.load_lora(served_name, path)
         chat = server.client(model=served_name, max_concurrency=max_concurrency)
         try:
@@ -118,3 +136,53 @@ def adapter_base(path: Path, adapter: dict, fallback: str | os.PathLike | None) 
             if fallback is None:
                 raise
     return resolve_model(fallback or DEFAULT_POLICY)
+
+
+def _lora_rank(adapter: dict) -> int:
+    rank = int(adapter.get("r") or 16)
+    return max(16, next((r for r in _LORA_RANKS if r >= rank), rank))
+
+
+# -- one kept server ------------------------------------------------------------------------------
+
+_KEPT: dict = {}  # "server" -> VLLMServer, "weights" -> Path of the full weights it serves now
+_ARCH_KEYS = ("architectures", "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "intermediate_size", "vocab_size")
+
+
+def _arch(path: Path) -> tuple:
+    cfg = json.loads((path / "config.json").read_text())
+    return tuple(json.dumps(cfg.get(k), sort_keys=True) for k in _ARCH_KEYS)
+
+
+def _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency):
+    from llm.vllm_server import VLLMServer
+
+    weights = path if adapter is None else adapter_base(path, adapter, base_model)
+    server = _KEPT.get("server")
+    usable = (
+        server is not None
+        and server.running
+        and _arch(server.model_path) == _arch(weights)
+        and (adapter is None or (server.enable_lora and server.max_lora_rank >= _lora_rank(adapter)))
+    )
+    if not usable:
+        stop_kept_server()
+        server = VLLMServer(weights, log_path=log_path, enable_lora=True,
+                            max_lora_rank=_lora_rank(adapter or {}), served_model_name="kept").start()
+        _KEPT.update(server=server, weights=weights)
+    elif Path(_KEPT["weights"]) != weights:
+        server.reload_weights(weights)
+        _KEPT["weights"] = weights
+    if adapter is None:
+        return server.client(max_concurrency=max_concurrency)
+    server.load_lora(served_name, path)
+    return server.client(model=served_name, max_concurrency=max_concurrency)
+
+
+def stop_kept_server() -> None:
+    """Stops the server kept by ``keep_server=True`` (if any)."""
+    server = _KEPT.pop("server", None)
+    _KEPT.pop("weights", None)
+    if server is not None:
+        server.stop()

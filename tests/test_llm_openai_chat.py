@@ -89,6 +89,14 @@ def test_persistent_fault_gives_one_clear_error_within_budget(fault, cause):
     assert "\n" not in str(err)
 
 
+def test_retry_after_past_the_budget_fails_at_once_with_the_cause(fake_openai):
+    fake_openai.script(Fault.rate_limit(retry_after=30))
+    t0 = time.monotonic()
+    with pytest.raises(ChatError, match="HTTP 429 rate limited") as info:
+        client(fake_openai, total_budget_s=5.0).chat(HI)
+    assert time.monotonic() - t0 < 2.0 and info.value.attempts == 1
+
+
 def test_client_errors_are_not_retried(fake_openai):
     fake_openai.script(Fault.status_code(401, "Incorrect API key provided"))
     with pytest.raises(ChatError, match="HTTP 401: Incorrect API key provided") as info:

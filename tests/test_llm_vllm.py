@@ -155,6 +155,39 @@ def test_signal_stops_the_server_process_group(sig, tmp_path):
         owner.kill()
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@needs_vllm
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_server_gets_sigterm_when_its_owner_is_killed(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    script = tmp_path / "owner.py"
+    script.write_text(FAKE_SERVER)
+    owner = subprocess.Popen(
+        [sys.executable, str(script), str(model), str(tmp_path / "log.txt")],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    pgid = int(owner.stdout.readline())
+    try:
+        owner.kill()  # SIGKILL: no handler runs in the owner
+        owner.wait(10)
+        deadline = time.monotonic() + 10
+        while _pid_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _pid_alive(pgid), "server leader survived its owner's SIGKILL"
+    finally:
+        if _group_alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)
+
+
 @needs_vllm
 def test_context_manager_stops_the_group_even_on_error(tmp_path):
     model = tmp_path / "m"

@@ -8,7 +8,7 @@ Prompts are ``env.render_prompt`` of the first instances of ``env.load_split("va
 not built, instances from ``env.generate(uniform_config(), n, seed=0)``; when env/ is unusable, plain text
 prompts (the output says which). Generation is greedy with ``max_tokens`` per answer on both backends:
 fp32 weights (vLLM ``--dtype float32``, ``--enforce-eager``), all prompts submitted at once (vLLM:
-``--concurrency`` requests in flight; in-process: ``--batch-size`` prompts per ``generate``). vLLM's
+``--concurrency`` requests in flight; in-process: ``--batch-size`` prompts per ``generate``; 16 each). vLLM's
 start-up and one warm-up request are timed apart and not counted in its answers per second.
 """
 
@@ -18,7 +18,6 @@ import argparse
 import json
 import logging
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -93,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=64, help="prompts")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per answer at most")
     p.add_argument("--batch-size", type=int, default=16, help="in-process prompts per generate call")
-    p.add_argument("--concurrency", type=int, default=64, help="vLLM requests in flight")
+    p.add_argument("--concurrency", type=int, default=16, help="vLLM requests in flight")
+    p.add_argument("--log-dir", type=Path, default=Path("runs/bench"), help="vLLM server log goes here")
     p.add_argument("--only", choices=("vllm", "local"), help="bench one backend")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--json", type=Path, help="write the figures here too")
@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"prompts": source, "n": len(batch), "max_tokens": args.max_tokens, "model": model.name}
     if args.only != "local":
         if vllm_available():
-            with tempfile.TemporaryDirectory() as tmp:
-                results["vllm"] = bench_vllm(model, batch, args.max_tokens, args.concurrency, Path(tmp))
+            results["vllm"] = bench_vllm(model, batch, args.max_tokens, args.concurrency, args.log_dir)
             print(f"vLLM server  : {_fmt(results['vllm'])}")
         else:
             print("vLLM server  : not installed, skipped")
