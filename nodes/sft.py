@@ -25,13 +25,9 @@ def format_answer(instance) -> str:
     >>> # plan [[(0,0),(0,1)], [(1,1),(1,0)]] ->
     >>> # "<answer>\\nAgent 0: (0,0) (0,1)\\nAgent 1: (1,1) (1,0)\\n</answer>"
     """
-    import env
+    from env import plan_text
 
-    render = getattr(env, "render_answer", None)  # the testbed's own renderer, where it has one
-    if render is not None:
-        return render(instance.plan)
-    lines = [f"Agent {i}: " + " ".join(f"({r},{c})" for r, c in path) for i, path in enumerate(instance.plan)]
-    return "<answer>\n" + "\n".join(lines) + "\n</answer>"
+    return plan_text(instance.plan)
 
 
 def sft_dataset(instances: list, seed: int):
@@ -122,3 +118,46 @@ def warm_start(
         )
     model.train()
     return out
+
+
+def greedy_valid_rate(
+    model, tokenizer, instances: list, *, max_new_tokens: int = 128, batch_size: int = 8
+) -> dict:
+    """Greedy answers of `model` to `instances`, verified: {valid_rate, optimal_rate, n, failures}.
+
+    A small in-process check for tests and benchmarks (the run's own evaluation is `nodes.evaluate`).
+    """
+    import torch
+
+    from env import verify
+    from nodes.train_stage import prompt_messages
+
+    was_training = model.training
+    model.eval()
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    valid = optimal = 0
+    failures: dict[str, int] = {}
+    try:
+        for i in range(0, len(instances), batch_size):
+            chunk = instances[i : i + batch_size]
+            texts = [
+                tokenizer.apply_chat_template(prompt_messages(x), add_generation_prompt=True, tokenize=False)
+                for x in chunk
+            ]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                out = model.generate(
+                    **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+                )
+            for inst, ids in zip(chunk, out[:, enc["input_ids"].shape[1] :], strict=True):
+                v = verify(inst, tokenizer.decode(ids, skip_special_tokens=True))
+                valid += v.valid
+                optimal += v.optimal
+                if v.failure:
+                    failures[v.failure] = failures.get(v.failure, 0) + 1
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    n = max(1, len(instances))
+    return {"valid_rate": valid / n, "optimal_rate": optimal / n, "n": len(instances), "failures": failures}
