@@ -53,7 +53,9 @@ def limit_instances(instances: Sequence[Any], limit: int | None) -> list[Any]:
     return picked
 
 
-def answer_and_verify(instances: Sequence[Any], model: Any, *, max_tokens: int, batch_size: int) -> list[dict]:
+def answer_and_verify(
+    instances: Sequence[Any], model: Any, *, max_tokens: int, batch_size: int
+) -> list[dict]:
     """Ask `model` (a `llm.base.ChatModel`) every instance's prompt in batches and verify each answer.
 
     Returns one row per instance, in order: id, size, num_agents, tags, text, completion_tokens,
@@ -65,7 +67,9 @@ def answer_and_verify(instances: Sequence[Any], model: Any, *, max_tokens: int, 
         messages = [[{"role": "user", "content": render_prompt(inst)}] for inst in batch]
         results = model.chat_batch(messages, max_tokens=max_tokens, temperature=0.0)
         for inst, res in zip(batch, results, strict=True):
-            rows.append(verdict_row(inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None)))
+            rows.append(
+                verdict_row(inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None))
+            )
     return rows
 
 
@@ -136,7 +140,9 @@ def compute_metrics(rows: Sequence[dict], prefix: str = "eval") -> dict[str, Any
     if tokens:
         out[f"{prefix}/completion_tokens_mean"] = sum(tokens) / len(tokens)
     if any(r.get("finish_reason") for r in rows):
-        out[f"{prefix}/truncated_rate"] = _rate(sum(1 for r in rows if r.get("finish_reason") == "length"), len(rows))
+        out[f"{prefix}/truncated_rate"] = _rate(
+            sum(1 for r in rows if r.get("finish_reason") == "length"), len(rows)
+        )
     out["by_size"] = by_size
     return out
 
@@ -178,7 +184,10 @@ def compute_final_metrics(rows: Sequence[dict], prefix: str = "final") -> dict[s
 
 def _with_sizes(rows: list[dict]) -> dict[str, Any]:
     agg = _aggregate(rows)
-    agg["by_size"] = {str(s): _aggregate(r for r in rows if int(r["size"]) == s) for s in sorted({int(r["size"]) for r in rows})}
+    agg["by_size"] = {
+        str(s): _aggregate(r for r in rows if int(r["size"]) == s)
+        for s in sorted({int(r["size"]) for r in rows})
+    }
     return agg
 
 
@@ -186,7 +195,9 @@ def final_table_md(final: dict[str, Any]) -> str:
     """The paper's tables as markdown: valid % / optimal % per agent count, and per wait subset x agents."""
     lines = ["| agents | n | valid % | optimal % |", "|---|---|---|---|"]
     for a, agg in final.get("by_agents", {}).items():
-        lines.append(f"| {a} | {agg['n']} | {100 * agg['valid_rate']:.2f} | {100 * agg['optimal_rate']:.2f} |")
+        lines.append(
+            f"| {a} | {agg['n']} | {100 * agg['valid_rate']:.2f} | {100 * agg['optimal_rate']:.2f} |"
+        )
     waits = sorted(final.get("by_wait", {}))
     if waits:
         lines += ["", "Valid % / optimal % per wait-ratio subset:", ""]
@@ -196,9 +207,14 @@ def final_table_md(final: dict[str, Any]) -> str:
             cells = []
             for w in waits:
                 agg = final["by_agents_wait"].get(f"{a}/{w}")
-                cells.append("-" if agg is None else f"{100 * agg['valid_rate']:.1f} / {100 * agg['optimal_rate']:.1f}")
+                cells.append(
+                    "-" if agg is None else f"{100 * agg['valid_rate']:.1f} / {100 * agg['optimal_rate']:.1f}"
+                )
             lines.append(f"| {a} | " + " | ".join(cells) + " |")
-        cells = [f"{100 * final['by_wait'][w]['valid_rate']:.1f} / {100 * final['by_wait'][w]['optimal_rate']:.1f}" for w in waits]
+        cells = [
+            f"{100 * final['by_wait'][w]['valid_rate']:.1f} / {100 * final['by_wait'][w]['optimal_rate']:.1f}"
+            for w in waits
+        ]
         lines.append("| all | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -239,11 +255,19 @@ def run_eval(
     """Answer `split` with the policy (or the given `model`), verify, write `out_dir/eval.jsonl`."""
     instances = limit_instances(load_split(split), limit)
     if model is not None:
-        rows = answer_and_verify(instances, model, max_tokens=settings.eval_max_tokens, batch_size=settings.eval_batch_size)
+        rows = answer_and_verify(
+            instances, model, max_tokens=settings.eval_max_tokens, batch_size=settings.eval_batch_size
+        )
     else:
         from llm.policy import open_policy
 
-        with open_policy(checkpoint or settings.policy_model, settings.policy_backend, out_dir) as policy:
+        with open_policy(
+            checkpoint or settings.policy_model,
+            settings.policy_backend,
+            out_dir,
+            base_model=settings.policy_model,  # the base of a LoRA checkpoint
+            batch_size=settings.eval_batch_size,
+        ) as policy:
             rows = answer_and_verify(
                 instances, policy, max_tokens=settings.eval_max_tokens, batch_size=settings.eval_batch_size
             )
@@ -256,8 +280,12 @@ def evaluate_stage(state: dict, settings: Any, run_dir: Path, model: Any = None)
     stage = int(state.get("stage") or 0)
     out_dir = Path(run_dir) / f"stage_{stage}"
     rows = run_eval(
-        settings.eval_split, out_dir, checkpoint=state.get("checkpoint"), settings=settings,
-        limit=getattr(settings, "eval_limit", None), model=model,
+        settings.eval_split,
+        out_dir,
+        checkpoint=state.get("checkpoint"),
+        settings=settings,
+        limit=getattr(settings, "eval_limit", None),
+        model=model,
     )
     metrics = compute_metrics(rows)
     write_json(out_dir / "metrics.json", metrics)
@@ -277,8 +305,12 @@ def final_evaluate_run(state: dict, settings: Any, run_dir: Path, model: Any = N
     """Plain-function form of the `final_evaluate` node: writes `final/{eval.jsonl, metrics.json, table.md}`."""
     out_dir = Path(run_dir) / "final"
     rows = run_eval(
-        settings.final_split, out_dir, checkpoint=state.get("checkpoint"), settings=settings,
-        limit=getattr(settings, "final_limit", None), model=model,
+        settings.final_split,
+        out_dir,
+        checkpoint=state.get("checkpoint"),
+        settings=settings,
+        limit=getattr(settings, "final_limit", None),
+        model=model,
     )
     final = compute_final_metrics(rows)
     write_json(out_dir / "metrics.json", final)
