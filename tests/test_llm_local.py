@@ -48,3 +48,14 @@ def test_sampling_and_schema_prompt(engine):
         json_schema={"type": "object", "properties": {"answer": {"type": "boolean"}}},
     )
     assert r.parsed is None or isinstance(r.parsed, dict | list | int | float | str | bool)
+
+
+def test_open_policy_with_transformers(embedded_model_path, tmp_path):
+    from llm.policy import open_policy
+
+    with open_policy(None, "transformers", tmp_path) as policy:
+        r = policy.chat_batch([[{"role": "user", "content": "Say hello."}]] * 2, max_tokens=6)
+    assert len(r) == 2 and all(x.completion_tokens <= 6 for x in r)
+    with pytest.raises(ValueError, match="policy backend 'tgi'"):
+        with open_policy(None, "tgi", tmp_path):
+            pass

@@ -205,3 +205,50 @@ def test_context_manager_stops_the_group_even_on_error(tmp_path):
     while _group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _group_alive(pgid)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_kept_server_follows_the_checkpoint(vllm_server, embedded_model_path, tmp_path, monkeypatch):
+    """open_policy(keep_server=True) reuses one server: same weights as is, new full weights reloaded in
+    place, a LoRA adapter loaded by name. The session server plays the kept one (no second start)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from llm import policy
+    from llm.engineers import open_engineer
+
+    copy = tmp_path / "stage_1_full"
+    copy.mkdir()
+    for f in embedded_model_path.iterdir():
+        (copy / f.name).symlink_to(f)
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(embedded_model_path, dtype=torch.float32)
+    get_peft_model(base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"])).save_pretrained(tmp_path / "lora")
+    del base
+
+    started, reloads = [], []
+    monkeypatch.setattr(VLLMServer, "start", lambda self: started.append(self) or self)
+    real_reload = VLLMServer.reload_weights
+    monkeypatch.setattr(VLLMServer, "reload_weights", lambda self, p: reloads.append(p) or real_reload(self, p))
+    monkeypatch.setitem(policy._KEPT, "server", vllm_server)
+    monkeypatch.setitem(policy._KEPT, "weights", embedded_model_path)
+    try:
+        with policy.open_policy(embedded_model_path, "vllm", tmp_path, keep_server=True) as chat:
+            assert "Paris" in chat.chat(CAPITAL, max_tokens=16).text
+        assert reloads == [] and vllm_server.running
+        with policy.open_policy(copy, "vllm", tmp_path, keep_server=True) as chat:
+            assert chat.chat(CAPITAL, max_tokens=4).completion_tokens > 0
+        assert [p.name for p in reloads] == ["stage_1_full"]
+        with open_engineer("self", checkpoint=tmp_path / "lora", base_model=None, run_dir=tmp_path,
+                           env={"ENGINEER_SERVING": "vllm"}, keep_server=True) as eng:
+            r = eng.chat(CAPITAL, max_tokens=4)
+            assert r.model == "engineer-self"
+        assert "engineer-self" in vllm_server.loras
+        assert started == [] and vllm_server.running
+    finally:
+        if "engineer-self" in vllm_server.loras:
+            vllm_server.unload_lora("engineer-self")
+        if policy._KEPT.get("weights") != embedded_model_path:
+            real_reload(vllm_server, embedded_model_path)  # restore the shared server's weights
