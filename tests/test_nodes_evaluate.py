@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from env import FAILURES, load_split, plan_text
 from nodes.evaluate import (
     compute_final_metrics,
@@ -87,3 +89,14 @@ def test_limit_covers_every_group():
 def test_metrics_of_no_rows_are_zero():
     m = compute_metrics([])
     assert m["eval/n"] == 0 and m["eval/valid_rate"] == 0.0 and m["by_size"] == {}
+
+
+@pytest.mark.slow
+def test_evaluate_with_the_embedded_policy_in_process(tmp_path, embedded_model_path):
+    """The real path: open_policy on the embedded model (transformers), a few short answers, verified."""
+    settings = make_settings(eval_limit=3, eval_max_tokens=24, eval_batch_size=3, policy_backend="transformers",
+                             policy_model=str(embedded_model_path))
+    out = evaluate_stage({"stage": 0, "checkpoint": None}, settings, tmp_path)
+    rows = read_rows(tmp_path / "stage_0" / "eval.jsonl")
+    assert out["metrics"]["eval/n"] == 3 and len(rows) == 3
+    assert all(isinstance(r["text"], str) and (r["valid"] or r["failure"] in FAILURES) for r in rows)
