@@ -79,15 +79,19 @@ def load_split(name: str, data_dir: str | Path | None = None) -> list[Instance]:
     """Load a split by name after checking its sha256 against ``SHA256SUMS``."""
     if name not in SPLITS:
         raise ValueError(f"unknown split {name!r}; choose one of {', '.join(SPLITS)}")
-    return list(_load(name, str(data_dir or DATA_DIR)))
-
-
-@lru_cache(maxsize=16)
-def _load(name: str, data_dir: str) -> tuple[Instance, ...]:
-    d = Path(data_dir)
+    d = Path(data_dir or DATA_DIR)
     path = d / f"{name}.jsonl"
     if not path.exists():
         raise BenchmarkIntegrityError(f"{path} is missing; rebuild with `python -m env benchmark --build`")
+    # The cache key includes the files' size and mtime, so a file changed on disk is re-checked.
+    stamp = tuple((p.stat().st_size, p.stat().st_mtime_ns) for p in (path, d / CHECKSUMS) if p.exists())
+    return list(_load(name, str(d), stamp))
+
+
+@lru_cache(maxsize=16)
+def _load(name: str, data_dir: str, stamp: tuple) -> tuple[Instance, ...]:
+    d = Path(data_dir)
+    path = d / f"{name}.jsonl"
     expected = _read_checksums(d).get(path.name)
     actual = sha256_file(path)
     if expected != actual:

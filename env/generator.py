@@ -32,7 +32,7 @@ from .solver import GridMap, SolverBudgetExceeded, Unsolvable, solve
 DEFAULT_MAX_TRIES = 60
 # CBS budget per draw when generating (3+ agents): a draw that needs more is dropped and redrawn. This
 # slightly favours instances CBS finds easy; it keeps the held-out suite buildable in minutes.
-GEN_CBS_NODES = 1000
+GEN_CBS_NODES = 200
 _PARALLEL_MIN = 400  # below this many instances, worker start-up costs more than it saves
 
 

@@ -79,6 +79,9 @@ def atomic_write_lines(path: str | os.PathLike, lines: Iterable[str]) -> None:
             for line in lines:
                 f.write(line)
                 f.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -85,14 +85,14 @@ def _random_small(rng, n, k):
 def test_solver_matches_exhaustive_search(method, k):
     rng = random.Random(7 + k)
     checked = 0
-    while checked < 40:
-        drawn = _random_small(rng, rng.choice((3, 4)), k)
+    while checked < (30 if k == 2 else 12):  # 3 agents: the exhaustive search is slow, keep 3x3 maps
+        drawn = _random_small(rng, rng.choice((3, 4)) if k == 2 else 3, k)
         if drawn is None:
             continue
         grid, starts, goals = drawn
         truth = exhaustive_soc(grid, starts, goals)
         try:
-            plan = solve(grid, starts, goals, method=method, max_nodes=3000)
+            plan = solve(grid, starts, goals, method=method, max_nodes=800)
         except Unsolvable:
             assert truth is None
             checked += 1
@@ -123,10 +123,12 @@ def test_stored_optimum_equals_exhaustive_search_on_generated_small_instances():
 
 
 def test_budget_error_is_clear():
-    # A 3-agent rotation in a 2x3 ring needs many CBS nodes; a budget of 1 must trip.
-    grid = ["FFF", "FHF", "FFF"]
+    # Two agents must pass each other through a one-cell bay: the root CBS node has a conflict, so a
+    # budget of one high-level node must trip with a message that says what to do.
+    grid = ["FFF", "HFH", "HHH"]
     with pytest.raises(SolverBudgetExceeded, match="CBS expanded 1 high-level nodes.*raise max_nodes"):
-        solve(grid, [(0, 0), (0, 2), (2, 2)], [(0, 2), (2, 2), (0, 0)], max_nodes=1, method="cbs")
+        solve(grid, [(0, 0), (0, 2)], [(0, 2), (0, 0)], max_nodes=1, method="cbs")
+    assert solve(grid, [(0, 0), (0, 2)], [(0, 2), (0, 0)]).cost == exhaustive_soc(grid, [(0, 0), (0, 2)], [(0, 2), (0, 0)])
 
 
 def test_unsolvable_and_bad_input():
