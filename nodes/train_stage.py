@@ -62,12 +62,12 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # --- data
-    instances_per_stage: int = Field(96, ge=1, description="training instances generated per stage")
+    instances_per_stage: int = Field(64, ge=1, description="training instances generated per stage")
     max_prompt_length: int = Field(
         1024, ge=16, description="prompts longer than this (tokens) are dropped from training, and counted"
     )
     # --- GRPO
-    learning_rate: float = Field(2e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
+    learning_rate: float = Field(5e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
     num_generations: int = Field(4, ge=2, description="completions sampled per prompt (one GRPO group)")
     per_device_train_batch_size: int = Field(
         8, ge=1, description="completions per device per micro-batch (multiple of num_generations)"
@@ -76,8 +76,8 @@ class TrainConfig(BaseModel):
     epochs: float = Field(
         1.0, gt=0, description="passes over the stage's instances (ignored if max_steps > 0)"
     )
-    max_steps: int = Field(10, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
-    max_completion_length: int = Field(160, ge=8, description="token limit of one sampled answer")
+    max_steps: int = Field(8, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
+    max_completion_length: int = Field(128, ge=8, description="token limit of one sampled answer")
     temperature: float = Field(1.0, gt=0, description="sampling temperature of GRPO completions")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of GRPO completions")
     beta: float = Field(
@@ -90,7 +90,7 @@ class TrainConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     train_layers: int = Field(
-        0,
+        8,
         ge=0,
         description="full fine-tune: train only the top N transformer blocks (+ final norm; 0: all weights). "
         "Backward then stops at block N from the top: about 3x cheaper steps on CPU with N=8 of 30",
@@ -114,9 +114,9 @@ class TrainConfig(BaseModel):
     # --- SFT warm start (first stage only)
     sft_warm_start: bool = Field(True, description="SFT on solver-optimal plans before the first GRPO stage")
     sft_epochs: float = Field(2.0, gt=0, description="SFT passes over the warm-start examples")
-    sft_steps: int = Field(-1, ge=-1, description="SFT optimiser steps; -1 or 0: use sft_epochs")
-    sft_lr: float = Field(2e-4, gt=0, description="SFT learning rate")
-    sft_batch_size: int = Field(8, ge=1, description="SFT examples per optimiser step")
+    sft_steps: int = Field(24, ge=-1, description="SFT optimiser steps; -1 or 0: use sft_epochs")
+    sft_lr: float = Field(3e-4, gt=0, description="SFT learning rate")
+    sft_batch_size: int = Field(4, ge=1, description="SFT examples per optimiser step")
     # --- bookkeeping
     logging_steps: int = Field(1, ge=1, description="log to TensorBoard every this many optimiser steps")
     log_completions: bool = Field(False, description="print sampled completions to the log (TRL)")
@@ -138,8 +138,10 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "sft_steps": 2,
         "sft_batch_size": 4,
         "max_prompt_length": 768,
+        "train_layers": 2,
     },
-    # Laptop default with the embedded SmolLM2-135M: SFT warm start, then ~10 GRPO steps per stage (minutes).
+    # Laptop default with the embedded SmolLM2-135M (= TrainConfig's defaults): 64 instances, SFT warm start
+    # (24 steps x 4 plans), then 8 GRPO steps of 2 groups x 4 completions of <= 128 tokens, top 8 blocks trained.
     "cpu": {},
     # The paper's scale on a GPU: Qwen3-4B, 4,000 instances, 2 epochs, LoRA, vLLM generation.
     "paper": {
@@ -160,6 +162,7 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "vllm_mode": "colocate",
         "gradient_checkpointing": True,
         "sft_warm_start": False,
+        "train_layers": 0,
         "logging_steps": 5,
     },
 }
