@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from .config import EnvConfig, SizeKnobs, max_hole_ratio
 from .instance import Instance
-from .solver import GridMap, SolverBudgetExceeded, Unsolvable, solve
+from .solver import GridMap, SolverBudgetExceeded, Unsolvable, solve_on
 
 DEFAULT_MAX_TRIES = 60
 # CBS budget per draw when generating (3+ agents): a draw that needs more is dropped and redrawn. This
@@ -82,7 +82,9 @@ def plan_slots(config: EnvConfig, n: int) -> list[tuple[int, bool]]:
 # One instance
 
 
-def _draw_map(rng: random.Random, size: int, hole_ratio: float, need: int) -> tuple[list[str], list[int]] | None:
+def _draw_map(
+    rng: random.Random, size: int, hole_ratio: float, need: int
+) -> tuple[list[str], GridMap, list[int]] | None:
     cells = size * size
     x = hole_ratio * cells
     holes = int(x) + (1 if rng.random() < x - int(x) else 0)
@@ -110,7 +112,7 @@ def _draw_map(rng: random.Random, size: int, hole_ratio: float, need: int) -> tu
             best = members
     if len(best) < need:
         return None
-    return grid, sorted(best)
+    return grid, gm, sorted(best)
 
 
 def _random_shortest_path(rng: random.Random, gm: GridMap, s: int, dist_to_g: list[int]) -> list[int]:
@@ -201,8 +203,7 @@ def make_instance(
         drawn = _draw_map(rng, size, hole_ratio, need)
         if drawn is None:
             continue
-        grid, comp = drawn
-        gm = GridMap(grid)
+        grid, gm, comp = drawn
         trick = None
         if wants_wait and attempt % 2 == 1:
             trick = "crossing" if rng.random() < 0.6 else "headon"
@@ -213,14 +214,14 @@ def make_instance(
         starts = [divmod(c, size) for c in s_idx]
         goals = [divmod(c, size) for c in g_idx]
         try:
-            plan = solve(grid, starts, goals, max_nodes=max_nodes)
+            plan = solve_on(gm, starts, goals, max_nodes=max_nodes)
         except SolverBudgetExceeded:
             info["budget"] += 1
             continue
         except Unsolvable:
             info["unsolvable"] += 1
             continue
-        shortest = [gm.bfs(g)[s] for s, g in zip(s_idx, g_idx, strict=True)]
+        shortest = plan.shortest
         needs_wait = plan.cost > sum(shortest)
         inst = dict(
             id=id or f"i{seed}",

@@ -41,6 +41,7 @@ _CLOSE = re.compile(r"<\s*/\s*answer\s*>", re.IGNORECASE)
 _AGENT = re.compile(r"^\s*[*_#>\-]*\s*agent\s*(\d+)\s*[*_]*\s*[:=]?\s*[*_]*(.*)$", re.IGNORECASE)
 _CELL = re.compile(r"[(\[]\s*(-?\d{1,6})\s*(?:[,;]|\s)\s*(-?\d{1,6})\s*[)\]]")
 _SEPARATORS = re.compile(r"(?:\s|,|;|\||->|=>|→|-|\.)*")
+_SEP_RUN = re.compile(r"(?:\s|,|;|\||->|=>|→|-|\.)+")
 _MAX_AGENTS_PARSED = 64
 
 
@@ -148,15 +149,9 @@ def parse_plan(text: object, n_agents: int) -> list[list[Cell]] | ParseFailure:
 
 
 def _cells(s: str) -> list[Cell] | ParseFailure:
-    out = []
-    pos = 0
-    for m in _CELL.finditer(s):
-        gap = s[pos : m.start()]
-        if _SEPARATORS.fullmatch(gap) is None:
-            return ParseFailure(f"unexpected text {gap.strip()[:20]!r} between cells")
-        out.append((int(m.group(1)), int(m.group(2))))
-        pos = m.end()
-    tail = s[pos:]
-    if _SEPARATORS.fullmatch(tail) is None:
-        return ParseFailure(f"unexpected text {tail.strip()[:20]!r} after the cells")
-    return out
+    found = _CELL.findall(s)
+    rest = _CELL.sub(" ", s)  # what is left between and around the cells must be separators only
+    if _SEPARATORS.fullmatch(rest) is None:
+        bad = _SEP_RUN.sub(" ", rest)
+        return ParseFailure(f"unexpected text {bad.strip()[:20]!r} around the cells")
+    return [(int(r), int(c)) for r, c in found]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Cell = tuple[int, int]
 
@@ -43,6 +43,31 @@ class Plan:
     paths: list[list[Cell]]
     cost: int  # sum of costs
     makespan: int
+    shortest: list[int] = field(default_factory=list)  # each agent's distance ignoring the others
+
+
+_NEIGHBOURS: dict[int, list[tuple[int, ...]]] = {}
+
+
+def _neighbours(size: int) -> list[tuple[int, ...]]:
+    """Per cell of a size x size map: itself, then its in-bounds 4-neighbours (cached per size)."""
+    table = _NEIGHBOURS.get(size)
+    if table is None:
+        table = []
+        for i in range(size * size):
+            r, c = divmod(i, size)
+            out = [i]
+            if r > 0:
+                out.append(i - size)
+            if r < size - 1:
+                out.append(i + size)
+            if c > 0:
+                out.append(i - 1)
+            if c < size - 1:
+                out.append(i + 1)
+            table.append(tuple(out))
+        _NEIGHBOURS[size] = table
+    return table
 
 
 class GridMap:
@@ -53,25 +78,8 @@ class GridMap:
     def __init__(self, grid: list[str]):
         self.size = len(grid)
         self.n = self.size * self.size
-        self.free = [ch != "H" for row in grid for ch in row]
-        size = self.size
-        moves = []
-        for i in range(self.n):
-            if not self.free[i]:
-                moves.append(())
-                continue
-            r, c = divmod(i, size)
-            out = [i]
-            if r > 0 and self.free[i - size]:
-                out.append(i - size)
-            if r < size - 1 and self.free[i + size]:
-                out.append(i + size)
-            if c > 0 and self.free[i - 1]:
-                out.append(i - 1)
-            if c < size - 1 and self.free[i + 1]:
-                out.append(i + 1)
-            moves.append(tuple(out))
-        self.moves = moves
+        free = self.free = [ch != "H" for row in grid for ch in row]
+        self.moves = [tuple(j for j in nb if free[j]) if free[i] else () for i, nb in enumerate(_neighbours(self.size))]
 
     def bfs(self, src: int) -> list[int]:
         """Distances from `src` over ice cells; -1 where unreachable."""
@@ -102,7 +110,12 @@ def solve(
     Raises `SolverBudgetExceeded` after `max_nodes` expansions, `Unsolvable` when no plan exists,
     `ValueError` on malformed input (a start or goal on a hole or off the map, shared starts or goals).
     """
-    gm = GridMap(grid)
+    return solve_on(GridMap(grid), starts, goals, max_nodes, method)
+
+
+def solve_on(gm: GridMap, starts: list[Cell], goals: list[Cell], max_nodes: int | None = None,
+             method: str = "auto") -> Plan:
+    """`solve` on an already built `GridMap` (the generator reuses the one it drew)."""
     k = len(starts)
     if k != len(goals) or k == 0:
         raise ValueError(f"need one goal per start and at least one agent; got {k} starts, {len(goals)} goals")
@@ -128,7 +141,8 @@ def solve(
         raise ValueError(f"unknown method {method!r}; use 'auto', 'joint' or 'cbs'")
     size = gm.size
     out = [[divmod(x, size) for x in p] for p in paths]
-    return Plan(paths=out, cost=sum(len(p) - 1 for p in paths), makespan=max(len(p) - 1 for p in paths))
+    return Plan(paths=out, cost=sum(len(p) - 1 for p in paths), makespan=max(len(p) - 1 for p in paths),
+                shortest=[dists[i][s[i]] for i in range(k)])
 
 
 def _index(gm: GridMap, p: Cell, what: str) -> int:

@@ -85,9 +85,26 @@ def plan_cost(paths: list[list[Cell]]) -> int:
     return total
 
 
+_VERDICT_FIELDS = frozenset(Verdict.model_fields)
+
+
+def _verdict(valid: bool, optimal: bool, failure: str | None, cost: int | None, optimal_cost: int,
+             details: dict) -> Verdict:
+    """Build a Verdict without re-validating (every field is computed here with its declared type).
+
+    Equivalent to ``Verdict(...)`` (a test checks that) but ~10x cheaper, which matters at 20k answers/s.
+    """
+    v = object.__new__(Verdict)
+    object.__setattr__(v, "__dict__", {"valid": valid, "optimal": optimal, "failure": failure, "cost": cost,
+                                       "optimal_cost": optimal_cost, "details": details})
+    object.__setattr__(v, "__pydantic_fields_set__", set(_VERDICT_FIELDS))
+    object.__setattr__(v, "__pydantic_extra__", None)
+    object.__setattr__(v, "__pydantic_private__", None)
+    return v
+
+
 def _fail(instance: Instance, failure: str, cost: int | None = None, **details) -> Verdict:
-    return Verdict(valid=False, optimal=False, failure=failure, cost=cost,
-                   optimal_cost=instance.optimal_cost, details=details)
+    return _verdict(False, False, failure, cost, instance.optimal_cost, details)
 
 
 def verify(instance: Instance, text: object) -> Verdict:
@@ -108,6 +125,41 @@ def verify_plan(instance: Instance, paths: list[list[Cell]]) -> Verdict:
         if not p:
             return _fail(instance, "parse_error", agent=i, reason=f"agent {i}'s path is empty")
     cost = plan_cost(paths)
+    starts = instance.starts
+    n = instance.size
+    grid = instance.grid
+    # Fast path: one pass over every cell; only a plan that fails somewhere re-runs the checks one
+    # type at a time, in CHECK_ORDER, to name the first failing check.
+    clean = True
+    for i, p in enumerate(paths):
+        if p[0] != starts[i]:
+            clean = False
+            break
+        pr, pc = p[0]
+        for r, c in p:
+            if not (0 <= r < n and 0 <= c < n) or grid[r][c] == "H" or abs(r - pr) + abs(c - pc) > 1:
+                clean = False
+                break
+            pr, pc = r, c
+        if not clean:
+            break
+    if not clean:
+        failed = _per_cell_checks(instance, paths, cost)
+        if failed is not None:
+            return failed
+    goals = instance.goals
+    for i, p in enumerate(paths):
+        if p[-1] != goals[i]:
+            return _fail(instance, "goal_not_reached", cost, agent=i, step=len(p) - 1, cell=list(p[-1]),
+                         expected=list(goals[i]), reason=f"agent {i} ends at {p[-1]}, not its goal {goals[i]}")
+    conflict = _first_conflict(paths)
+    if conflict is not None:
+        return _fail(instance, "conflict", cost, **conflict)
+    return _verdict(True, cost == instance.optimal_cost, None, cost, instance.optimal_cost,
+                    {"below_optimum": True} if cost < instance.optimal_cost else {})
+
+
+def _per_cell_checks(instance: Instance, paths: list[list[Cell]], cost: int) -> Verdict | None:
     starts = instance.starts
     for i, p in enumerate(paths):
         if p[0] != starts[i]:
@@ -133,20 +185,32 @@ def verify_plan(instance: Instance, paths: list[list[Cell]]) -> Verdict:
                 return _fail(instance, "illegal_move", cost, agent=i, step=t, cell=[r, c],
                              reason=f"agent {i} jumps from ({pr}, {pc}) to ({r}, {c}) at step {t}")
             pr, pc = r, c
-    goals = instance.goals
-    for i, p in enumerate(paths):
-        if p[-1] != goals[i]:
-            return _fail(instance, "goal_not_reached", cost, agent=i, step=len(p) - 1, cell=list(p[-1]),
-                         expected=list(goals[i]), reason=f"agent {i} ends at {p[-1]}, not its goal {goals[i]}")
-    conflict = _first_conflict(paths)
-    if conflict is not None:
-        return _fail(instance, "conflict", cost, **conflict)
-    return Verdict(valid=True, optimal=cost == instance.optimal_cost, failure=None, cost=cost,
-                   optimal_cost=instance.optimal_cost,
-                   details={"below_optimum": True} if cost < instance.optimal_cost else {})
+    return None
 
 
 def _first_conflict(paths: list[list[Cell]]) -> dict | None:
+    if len(paths) == 2:
+        return _first_conflict_2(*paths)
+    return _first_conflict_k(paths)
+
+
+def _first_conflict_2(a: list[Cell], b: list[Cell]) -> dict | None:
+    la, lb = len(a) - 1, len(b) - 1
+    pa, pb = a[0], b[0]
+    for t in range(max(la, lb) + 1):
+        ca = a[t] if t <= la else a[la]
+        cb = b[t] if t <= lb else b[lb]
+        if ca == cb:
+            return {"kind": "vertex", "agent": 0, "other": 1, "step": t, "cell": list(ca),
+                    "reason": f"agents 0 and 1 are both at {ca} at step {t}"}
+        if ca == pb and cb == pa and ca != pa:
+            return {"kind": "swap", "agent": 0, "other": 1, "step": t, "cell": list(ca),
+                    "reason": f"agents 0 and 1 swap {pa} and {ca} at step {t}"}
+        pa, pb = ca, cb
+    return None
+
+
+def _first_conflict_k(paths: list[list[Cell]]) -> dict | None:
     k = len(paths)
     horizon = max(len(p) for p in paths)
     last = [len(p) - 1 for p in paths]

@@ -154,3 +154,10 @@ def test_doctests(module):
     # importlib: `env.verify` the attribute is the function; the module lives in sys.modules.
     result = doctest.testmod(importlib.import_module(f"env.{module}"))
     assert result.failed == 0 and result.attempted > 0
+
+
+def test_fast_verdict_equals_validated_verdict(inst):
+    for _, text, _ in LABELLED:
+        v = verify(inst, text)
+        assert Verdict(**v.model_dump()) == v
+        assert Verdict.model_validate_json(v.model_dump_json()) == v
