@@ -134,7 +134,7 @@ def test_self_and_base_engineers_through_a_real_server(kind, tmp_path, vllm_serv
     """The embedded model answers as the engineer through the shared vLLM server (stage 0: the policy
     checkpoint is the base model, so self and base are the same weights here). Whatever it writes, the
     loop ends accepted, projected or kept, with the reason recorded."""
-    settings = make_settings(engineer=kind, engineer_max_attempts=1, engineer_max_tokens=200, eval_limit=3)
+    settings = make_settings(engineer=kind, engineer_max_attempts=1, engineer_max_tokens=420, eval_limit=3)
     state, rt = _evaluated_state(settings, tmp_path)
     model = vllm_server.client()
     state.update(summarize_failures(state, rt))
