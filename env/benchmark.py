@@ -13,7 +13,7 @@ Splits (`list_splits()`):
   the shortfall is recorded in ``env/data/build.json``.
 - ``test-mini``: one ``test`` instance per (agents, wait, size) stratum (72), for CPU runs.
 
-Every file's sha256 is in ``env/data/SHA256SUMS`` and is checked on load; a mismatch raises
+Every file's sha256 is in ``env/data/checksums.sha256`` and is checked on load; a mismatch raises
 `BenchmarkIntegrityError`. Rebuilding is a deliberate act: ``python -m env benchmark --build``.
 """
 
@@ -30,7 +30,7 @@ from .generator import run_tasks, slot_seed
 from .instance import Instance, atomic_write_lines, read_jsonl
 
 DATA_DIR = Path(__file__).parent / "data"
-CHECKSUMS = "SHA256SUMS"
+CHECKSUMS = "checksums.sha256"  # .sha256 so pyproject's package-data ships it
 VAL_SEED = 1001
 TEST_SEED = 2002
 VAL_PER_SIZE = 25
@@ -76,7 +76,7 @@ def _read_checksums(data_dir: Path) -> dict[str, str]:
 
 
 def load_split(name: str, data_dir: str | Path | None = None) -> list[Instance]:
-    """Load a split by name after checking its sha256 against ``SHA256SUMS``."""
+    """Load a split by name after checking its sha256 against ``checksums.sha256``."""
     if name not in SPLITS:
         raise ValueError(f"unknown split {name!r}; choose one of {', '.join(SPLITS)}")
     d = Path(data_dir or DATA_DIR)
@@ -96,7 +96,7 @@ def _load(name: str, data_dir: str, stamp: tuple) -> tuple[Instance, ...]:
     actual = sha256_file(path)
     if expected != actual:
         raise BenchmarkIntegrityError(
-            f"{path}: sha256 {actual[:16]}... does not match SHA256SUMS ({(expected or 'none')[:16]}...); "
+            f"{path}: sha256 {actual[:16]}... does not match checksums.sha256 ({(expected or 'none')[:16]}...); "
             "the committed benchmark was modified: restore it from git, or rebuild it deliberately with "
             "`python -m env benchmark --build`"
         )
@@ -141,7 +141,7 @@ def _tag(inst: Instance, **tags) -> Instance:
 
 
 def build(data_dir: str | Path | None = None, workers: int | None = None, log=print) -> dict:
-    """Generate all splits into `data_dir` (default env/data), write SHA256SUMS and build.json."""
+    """Generate all splits into `data_dir` (default env/data), write checksums.sha256 and build.json."""
     d = Path(data_dir or DATA_DIR)
     d.mkdir(parents=True, exist_ok=True)
     report: dict = {"splits": {}}

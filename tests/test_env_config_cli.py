@@ -138,7 +138,7 @@ def test_tampered_benchmark_is_detected(tmp_path):
     assert len(load_split("val-mini", data_dir=d)) > 0
     path = d / "val-mini.jsonl"
     path.write_text(path.read_text().replace('"optimal_cost":', '"optimal_cost": ', 1))
-    with pytest.raises(BenchmarkIntegrityError, match="does not match SHA256SUMS"):
+    with pytest.raises(BenchmarkIntegrityError, match="does not match checksums.sha256"):
         load_split("val-mini", data_dir=d)
     with pytest.raises(ValueError, match="unknown split"):
         load_split("nope")
