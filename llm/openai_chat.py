@@ -114,11 +114,20 @@ class OpenAIChat:
     ) -> ChatResult:
         start = time.monotonic()
         attempts = 0
+        last_cause = ""
 
         def attempt() -> ChatResult:
-            nonlocal attempts
+            nonlocal attempts, last_cause
             attempts += 1
-            return self._attempt(messages, max_tokens, temperature, json_schema, start)
+            try:
+                return self._attempt(messages, max_tokens, temperature, json_schema, start)
+            except _Retryable as e:
+                if e.cause.startswith("time budget"):  # nothing was sent: not an attempt
+                    attempts -= 1
+                    if last_cause:
+                        raise _Retryable(f"{last_cause}; then the {e.cause}") from None
+                last_cause = e.cause
+                raise
 
         retrying = Retrying(
             retry=retry_if_exception(lambda e: isinstance(e, _Retryable)),
