@@ -145,16 +145,3 @@ def test_self_and_base_engineers_through_a_real_server(kind, tmp_path, vllm_serv
     assert doc["final"] == state["decision"] and all(d["reason"] for d in doc["decisions"])
     reply = (tmp_path / "stage_0" / "engineer_reply.md").read_text()
     assert "# attempt 1" in reply and '"model"' in reply
-
-
-@pytest.mark.slow
-def test_base_engineer_through_open_engineer_in_process(tmp_path, monkeypatch, embedded_model_path):
-    """ENGINEER=base without vLLM: open_engineer runs the embedded model in-process (transformers)."""
-    monkeypatch.setenv("ENGINEER_SERVING", "transformers")
-    settings = make_settings(engineer="base", engineer_max_attempts=1, engineer_max_tokens=96, eval_limit=3,
-                             policy_model=str(embedded_model_path))
-    state, rt = _evaluated_state(settings, tmp_path)
-    state = _run_engineer_nodes(state, rt)
-    assert state["decision"] in ("accepted", "projected", "kept_previous")
-    doc = json.loads((tmp_path / "stage_0" / "validation.json").read_text())
-    assert doc["final"] == state["decision"] and doc["decisions"][-1]["reason"]
