@@ -34,8 +34,17 @@ def generate_stage(cfg: EnvConfig, stage_dir: Path, *, n: int, seed: int) -> dic
     stage_dir.mkdir(parents=True, exist_ok=True)
     cfg = EnvConfig.model_validate({**cfg.model_dump(), "num_instances": n})
     config_json = json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n"
-    cfg_path, data_path, stats_path = stage_dir / "config.json", stage_dir / "train.jsonl", stage_dir / "env_stats.json"
-    if data_path.is_file() and stats_path.is_file() and cfg_path.is_file() and cfg_path.read_text() == config_json:
+    cfg_path, data_path, stats_path = (
+        stage_dir / "config.json",
+        stage_dir / "train.jsonl",
+        stage_dir / "env_stats.json",
+    )
+    if (
+        data_path.is_file()
+        and stats_path.is_file()
+        and cfg_path.is_file()
+        and cfg_path.read_text() == config_json
+    ):
         stats = json.loads(stats_path.read_text())
         if stats.get("seed") == seed and stats.get("n") == n:
             return stats
@@ -60,7 +69,9 @@ def apply_config(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
     first = not state.get("train_path")
     if first:
         stage = int(state.get("stage") or 0)
-        cfg = EnvConfig.model_validate(state["config"]) if state.get("config") else random_config(settings.seed)
+        cfg = (
+            EnvConfig.model_validate(state["config"]) if state.get("config") else random_config(settings.seed)
+        )
         history = list(state.get("history") or [])
         how = "initial config" if state.get("config") else f"random_config(seed={settings.seed})"
     else:
@@ -69,13 +80,15 @@ def apply_config(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
         raw = state.get("accepted") or state["config"]
         cfg = EnvConfig.model_validate(raw)
         history = [e for e in (state.get("history") or []) if e.get("stage") != prev]
-        history.append({
-            "stage": prev,
-            "config": state.get("config"),
-            "metrics": state.get("metrics") or {},
-            "rationale": state.get("rationale", ""),
-            "decision": state.get("decision"),
-        })
+        history.append(
+            {
+                "stage": prev,
+                "config": state.get("config"),
+                "metrics": state.get("metrics") or {},
+                "rationale": state.get("rationale", ""),
+                "decision": state.get("decision"),
+            }
+        )
         how = state.get("decision") or "accepted"
     n = int(settings.train.instances_per_stage)
     seed = stage_seed(settings.seed, stage)
@@ -90,7 +103,9 @@ def apply_config(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
         "proposal": None,
         "attempts": 0,
         "feedback": [],
-        "log": [f"stage {stage}: generated {stats.get('generated', n)} training instances ({how}, seed {seed})"],
+        "log": [
+            f"stage {stage}: generated {stats.get('generated', n)} training instances ({how}, seed {seed})"
+        ],
     }
 
 

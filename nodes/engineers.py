@@ -134,8 +134,10 @@ def threshold(config, metrics_by_size, memory, rng):
             new[s]["data_ratio"] -= moved
             new[larger[0]]["data_ratio"] += moved
     memory["levels"] = {str(s): v for s, v in sorted(levels.items())}
-    why = f"sizes {raised} passed p>={THRESHOLD_BAR}: harder and data moved up" if raised else (
-        f"no size passed p>={THRESHOLD_BAR}: unchanged"
+    why = (
+        f"sizes {raised} passed p>={THRESHOLD_BAR}: harder and data moved up"
+        if raised
+        else (f"no size passed p>={THRESHOLD_BAR}: unchanged")
     )
     return as_raw(new), f"threshold: {why}", memory
 
@@ -147,4 +149,14 @@ CLASSIC: dict[str, Engineer] = {
     "threshold": threshold,
 }
 
-__all__ = ["CLASSIC", "KNOBS", "as_raw", "fixed", "learnability", "random_engineer", "sizes_of", "success_rates", "threshold"]
+__all__ = [
+    "CLASSIC",
+    "KNOBS",
+    "as_raw",
+    "fixed",
+    "learnability",
+    "random_engineer",
+    "sizes_of",
+    "success_rates",
+    "threshold",
+]

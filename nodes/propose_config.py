@@ -154,7 +154,9 @@ def extract_proposal(text: str, finish_reason: str | None = None) -> Extracted:
                 keys = ", ".join(sorted(map(str, first_dict[0])))[:200]
                 why = f"the JSON object in the reply has no 'sizes' (keys: {keys})"
             elif first_brace != -1:
-                why = f"the JSON in the reply does not decode (truncated or malformed; {len(text)} characters)"
+                why = (
+                    f"the JSON in the reply does not decode (truncated or malformed; {len(text)} characters)"
+                )
             else:
                 why = f"no JSON object in the reply ({len(text)} characters)"
             if finish_reason == "length":
@@ -238,10 +240,23 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
         memory = dict(state.get("engineer_memory") or {})
         by_size = (state.get("metrics") or {}).get("by_size") or {}
         raw, rationale, memory = CLASSIC[engineer](state.get("config") or {}, by_size, memory, rng)
-        inputs = {"config": state.get("config"), "metrics_by_size": by_size, "memory": state.get("engineer_memory") or {}}
-        _write(stage_dir / "engineer_prompt.md", f"# {header}\n\nClassic engineer; its inputs:\n\n```json\n"
-               + json.dumps(inputs, indent=1, default=str) + "\n```\n", append)
-        _write(stage_dir / "engineer_reply.md", f"# {header}\n\n{rationale}\n\n```json\n{json.dumps(raw, indent=1)}\n```\n", append)
+        inputs = {
+            "config": state.get("config"),
+            "metrics_by_size": by_size,
+            "memory": state.get("engineer_memory") or {},
+        }
+        _write(
+            stage_dir / "engineer_prompt.md",
+            f"# {header}\n\nClassic engineer; its inputs:\n\n```json\n"
+            + json.dumps(inputs, indent=1, default=str)
+            + "\n```\n",
+            append,
+        )
+        _write(
+            stage_dir / "engineer_reply.md",
+            f"# {header}\n\n{rationale}\n\n```json\n{json.dumps(raw, indent=1)}\n```\n",
+            append,
+        )
         return {
             "proposal": raw,
             "rationale": rationale,
@@ -267,8 +282,10 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
     meta["wall_s"] = round(time.monotonic() - t0, 3)
     _write(stage_dir / "engineer_reply.md", f"# {header}\n\n<!-- {json.dumps(meta)} -->\n\n{text}\n", append)
 
-    ex = extract_proposal(text, meta.get("finish_reason")) if meta.get("error") is None else Extracted(
-        None, error=f"the engineer call failed: {meta['error']}"
+    ex = (
+        extract_proposal(text, meta.get("finish_reason"))
+        if meta.get("error") is None
+        else Extracted(None, error=f"the engineer call failed: {meta['error']}")
     )
     return {
         "proposal": ex.config,

@@ -104,7 +104,12 @@ def history_table(entries: Sequence[dict]) -> str:
         metrics = e.get("metrics") or {}
         by_size = metrics.get("by_size") or {}
         head = f"Stage {e['stage']}: overall valid {_pct(metrics.get('eval/valid_rate'))}, optimal {_pct(metrics.get('eval/optimal_rate'))}"
-        lines = [head, "", "| size | data_ratio | hole_ratio | wait_ratio | valid | optimal |", "|---|---|---|---|---|---|"]
+        lines = [
+            head,
+            "",
+            "| size | data_ratio | hole_ratio | wait_ratio | valid | optimal |",
+            "|---|---|---|---|---|---|",
+        ]
         for s, k in sorted(_sizes(e.get("config") or {}).items()):
             r = by_size.get(str(s)) or {}
             lines.append(
@@ -118,8 +123,15 @@ def history_table(entries: Sequence[dict]) -> str:
 # Columns of env.generate's per-size statistics shown to the engineer, in this order (others are left out
 # when these are present, to keep the table readable).
 ENV_STAT_COLUMNS = (
-    "asked", "produced", "asked_hole_ratio", "achieved_hole_ratio", "asked_wait_ratio", "achieved_wait_share",
-    "wait_shortfall", "nowait_shortfall", "dropped",
+    "asked",
+    "produced",
+    "asked_hole_ratio",
+    "achieved_hole_ratio",
+    "asked_wait_ratio",
+    "achieved_wait_share",
+    "wait_shortfall",
+    "nowait_shortfall",
+    "dropped",
 )
 
 
@@ -139,7 +151,11 @@ def env_stats_table(stats: dict | None) -> str:
         for c in cols:
             x = rows[size].get(c)
             cells.append(f"{x:.3f}" if isinstance(x, float) else ("-" if x is None else str(x)))
-        lines.append(f"| {size}x{size} | " + " | ".join(cells) + " |" if size.isdigit() else f"| {size} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {size}x{size} | " + " | ".join(cells) + " |"
+            if size.isdigit()
+            else f"| {size} | " + " | ".join(cells) + " |"
+        )
     totals = {k: v for k, v in stats.items() if k != "sizes" and not isinstance(v, dict | list)}
     for k, v in stats.items():
         if k != "sizes" and isinstance(v, dict):
@@ -171,11 +187,16 @@ def training_details(state: dict, settings: Any, full: bool) -> str:
     if full:
         if train is not None and hasattr(train, "model_dump"):
             hp = train.model_dump(mode="json")
-            lines.append("- RL hyper-parameters (GRPO): " + ", ".join(f"{k}={v}" for k, v in sorted(hp.items())))
+            lines.append(
+                "- RL hyper-parameters (GRPO): " + ", ".join(f"{k}={v}" for k, v in sorted(hp.items()))
+            )
         tm = state.get("train_metrics") or {}
         if tm:
             shown = {k: v for k, v in tm.items() if isinstance(v, int | float)}
-            lines.append("- Last stage's training metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(shown.items())))
+            lines.append(
+                "- Last stage's training metrics: "
+                + ", ".join(f"{k}={v:.4g}" for k, v in sorted(shown.items()))
+            )
     return "\n".join(lines)
 
 
@@ -265,7 +286,9 @@ def build_context(
             )
         )
     if "G" in modules:
-        parts.append(fill(load_template("module_G.md", pdir), guideline=load_template("guideline.md", pdir).strip()))
+        parts.append(
+            fill(load_template("module_G.md", pdir), guideline=load_template("guideline.md", pdir).strip())
+        )
     if "H" in modules or "H0" in modules:
         entries = [e for e in (state.get("history") or []) if e.get("stage") != stage]
         entries.append({"stage": stage, "config": state.get("config") or {}, "metrics": metrics})
@@ -275,11 +298,15 @@ def build_context(
         note = "" if with_stage0 else " Stage 0's random starting configuration is left out on purpose."
         parts.append(fill(load_template("module_H.md", pdir), note=note, table=history_table(entries)))
     if "S" in modules:
-        rationale = (state.get("rationale") or "").strip() or "(no earlier explanation: this is your first proposal)"
+        rationale = (
+            state.get("rationale") or ""
+        ).strip() or "(no earlier explanation: this is your first proposal)"
         parts.append(fill(load_template("module_S.md", pdir), rationale=rationale))
     if "T" in modules:
         full = getattr(settings, "context_details", "bookkeeping") == "full"
-        parts.append(fill(load_template("module_T.md", pdir), details=training_details(state, settings, full)))
+        parts.append(
+            fill(load_template("module_T.md", pdir), details=training_details(state, settings, full))
+        )
 
     parts.append(fill(load_template("module_E.md", pdir), table=env_stats_table(env_stats)))
 
@@ -301,7 +328,10 @@ def build_context(
 
 def fenced_spans(text: str) -> list[tuple[int, int]]:
     """(start, end) character spans of every evidence block in `text` (for checks and tests)."""
-    pat = re.compile(r"^" + re.escape(FENCE_OPEN) + r" ([0-9a-f]{16})>>>.*?^" + re.escape(FENCE_CLOSE) + r" \1>>>$", re.S | re.M)
+    pat = re.compile(
+        r"^" + re.escape(FENCE_OPEN) + r" ([0-9a-f]{16})>>>.*?^" + re.escape(FENCE_CLOSE) + r" \1>>>$",
+        re.S | re.M,
+    )
     return [m.span() for m in pat.finditer(text)]
 
 

@@ -98,21 +98,42 @@ def feasibility(cfg: EnvConfig, n: int, seed: int) -> dict[str, Any]:
     }
 
 
-def check_proposal(proposal: dict | None, current: dict, parse_errors: list[str] | None = None) -> dict[str, Any]:
+def check_proposal(
+    proposal: dict | None, current: dict, parse_errors: list[str] | None = None
+) -> dict[str, Any]:
     """Steps 1-3 (no generator): `{"config": EnvConfig|None, "decision": "accepted"|"projected"|None,
     "errors": [...], "notes": [...]}`; `config` None means unusable."""
     notes: list[str] = []
     if proposal is None:
-        return {"config": None, "decision": None, "errors": list(parse_errors or ["no usable JSON object in the reply"]), "notes": notes}
+        return {
+            "config": None,
+            "decision": None,
+            "errors": list(parse_errors or ["no usable JSON object in the reply"]),
+            "notes": notes,
+        }
     if not isinstance(proposal, dict):
-        return {"config": None, "decision": None, "errors": [f"the proposal must be a JSON object, got {type(proposal).__name__}"], "notes": notes}
+        return {
+            "config": None,
+            "decision": None,
+            "errors": [f"the proposal must be a JSON object, got {type(proposal).__name__}"],
+            "notes": notes,
+        }
     for key in proposal:
         if key != "sizes":
             notes.append(f"{key}: dropped (the engineer sets only 'sizes')")
     cur = EnvConfig.model_validate(current)
-    candidate = {"sizes": proposal.get("sizes"), "num_agents": cur.num_agents, "num_instances": cur.num_instances}
+    candidate = {
+        "sizes": proposal.get("sizes"),
+        "num_agents": cur.num_agents,
+        "num_instances": cur.num_instances,
+    }
     try:
-        return {"config": EnvConfig.model_validate(candidate), "decision": "accepted", "errors": [], "notes": notes}
+        return {
+            "config": EnvConfig.model_validate(candidate),
+            "decision": "accepted",
+            "errors": [],
+            "notes": notes,
+        }
     except ValidationError as e:
         strict_error = format_validation_error(e)
     except (TypeError, ValueError) as e:
@@ -120,8 +141,18 @@ def check_proposal(proposal: dict | None, current: dict, parse_errors: list[str]
     try:
         cfg, proj_notes = project(candidate)
     except (TypeError, ValueError, ValidationError) as e:
-        return {"config": None, "decision": None, "errors": [strict_error[:1500], f"cannot project it: {e}"[:500]], "notes": notes}
-    return {"config": cfg, "decision": "projected", "errors": [strict_error[:1500]], "notes": notes + proj_notes}
+        return {
+            "config": None,
+            "decision": None,
+            "errors": [strict_error[:1500], f"cannot project it: {e}"[:500]],
+            "notes": notes,
+        }
+    return {
+        "config": cfg,
+        "decision": "projected",
+        "errors": [strict_error[:1500]],
+        "notes": notes + proj_notes,
+    }
 
 
 def validate(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
@@ -152,8 +183,12 @@ def validate(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
     if cfg is not None:
         decision = checked["decision"]
         accepted = cfg.model_dump(mode="json")
-        reason = "the proposal passed strict validation" if decision == "accepted" else (
-            f"the proposal failed strict validation and was projected ({len(checked['notes'])} change(s))"
+        reason = (
+            "the proposal passed strict validation"
+            if decision == "accepted"
+            else (
+                f"the proposal failed strict validation and was projected ({len(checked['notes'])} change(s))"
+            )
         )
         feedback: list[str] = []
     elif attempts < max_attempts:
@@ -185,8 +220,10 @@ def validate(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
         "decision": decision,
         "feedback": feedback,
         "attempts": attempts,
-        "log": [f"stage {stage}: validation attempt {attempts}: {decision} ({moved} size(s) changed)" + (
-            f"; {errors[0][:160]}" if errors else "")],
+        "log": [
+            f"stage {stage}: validation attempt {attempts}: {decision} ({moved} size(s) changed)"
+            + (f"; {errors[0][:160]}" if errors else "")
+        ],
     }
 
 
@@ -217,7 +254,9 @@ def _append_record(path: Path, stage: int, record: dict) -> None:
             doc = json.loads(path.read_text())
         except ValueError:
             pass
-    doc["decisions"] = [d for d in doc.get("decisions", []) if d.get("attempt") != record["attempt"]] + [record]
+    doc["decisions"] = [d for d in doc.get("decisions", []) if d.get("attempt") != record["attempt"]] + [
+        record
+    ]
     doc["final"] = record["decision"] if record["decision"] != "retry" else None
     path.write_text(json.dumps(_jsonable(doc), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
 
