@@ -79,7 +79,9 @@ class Settings(BaseModel):
     engineer_model: str | None = Field(None, description="model id for an API engineer (default per backend)")
     engineer_base_url: str | None = Field(None, description="base URL of a custom OpenAI-compatible engineer")
     engineer_max_tokens: int = Field(512, ge=16, description="token limit of one engineer reply")
-    engineer_max_attempts: int = Field(3, ge=1, le=10, description="proposals tried before keeping the config")
+    engineer_max_attempts: int = Field(
+        3, ge=1, le=10, description="proposals tried before keeping the config"
+    )
     policy_model: str = Field("smollm2-135m", description="policy: short name, Hugging Face id or local path")
     policy_backend: Literal["transformers", "vllm"] = Field(
         "transformers", description="how the policy answers the evaluation set"
@@ -94,7 +96,9 @@ class Settings(BaseModel):
     final_limit: int | None = Field(None, ge=1, description="cap on final-benchmark instances (None: all)")
     eval_max_tokens: int = Field(160, ge=8, description="token limit of one policy answer at evaluation")
     eval_batch_size: int = Field(8, ge=1, description="policy answers generated per batch")
-    evidence_examples: int = Field(3, ge=0, le=20, description="verbatim failing answers shown to the engineer")
+    evidence_examples: int = Field(
+        3, ge=0, le=20, description="verbatim failing answers shown to the engineer"
+    )
     evidence_chars: int = Field(600, ge=50, description="characters kept of each failing answer")
     prompts_dir: Path | None = Field(None, description="folder overriding the templates in prompts/")
     approve: bool = Field(False, description="pause before each apply for a person to accept or edit")

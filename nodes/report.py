@@ -42,13 +42,15 @@ def collect(run_dir: Path) -> dict[str, Any]:
     """Per-stage configs, metrics and engineer decisions, plus the final benchmark metrics."""
     stages = []
     for k, d in _stage_dirs(run_dir):
-        stages.append({
-            "stage": k,
-            "config": _read_json(d / "config.json"),
-            "metrics": _read_json(d / "metrics.json") or {},
-            "validation": _read_json(d / "validation.json"),
-            "env_stats": _read_json(d / "env_stats.json"),
-        })
+        stages.append(
+            {
+                "stage": k,
+                "config": _read_json(d / "config.json"),
+                "metrics": _read_json(d / "metrics.json") or {},
+                "validation": _read_json(d / "validation.json"),
+                "env_stats": _read_json(d / "env_stats.json"),
+            }
+        )
     return {"stages": stages, "final": _read_json(run_dir / "final" / "metrics.json")}
 
 
@@ -68,7 +70,10 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
     files = []
     if stages:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-        for ax, kind, title in ((axes[0], "valid_rate", "valid rate"), (axes[1], "optimal_rate", "optimal rate")):
+        for ax, kind, title in (
+            (axes[0], "valid_rate", "valid rate"),
+            (axes[1], "optimal_rate", "optimal rate"),
+        ):
             for s in stages:
                 ys = [_size_rate(s["metrics"], kind, n) for n in SIZES]
                 xs = [n for n, y in zip(SIZES, ys, strict=True) if y is not None]
@@ -91,8 +96,12 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
             sizes = s["config"].get("sizes", {})
             for ax, knob in zip(axes, ("data_ratio", "hole_ratio", "wait_ratio"), strict=True):
                 ys = [sizes.get(str(n), sizes.get(n, {})).get(knob, 0.0) for n in SIZES]
-                ax.bar([n + (i - (len(configs) - 1) / 2) * width for n in SIZES], ys, width=width,
-                       label=f"stage {s['stage']}")
+                ax.bar(
+                    [n + (i - (len(configs) - 1) / 2) * width for n in SIZES],
+                    ys,
+                    width=width,
+                    label=f"stage {s['stage']}",
+                )
         for ax, knob in zip(axes, ("data_ratio", "hole_ratio", "wait_ratio"), strict=True):
             ax.set_title(knob)
             ax.set_xlabel("grid size")
@@ -108,15 +117,22 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
 
 def render(data: dict[str, Any], plots: list[str], title: str) -> str:
     lines = [f"# Run report: {title}", ""]
-    lines += ["## Validation per stage", "", "| stage | valid % | optimal % | " +
-              " | ".join(f"{n}x{n}" for n in SIZES) + " |", "|---|---|---|" + "---|" * len(SIZES)]
+    lines += [
+        "## Validation per stage",
+        "",
+        "| stage | valid % | optimal % | " + " | ".join(f"{n}x{n}" for n in SIZES) + " |",
+        "|---|---|---|" + "---|" * len(SIZES),
+    ]
     for s in data["stages"]:
         m = s["metrics"]
         if not m:
             continue
         cells = [f"{_pct(_size_rate(m, 'valid_rate', n))}" for n in SIZES]
-        lines.append(f"| {s['stage']} | {_pct(m.get('eval/valid_rate'))} | {_pct(m.get('eval/optimal_rate'))} | "
-                     + " | ".join(cells) + " |")
+        lines.append(
+            f"| {s['stage']} | {_pct(m.get('eval/valid_rate'))} | {_pct(m.get('eval/optimal_rate'))} | "
+            + " | ".join(cells)
+            + " |"
+        )
     lines += ["", "Per-size cells: valid %.", ""]
     lines += [f"![{p}]({p})" for p in plots] + [""]
     lines += ["## Configurations and the engineer's decisions", ""]
@@ -127,21 +143,30 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             lines += ["", "| size | data | hole | wait |", "|---|---|---|---|"]
             for n in SIZES:
                 k = cfg.get(str(n), cfg.get(n, {}))
-                lines.append(f"| {n}x{n} | {k.get('data_ratio', 0):.3f} | {k.get('hole_ratio', 0):.3f} | "
-                             f"{k.get('wait_ratio', 0):.3f} |")
+                lines.append(
+                    f"| {n}x{n} | {k.get('data_ratio', 0):.3f} | {k.get('hole_ratio', 0):.3f} | "
+                    f"{k.get('wait_ratio', 0):.3f} |"
+                )
         decisions = (s["validation"] or {}).get("decisions") or []
         if decisions:
             last = decisions[-1]
-            lines += ["", f"Engineer proposal for stage {s['stage'] + 1}: **{last.get('decision', '?')}** after "
-                      f"{len(decisions)} attempt(s) — {last.get('reason', '')}"]
+            lines += [
+                "",
+                f"Engineer proposal for stage {s['stage'] + 1}: **{last.get('decision', '?')}** after "
+                f"{len(decisions)} attempt(s) — {last.get('reason', '')}",
+            ]
             if last.get("rationale"):
                 lines += ["", "> " + str(last["rationale"])[:2000].replace("\n", "\n> ")]
         lines.append("")
     lines += ["## Final benchmark (held-out, more agents than in training)", ""]
     final = data["final"]
     if final:
-        lines += [f"{final.get('final/n', '?')} instances: valid {_pct(final.get('final/valid_rate'))} %, "
-                  f"optimal {_pct(final.get('final/optimal_rate'))} %.", "", final_table_md(final)]
+        lines += [
+            f"{final.get('final/n', '?')} instances: valid {_pct(final.get('final/valid_rate'))} %, "
+            f"optimal {_pct(final.get('final/optimal_rate'))} %.",
+            "",
+            final_table_md(final),
+        ]
     else:
         lines.append("(no final benchmark yet)")
     return "\n".join(lines) + "\n"
