@@ -134,9 +134,9 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "max_steps": 2,
         "max_completion_length": 24,
         "learning_rate": 1e-4,
-        "sft_warm_start": False,
+        "sft_warm_start": True,  # 2 tiny SFT steps: weights move even when every GRPO group scores the same
         "sft_steps": 2,
-        "sft_batch_size": 4,
+        "sft_batch_size": 2,
         "max_prompt_length": 768,
         "train_layers": 2,
     },
