@@ -395,6 +395,7 @@ def run_grid(
         if rc == 0 and pair.status() == "finished":
             log(f"[done] {pair.name}: {wall:.0f}s")
             result.finished.append(pair)
+            collect_verdicts(pair, out)  # at once, so an interrupted grid keeps every finished pair's table rows
         else:
             msg = f"graph.run exited with {rc} after {wall:.0f}s; see {out / 'logs' / (pair.name + '.log')}"
             log(f"[fail] {pair.name}: {msg}; rerun the same command to resume it")
@@ -412,12 +413,13 @@ def _run_child(cmd: list[str], log_path: Path, name: str, timeout_s: float | Non
     with open(log_path, "a") as logf:
         logf.write(f"\n$ {short_command(cmd)}\n")
         logf.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=dict(env), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, bufsize=1)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
                 logf.write(line)
+                logf.flush()
                 if line.startswith("[") or line.startswith("error:") or line.startswith("interrupted"):
                     tqdm.write(f"  {name} {line.rstrip()}", file=sys.stderr)
                 if timeout_s is not None and time.monotonic() - t0 > timeout_s:
