@@ -1,6 +1,10 @@
 """evals/ end to end on the real loop: compare_engineers and ablate_context on the smoke preset with the
 `fixed` and `self` engineers and two seeds, each `python -m graph.run` a real subprocess with the embedded
-model. Checks that the table is what the raw verdict files say and that a rerun redoes nothing."""
+model. Checks that the table is what the raw verdict files say and that a rerun redoes nothing.
+
+The smoke preset is shrunk further through the configs' `set:` (the same overrides for every run, as a
+user would) and the self-engineer answers in-process (ENGINEER_SERVING=transformers: no vLLM start-up;
+tests/test_graph_e2e.py covers vLLM), so the six loop runs take minutes on an idle 2-core machine."""
 
 from __future__ import annotations
 
@@ -17,11 +21,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
+SHRINK = "set: {eval_limit: 4, final_limit: 6, eval_max_tokens: 32, train.max_steps: 1}\n"
 
 
-def evals_cmd(module: str, config: Path, *extra: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+def evals_cmd(module: str, config: Path, *extra: str, timeout: float = 3600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"})
+    env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "ENGINEER_SERVING": "transformers"})
     return subprocess.run([sys.executable, "-m", module, "--config", str(config), *extra], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -72,7 +77,7 @@ def compared(tmp_path_factory):
     cfg.write_text(
         f"# python -m evals.compare_engineers --config {cfg}\n"
         f"preset: smoke\nengineers: [fixed, self]\nseeds: [0, 1]\nbaseline: fixed\n"
-        f"out: {tmp / 'out'}\nruns_dir: {tmp / 'runs'}\n"
+        f"out: {tmp / 'out'}\nruns_dir: {tmp / 'runs'}\n{SHRINK}"
     )
     proc = evals_cmd("evals.compare_engineers", cfg)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -118,7 +123,7 @@ def test_ablate_context_smoke(compared):
     cfg.write_text(
         f"# python -m evals.ablate_context --config {cfg}\n"
         f"preset: smoke\nengineer: self\nvariants: [V1]\nbaselines: [fixed]\nbaseline: fixed\nseeds: [0, 1]\n"
-        f"out: {tmp / 'ablate_out'}\nruns_dir: {tmp / 'runs'}\n"
+        f"out: {tmp / 'ablate_out'}\nruns_dir: {tmp / 'runs'}\n{SHRINK}"
     )
     proc = evals_cmd("evals.ablate_context", cfg)
     assert proc.returncode == 0, proc.stderr[-4000:]
