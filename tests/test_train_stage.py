@@ -196,7 +196,9 @@ def test_smoke_stage_trains_writes_and_resumes(tmp_path, base_model):
     lmeta = json.loads((Path(res["checkpoint"]) / META_FILE).read_text())
     assert lmeta["is_lora"] and (Path(res["checkpoint"]) / "adapter_model.safetensors").exists()
     lmodel, _ = load_checkpoint(res["checkpoint"])
-    assert type(lmodel).__name__ == "PeftModel"
+    from peft import PeftModel
+
+    assert isinstance(lmodel, PeftModel)
 
 
 @pytest.mark.slow
