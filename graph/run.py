@@ -148,7 +148,9 @@ def _say(msg: str) -> None:
 def _stage_line(stage: int, metrics: dict[str, Any]) -> str:
     v = metrics.get("eval/valid_rate")
     o = metrics.get("eval/optimal_rate")
-    fmt = (lambda x: "n/a" if x is None else f"{100 * x:.1f}%")
+    def fmt(x: float | None) -> str:
+        return "n/a" if x is None else f"{100 * x:.1f}%"
+
     return f"[stage {stage}] evaluated: valid {fmt(v)}, optimal {fmt(o)}"
 
 

@@ -64,9 +64,9 @@ def check_finished_run(run_dir: Path, stages: int) -> None:
 
 def train_stage_runs(run_dir: Path) -> list[int]:
     """Stages that the graph's train_stage node finished, from the checkpoint history in graph.sqlite."""
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
     import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
 
     conn = sqlite3.connect(run_dir / "graph.sqlite", check_same_thread=False)
     try:
