@@ -101,6 +101,11 @@ class Settings(BaseModel):
     )
     evidence_chars: int = Field(600, ge=50, description="characters kept of each failing answer")
     prompts_dir: Path | None = Field(None, description="folder overriding the templates in prompts/")
+    keep_server: bool = Field(
+        True,
+        description="keep one vLLM server up across stages and load each new checkpoint into it "
+        "(instead of a 40-200 s start per engineer call)",
+    )
     approve: bool = Field(False, description="pause before each apply for a person to accept or edit")
     train: TrainConfig = Field(default_factory=TrainConfig, description="training hyper-parameters")
 

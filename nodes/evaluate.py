@@ -267,6 +267,7 @@ def run_eval(
             out_dir,
             base_model=settings.policy_model,  # the base of a LoRA checkpoint
             batch_size=settings.eval_batch_size,
+            keep_server=getattr(settings, "keep_server", None),
         ) as policy:
             rows = answer_and_verify(
                 instances, policy, max_tokens=settings.eval_max_tokens, batch_size=settings.eval_batch_size

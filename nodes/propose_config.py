@@ -335,6 +335,7 @@ def _ask(model, messages, kwargs, state, settings, run_dir) -> tuple[str, dict]:
         base_model=settings.policy_model,
         run_dir=Path(run_dir),
         env=env,
+        keep_server=getattr(settings, "keep_server", None),
     ) as m:
         return call(m)
 
