@@ -298,7 +298,12 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = _new_run_dir(settings, Path(args.runs_root))
             if not run_dir.exists():
                 created = run_dir
-            run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:  # root passes os.access() on /proc and read-only mounts
+                raise SettingsError(
+                    f"bad setting run_dir={str(run_dir)!r}: cannot create it ({e.strerror})"
+                ) from None
             settings = settings.model_copy(update={"run_dir": run_dir})
             settings.save(run_dir / "settings.json")
             _say(f"[run] {run_dir} (preset {settings.preset}, engineer {settings.engineer}, "

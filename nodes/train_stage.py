@@ -721,10 +721,16 @@ def train_stage(state: dict, runtime) -> dict:
         reward_state=state.get("reward_state") or None,
         warm_start=settings.train.sft_warm_start and prev is None,
     )
+    m = result["metrics"]
+    line = (
+        f"stage {stage}: trained {m['train/steps']} GRPO steps in {m['train/seconds']:.0f} s, "
+        f"reward {m['train/reward_mean']:.3f} -> {result['checkpoint']}"
+    )
     return {
         "checkpoint": result["checkpoint"],
         "reward_state": result["reward_state"],
-        "train_metrics": result["metrics"],
+        "train_metrics": m,
+        "log": [line],
     }
 
 

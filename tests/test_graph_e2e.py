@@ -63,7 +63,9 @@ def check_finished_run(run_dir: Path, stages: int) -> None:
 
 
 def train_stage_runs(run_dir: Path) -> list[int]:
-    """Stages that the graph's train_stage node finished, from the checkpoint history in graph.sqlite."""
+    """Stages whose train_stage node finished, one entry per finished run of the node: each finished
+    node's update is in the graph's checkpointed state (graph.sqlite), and train_stage logs one line."""
+    import re
     import sqlite3
 
     from langgraph.checkpoint.sqlite import SqliteSaver
@@ -71,13 +73,10 @@ def train_stage_runs(run_dir: Path) -> list[int]:
     conn = sqlite3.connect(run_dir / "graph.sqlite", check_same_thread=False)
     try:
         saver = SqliteSaver(conn)
-        cfg = {"configurable": {"thread_id": run_dir.name}}
-        stages = []
-        for ckpt in saver.list(cfg):
-            writes = (ckpt.metadata or {}).get("writes") or {}
-            if "train_stage" in writes:
-                stages.append(ckpt.checkpoint["channel_values"].get("stage"))
-        return sorted(stages)
+        latest = saver.get_tuple({"configurable": {"thread_id": run_dir.name}})
+        assert latest is not None, "no checkpoint in graph.sqlite"
+        lines = latest.checkpoint["channel_values"].get("log") or []
+        return sorted(int(m.group(1)) for ln in lines if (m := re.match(r"stage (\d+): trained ", ln)))
     finally:
         conn.close()
 
