@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -162,8 +163,12 @@ def _describe_update(node: str, update: dict[str, Any], state: dict[str, Any]) -
         return _stage_line(stage, update["metrics"])
     if node == "validate_config":
         decision = update.get("decision", "?")
+        logged = (update.get("log") or [""])[-1]
+        m = re.search(r"\((\d+) size\(s\) changed\)", logged)
+        moved = f"({m.group(1)} size(s) changed)" if m else ""
         extra = "; ".join(update.get("feedback") or [])[:200]
-        return f"[stage {stage}] engineer proposal: {decision}" + (f" ({extra})" if extra and decision == "retry" else "")
+        return (f"[stage {stage}] engineer proposal: {decision}" + (f" {moved}" if moved else "")
+                + (f" ({extra})" if extra and decision == "retry" else ""))
     if node == "apply":
         return f"[stage {stage}] training set ready: {update.get('train_path', '')}"
     if node == "train_stage":
@@ -231,6 +236,7 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
         else:
             inputs = {}
         state: dict[str, Any] = {}
+        t_start = t_last = time.monotonic()
         while True:
             for chunk in graph.stream(inputs, cfg, context=ctx, stream_mode="updates", durability="sync"):
                 for node, update in chunk.items():
@@ -239,8 +245,10 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
                     if isinstance(update, dict):
                         state.update(update)
                     line = _describe_update(node, update or {}, state)
+                    now = time.monotonic()
                     if line:
-                        _say(line)
+                        _say(f"{line}  [{node} {now - t_last:.0f}s, run {(now - t_start) / 60:.1f} min]")
+                    t_last = now
             inputs = None
             snap = graph.get_state(cfg)
             if not snap.next:
