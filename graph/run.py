@@ -167,8 +167,14 @@ def _describe_update(node: str, update: dict[str, Any], state: dict[str, Any]) -
         m = re.search(r"\((\d+) size\(s\) changed\)", logged)
         moved = f"({m.group(1)} size(s) changed)" if m else ""
         extra = "; ".join(update.get("feedback") or [])[:200]
+        moved = moved if decision in ("accepted", "projected") else ""
         return (f"[stage {stage}] engineer proposal: {decision}" + (f" {moved}" if moved else "")
                 + (f" ({extra})" if extra and decision == "retry" else ""))
+    if node == "propose_config":
+        logged = (update.get("log") or [""])[-1]
+        what = logged.split(": ", 1)[-1].split("; ", 1)[0]
+        found = "found a config" if update.get("proposal") is not None else "no usable config"
+        return f"[stage {stage}] {what}: {found}"
     if node == "apply":
         return f"[stage {stage}] training set ready: {update.get('train_path', '')}"
     if node == "train_stage":
