@@ -289,7 +289,15 @@ def evaluate_stage(state: dict, settings: Any, run_dir: Path, model: Any = None)
         model=model,
     )
     metrics = compute_metrics(rows)
-    write_json(out_dir / "metrics.json", metrics)
+    # stage_k/metrics.json already holds train_stage's `train/...` figures: keep them beside `eval/...`.
+    on_disk = out_dir / "metrics.json"
+    kept = {}
+    if on_disk.is_file():
+        try:
+            kept = {k: v for k, v in json.loads(on_disk.read_text()).items() if k.startswith("train/")}
+        except (OSError, ValueError):
+            kept = {}
+    write_json(on_disk, {**kept, **metrics})
     line = (
         f"stage {stage}: eval on {settings.eval_split} (n={metrics['eval/n']}): "
         f"valid {metrics['eval/valid_rate']:.3f}, optimal {metrics['eval/optimal_rate']:.3f}"

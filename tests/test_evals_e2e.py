@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 # One engineer attempt: the in-process 135M engineer has no JSON-schema decoding and rarely fits a config in
 # its token limit; its retries (about a minute each on 2 cores) test nothing that tests/test_nodes_* do not.
 SHRINK = ("set: {eval_limit: 4, final_limit: 6, eval_max_tokens: 32, train.max_steps: 1, "
-          "engineer_max_attempts: 1}\n")
+          "engineer_max_attempts: 1, engineer_max_tokens: 128}\n")
 
 
 def evals_cmd(module: str, config: Path, *extra: str, timeout: float = 3600) -> subprocess.CompletedProcess:

@@ -56,6 +56,7 @@ def check_finished_run(run_dir: Path, stages: int) -> None:
     # The report matches the per-stage metrics it was written from.
     for k in range(stages):
         m = json.loads((run_dir / f"stage_{k}" / "metrics.json").read_text())
+        assert "train/reward_mean" in m and "train/zero_std_groups" in m, sorted(m)  # train and eval figures
         assert f"| {k} | {100 * m['eval/valid_rate']:.1f} | {100 * m['eval/optimal_rate']:.1f} |" in report
     final = json.loads((run_dir / "final" / "metrics.json").read_text())
     assert f"{final['final/n']} instances" in report
