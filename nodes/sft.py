@@ -80,7 +80,7 @@ def warm_start(
         report_to="none",
         seed=seed,
         data_seed=seed,
-        disable_tqdm=True,
+        disable_tqdm=not progress,  # a step bar with ETA on the terminal
         dataset_num_proc=None,
     )
     trainer = SFTTrainer(

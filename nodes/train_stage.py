@@ -498,7 +498,7 @@ def _tb_callback(log_dir: Path):
     return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
 
 
-def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int):
+def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = True):
     """The TRL `GRPOConfig` for a `TrainConfig` (CPU: `use_cpu=True`, `bf16=False`, see VLLM-CPU.md)."""
     import torch
     from trl import GRPOConfig
@@ -532,7 +532,7 @@ def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int):
         report_to="none",  # our own TensorBoardCallback writes to out_dir/tb
         seed=seed,
         data_seed=seed,
-        disable_tqdm=True,
+        disable_tqdm=not progress,  # a step bar with ETA on the terminal
     )
     if cfg.use_vllm:
         kwargs.update(vllm_mode=cfg.vllm_mode, vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
@@ -622,7 +622,7 @@ def run_stage(
             f"all {len(instances)} prompts of {train_path} are longer than max_prompt_length={cfg.max_prompt_length}"
         )
     reward = MapfReward(tok, reward_state)
-    args = grpo_config(cfg, out_dir, seed)
+    args = grpo_config(cfg, out_dir, seed, progress=progress)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[reward],
