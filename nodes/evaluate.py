@@ -54,22 +54,33 @@ def limit_instances(instances: Sequence[Any], limit: int | None) -> list[Any]:
 
 
 def answer_and_verify(
-    instances: Sequence[Any], model: Any, *, max_tokens: int, batch_size: int
+    instances: Sequence[Any],
+    model: Any,
+    *,
+    max_tokens: int,
+    batch_size: int,
+    desc: str = "evaluating",
+    progress: bool = True,
 ) -> list[dict]:
     """Ask `model` (a `llm.base.ChatModel`) every instance's prompt in batches and verify each answer.
 
     Returns one row per instance, in order: id, size, num_agents, tags, text, completion_tokens,
     finish_reason and the verdict fields (valid, optimal, failure, cost, optimal_cost, details).
     """
+    from tqdm.auto import tqdm
+
     rows: list[dict] = []
-    for start in range(0, len(instances), batch_size):
-        batch = instances[start : start + batch_size]
-        messages = [[{"role": "user", "content": render_prompt(inst)}] for inst in batch]
-        results = model.chat_batch(messages, max_tokens=max_tokens, temperature=0.0)
-        for inst, res in zip(batch, results, strict=True):
-            rows.append(
-                verdict_row(inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None))
-            )
+    with tqdm(total=len(instances), desc=desc, unit="answer", disable=not progress, leave=False) as bar:
+        for start in range(0, len(instances), batch_size):
+            batch = instances[start : start + batch_size]
+            messages = [[{"role": "user", "content": render_prompt(inst)}] for inst in batch]
+            results = model.chat_batch(messages, max_tokens=max_tokens, temperature=0.0)
+            for inst, res in zip(batch, results, strict=True):
+                rows.append(
+                    verdict_row(inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None))
+                )
+            bar.update(len(batch))
+            bar.set_postfix(valid=f"{sum(r['valid'] for r in rows)}/{len(rows)}")
     return rows
 
 
@@ -256,7 +267,11 @@ def run_eval(
     instances = limit_instances(load_split(split), limit)
     if model is not None:
         rows = answer_and_verify(
-            instances, model, max_tokens=settings.eval_max_tokens, batch_size=settings.eval_batch_size
+            instances,
+            model,
+            max_tokens=settings.eval_max_tokens,
+            batch_size=settings.eval_batch_size,
+            desc=f"eval {split}",
         )
     else:
         from llm.policy import open_policy
@@ -270,7 +285,11 @@ def run_eval(
             keep_server=getattr(settings, "keep_server", None),
         ) as policy:
             rows = answer_and_verify(
-                instances, policy, max_tokens=settings.eval_max_tokens, batch_size=settings.eval_batch_size
+                instances,
+                policy,
+                max_tokens=settings.eval_max_tokens,
+                batch_size=settings.eval_batch_size,
+                desc=f"eval {split}",
             )
     write_jsonl(out_dir / "eval.jsonl", rows)
     return rows
