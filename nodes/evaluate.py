@@ -43,7 +43,7 @@ def limit_instances(instances: Sequence[Any], limit: int | None) -> list[Any]:
         key = (inst.num_agents, str(tags.get("wait")), inst.size)
         groups[key].append(inst)
     picked: list[Any] = []
-    keys = sorted(groups, key=str)
+    keys = _balanced_order(list(groups))
     depth = 0
     while len(picked) < limit:
         for key in keys:
@@ -51,6 +51,40 @@ def limit_instances(instances: Sequence[Any], limit: int | None) -> list[Any]:
                 picked.append(groups[key][depth])
         depth += 1
     return picked
+
+
+def _balanced_order(keys: list[tuple]) -> list[tuple]:
+    """Group keys ordered so that every prefix spreads evenly over each dimension (agents, wait, size) and
+    each pair of them: the next key is the one whose values, then value pairs, were used least so far (ties:
+    numeric order). A cap of 9 on the test split then holds every (agents, wait) pair once, on 9 sizes."""
+    from itertools import combinations
+
+    def num(x: Any) -> float:
+        try:
+            return float(x)
+        except (TypeError, ValueError):
+            return -1.0
+
+    left = sorted(keys, key=lambda k: tuple(num(x) for x in k))
+    single: dict = defaultdict(int)
+    pair: dict = defaultdict(int)
+    order: list[tuple] = []
+
+    def score(k: tuple) -> tuple[int, int]:
+        return (
+            sum(single[i, v] for i, v in enumerate(k)),
+            sum(pair[a, b] for a, b in combinations(enumerate(k), 2)),
+        )
+
+    while left:
+        best = min(left, key=score)  # min keeps the first of equal scores: numeric order
+        left.remove(best)
+        order.append(best)
+        for i, v in enumerate(best):
+            single[i, v] += 1
+        for a, b in combinations(enumerate(best), 2):
+            pair[a, b] += 1
+    return order
 
 
 def answer_and_verify(

@@ -80,7 +80,7 @@ class TrainConfig(BaseModel):
     epochs: float = Field(
         1.0, gt=0, description="passes over the stage's instances (ignored if max_steps > 0)"
     )
-    max_steps: int = Field(8, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
+    max_steps: int = Field(5, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
     max_completion_length: int = Field(128, ge=8, description="token limit of one sampled answer")
     temperature: float = Field(1.0, gt=0, description="sampling temperature of GRPO completions")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of GRPO completions")
@@ -118,7 +118,7 @@ class TrainConfig(BaseModel):
     # --- SFT warm start (first stage only)
     sft_warm_start: bool = Field(True, description="SFT on solver-optimal plans before the first GRPO stage")
     sft_epochs: float = Field(2.0, gt=0, description="SFT passes over the warm-start examples")
-    sft_steps: int = Field(24, ge=-1, description="SFT optimiser steps; -1 or 0: use sft_epochs")
+    sft_steps: int = Field(20, ge=-1, description="SFT optimiser steps; -1 or 0: use sft_epochs")
     sft_lr: float = Field(3e-4, gt=0, description="SFT learning rate")
     sft_batch_size: int = Field(4, ge=1, description="SFT examples per optimiser step")
     # --- bookkeeping
@@ -145,7 +145,9 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "train_layers": 2,
     },
     # Laptop default with the embedded SmolLM2-135M (= TrainConfig's defaults): 64 instances, SFT warm start
-    # (24 steps x 4 plans), then 8 GRPO steps of 2 groups x 4 completions of <= 128 tokens, top 8 blocks trained.
+    # (20 steps x 4 plans), then 5 GRPO steps of 2 groups x 4 completions of <= 128 tokens, top 8 blocks trained.
+    # Sized so that `python -m graph.run` (3 stages) finishes in under 30 min on 2 cores: ~50 s per GRPO step,
+    # ~14 s per SFT step measured there (issue 6 note).
     "cpu": {},
     # The paper's scale on a GPU: Qwen3-4B, 4,000 instances, 2 epochs, LoRA, vLLM generation.
     "paper": {

@@ -86,6 +86,18 @@ def test_limit_covers_every_group():
     assert limit_instances(test, None) == list(test)
 
 
+def test_small_limit_spreads_over_agents_waits_and_sizes():
+    """A smoke-sized cap still fills every column of the paper's table: 9 answers = 3 per agent count and
+    3 per wait subset, on 8 different sizes; 6 validation answers = 2 per size."""
+    from collections import Counter
+
+    picked = limit_instances(load_split("test-mini"), 9)
+    assert Counter(i.num_agents for i in picked) == {3: 3, 4: 3, 5: 3}
+    assert Counter(i.tags["wait"] for i in picked) == {0.25: 3, 0.5: 3, 0.75: 3}
+    assert len({i.size for i in picked}) == 8
+    assert Counter(i.size for i in limit_instances(load_split("val-mini"), 6)) == {3: 2, 4: 2, 5: 2}
+
+
 def test_metrics_of_no_rows_are_zero():
     m = compute_metrics([])
     assert m["eval/n"] == 0 and m["eval/valid_rate"] == 0.0 and m["by_size"] == {}
