@@ -135,6 +135,32 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
         )
     lines += ["", "Per-size cells: valid %.", ""]
     lines += [f"![{p}]({p})" for p in plots] + [""]
+    trained = [s for s in data["stages"] if "train/steps" in (s["metrics"] or {})]
+    if trained:
+        lines += [
+            "## Training per stage",
+            "",
+            "| stage | GRPO steps | s/step | reward mean | sampled valid % | zero-variance groups % | stage s |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for s in trained:
+            m = s["metrics"]
+
+            def num(key: str, fmt: str, m: dict = m) -> str:
+                v = m.get(key)
+                return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "–"
+
+            lines.append(
+                f"| {s['stage']} | {num('train/steps', 'd')} | {num('train/seconds_per_step', '.1f')} | "
+                f"{num('train/reward_mean', '.3f')} | {_pct(m.get('train/valid_rate'))} | "
+                f"{_pct(m.get('train/zero_std_groups'))} | {num('train/seconds', '.0f')} |"
+            )
+        lines += [
+            "",
+            "A zero-variance group (every completion of a prompt scored the same) gives GRPO no signal; at 100 % "
+            "GRPO moved no weight in that stage.",
+            "",
+        ]
     lines += ["## Configurations and the engineer's decisions", ""]
     for s in data["stages"]:
         cfg = (s["config"] or {}).get("sizes", {})

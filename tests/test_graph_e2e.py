@@ -58,6 +58,7 @@ def check_finished_run(run_dir: Path, stages: int) -> None:
         m = json.loads((run_dir / f"stage_{k}" / "metrics.json").read_text())
         assert "train/reward_mean" in m and "train/zero_std_groups" in m, sorted(m)  # train and eval figures
         assert f"| {k} | {100 * m['eval/valid_rate']:.1f} | {100 * m['eval/optimal_rate']:.1f} |" in report
+        assert f"| {k} | {m['train/steps']} | {m['train/seconds_per_step']:.1f} | {m['train/reward_mean']:.3f} |" in report
     final = json.loads((run_dir / "final" / "metrics.json").read_text())
     assert f"{final['final/n']} instances" in report
     assert (run_dir / "rates.png").is_file() and (run_dir / "allocation.png").is_file()
