@@ -50,6 +50,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     fields = Settings.model_fields
     env_of = {f: v for v, f in ENV_VARS.items()}
+    flagged = {"preset", "engineer", "engineer_model", "engineer_base_url", "policy_model", "policy_backend",
+               "context", "stages", "seed", "run_dir", "eval_split", "final_split", "eval_limit", "final_limit",
+               "eval_max_tokens", "engineer_max_attempts", "prompts_dir", "approve"}
+    others = [f"  {env_of[f]:<22} --set {f}=...  {fields[f].description}" for f in fields
+              if f not in flagged and f in env_of]
+    p.epilog = (p.epilog or "") + (
+        "\nSettings without a flag (environment variable, or --set):\n" + "\n".join(others)
+        + "\nModel serving (environment only):\n"
+        "  ENGINEER_SERVING       auto | vllm | transformers: how the self/base engineer is served (auto: vLLM "
+        "when installed)\n"
+        "  ENV_ENGINEER_CACHE     where the embedded model is converted once (default ~/.cache/env-engineer)"
+    )
 
     def add(flag: str, field: str, **kw: Any) -> None:
         desc = fields[field].description or ""
@@ -302,6 +314,12 @@ def main(argv: list[str] | None = None) -> int:
             if not (run_dir / "settings.json").is_file():
                 raise SettingsError(f"--resume {str(run_dir)!r}: no settings.json there; is it a run folder?")
             settings = Settings.load(run_dir / "settings.json")
+            given = _cli_values(args)
+            if given.pop("approve", None):
+                settings = settings.model_copy(update={"approve": True})
+            if given:
+                _say(f"[resume] ignoring {', '.join(sorted(given))}: a resumed run keeps its settings.json "
+                     "(only --approve can be added)")
             _check_before_work(settings)
         else:
             env = dict(os.environ)

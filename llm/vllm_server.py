@@ -188,7 +188,8 @@ class VLLMServer:
         return cmd + self.extra_args
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        # The server needs no API key; keep every secret out of its environment (and of its logs).
+        env = {k: v for k, v in os.environ.items() if not k.upper().endswith(("_API_KEY", "_TOKEN", "_SECRET"))}
         if is_cpu_build():
             env.update(cpu_env())
         env["VLLM_SERVER_DEV_MODE"] = "1"

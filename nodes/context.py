@@ -101,6 +101,16 @@ class Settings(BaseModel):
         3, ge=0, le=20, description="verbatim failing answers shown to the engineer"
     )
     evidence_chars: int = Field(600, ge=50, description="characters kept of each failing answer")
+    context_details: Literal["bookkeeping", "full"] = Field(
+        "bookkeeping", description="module T of the context: stage bookkeeping, or the full training details"
+    )
+    engineer_temperature: float = Field(0.0, ge=0, le=2, description="sampling temperature of the engineer")
+    engineer_structured: bool = Field(
+        True, description="ask the engineer for schema-constrained JSON where its server supports it"
+    )
+    feasibility_n: int = Field(
+        16, ge=1, le=4000, description="instances the generator must build in the feasibility dry-run of a proposal"
+    )
     prompts_dir: Path | None = Field(None, description="folder overriding the templates in prompts/")
     keep_server: bool = Field(
         True,

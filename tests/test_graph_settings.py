@@ -82,3 +82,11 @@ def test_help_documents_env_vars(tmp_path):
     for var in ("ENGINEER", "ENGINEER_MODEL", "ENGINEER_BASE_URL", "POLICY_MODEL", "PRESET", "CONTEXT",
                 "STAGES", "SEED", "RUN_DIR"):
         assert f"[env {var}]" in " ".join(r.stdout.split())  # argparse wraps lines
+
+
+def test_every_documented_setting_is_a_field_reachable_from_env():
+    """Settings the nodes read exist as validated fields (CONTEXT_DETAILS=full reaches them from the environment)."""
+    s = build_settings({}, {"CONTEXT_DETAILS": "full", "FEASIBILITY_N": "8", "ENGINEER_TEMPERATURE": "0.5"})
+    assert (s.context_details, s.feasibility_n, s.engineer_temperature) == ("full", 8, 0.5)
+    with pytest.raises(SettingsError, match="context_details"):
+        build_settings({}, {"CONTEXT_DETAILS": "everything"})

@@ -132,3 +132,14 @@ def test_planted_key_never_reaches_logs_errors_repr_or_files(tmp_path, caplog, c
     texts += [p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file()]
     leaks = [t for t in texts if PLANTED in t or PLANTED[3:15] in t]
     assert leaks == []
+
+
+def test_vllm_server_process_gets_no_api_key(tmp_path, monkeypatch):
+    """The local server needs no secret: none reaches its environment, so none can reach its log."""
+    from llm.vllm_server import VLLMServer
+
+    monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
+    monkeypatch.setenv("GEMINI_API_KEY", PLANTED)
+    monkeypatch.setenv("ENGINEER_API_KEY", PLANTED)
+    env = VLLMServer(tmp_path, log_path=tmp_path / "vllm.log").environment()
+    assert PLANTED not in "".join(env.values()) and "PATH" in env

@@ -92,14 +92,7 @@ def test_training_details_bookkeeping_vs_full():
     book = build_context(variant="V6", state=_state(), settings=make_settings(), eval_rows=[])
     assert "designing stage 3 of 3" in book and "learning_rate" not in book
 
-    class Full:  # a settings stand-in with the optional `context_details` field
-        def __init__(self, s):
-            self._s = s
-
-        def __getattr__(self, k):
-            return "full" if k == "context_details" else getattr(self._s, k)
-
-    full = build_context(variant="V6", state=_state(), settings=Full(make_settings()), eval_rows=[])
+    full = build_context(variant="V6", state=_state(), settings=make_settings(context_details="full"), eval_rows=[])
     assert "learning_rate" in full and "train/reward_mean" in full
 
 
