@@ -90,3 +90,24 @@ def test_every_documented_setting_is_a_field_reachable_from_env():
     assert (s.context_details, s.feasibility_n, s.engineer_temperature) == ("full", 8, 0.5)
     with pytest.raises(SettingsError, match="context_details"):
         build_settings({}, {"CONTEXT_DETAILS": "everything"})
+
+
+def test_dry_run_builds_stage_0_data_and_trains_nothing(tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_cli(["--dry-run", "--run-dir", str(run_dir), "--engineer", "fixed", "--seed", "4"],
+                {"PRESET": "smoke"}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "[dry-run] graph built" in r.stderr and "nothing to ping" in r.stderr
+    rows = (run_dir / "stage_0" / "train.jsonl").read_text().splitlines()
+    assert len(rows) == Settings.load(run_dir / "settings.json").train.instances_per_stage
+    assert not (run_dir / "stage_0" / "checkpoint").exists() and not (run_dir / "graph.sqlite").exists()
+
+
+def test_resume_says_which_flags_it_ignores(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_cli(["--dry-run", "--run-dir", str(run_dir), "--engineer", "fixed"], {"PRESET": "smoke"},
+                   cwd=tmp_path).returncode == 0
+    r = run_cli(["--resume", str(run_dir), "--stages", "9", "--dry-run"], {}, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "[resume] ignoring stages" in r.stderr
+    assert Settings.load(run_dir / "settings.json").stages == 2
