@@ -136,3 +136,25 @@ def test_sigint_stops_vllm_and_resumes(tmp_path):
     resumed = start_run(["--resume", str(run_dir)], {}, tmp_path / "resume.log")
     assert resumed.wait(900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
     check_finished_run(run_dir, stages=2)
+
+
+def test_approve_lets_a_person_replace_the_proposal(tmp_path):
+    """--approve pauses before apply; an edited config given on stdin is what stage 1 trains on."""
+    from env import SIZES
+
+    edited = {"sizes": {str(n): {"data_ratio": 1.0 if n == 3 else 0.0, "hole_ratio": 0.1, "wait_ratio": 0.5}
+                        for n in SIZES}}
+    (tmp_path / "edited.json").write_text(json.dumps(edited))
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env.update({"PYTHONPATH": str(ROOT), "PRESET": "smoke", "ENGINEER": "fixed"})
+    args = ["--run-dir", str(run_dir), "--approve", "--set", "train.max_steps=1", "--set", "eval_limit=3",
+            "--set", "final_limit=3"]
+    proc = subprocess.run([sys.executable, "-m", "graph.run", *args], cwd=ROOT, env=env, timeout=900,
+                          input=f"{tmp_path / 'edited.json'}\n", capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("[a]ccept, [k]eep") == 1  # asked once, for the one proposal (stage 0 -> 1)
+    stage1 = json.loads((run_dir / "stage_1" / "config.json").read_text())
+    assert {n: stage1["sizes"][str(n)]["data_ratio"] for n in SIZES} == {n: float(n == 3) for n in SIZES}
+    rows = [json.loads(line) for line in (run_dir / "stage_1" / "train.jsonl").read_text().splitlines()]
+    assert rows and {r["size"] for r in rows} == {3}
