@@ -60,6 +60,14 @@ warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions
 META_FILE = "trainer_meta.json"
 
 
+LORA_AUTO_PARAMS = 1e9  # `lora="auto"` turns LoRA on above this many parameters
+
+
+def wants_lora(lora: bool | str, num_params: int) -> bool:
+    """The LoRA decision for a model of `num_params` parameters (`lora`: True, False or "auto")."""
+    return lora if isinstance(lora, bool) else num_params > LORA_AUTO_PARAMS
+
+
 class TrainConfig(BaseModel):
     """Every GRPO / SFT hyper-parameter of a stage (defaults = the `cpu` preset's values)."""
 
@@ -102,7 +110,11 @@ class TrainConfig(BaseModel):
     gradient_checkpointing: bool = Field(False, description="trade compute for memory (large models)")
     bf16: bool | None = Field(None, description="bf16 weights/compute; None: on CUDA with bf16 support only")
     # --- LoRA
-    lora: bool = Field(False, description="train a LoRA adapter (peft) instead of all weights")
+    lora: bool | Literal["auto"] = Field(
+        "auto",
+        description="train a LoRA adapter (peft) instead of all weights; auto: on for models over "
+        f"{LORA_AUTO_PARAMS / 1e9:.0f}B parameters (Qwen3-4B), off for the embedded 135M model",
+    )
     lora_r: int = Field(16, ge=1, description="LoRA rank")
     lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha")
     lora_dropout: float = Field(0.05, ge=0, le=1, description="LoRA dropout")
@@ -599,7 +611,7 @@ def run_stage(
     model, tok = load_checkpoint(init, dtype=dtype, trainable=True)
     from peft import PeftModel
 
-    if cfg.lora and not isinstance(model, PeftModel):
+    if not isinstance(model, PeftModel) and wants_lora(cfg.lora, sum(p.numel() for p in model.parameters())):
         from peft import get_peft_model
 
         model = get_peft_model(model, _lora_config(cfg))

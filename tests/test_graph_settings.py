@@ -111,3 +111,15 @@ def test_resume_says_which_flags_it_ignores(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "[resume] ignoring stages" in r.stderr
     assert Settings.load(run_dir / "settings.json").stages == 2
+
+
+def test_lora_is_automatic_for_large_models():
+    from nodes.train_stage import wants_lora
+
+    assert build_settings({}, {}).train.lora == "auto"
+    assert build_settings({}, {"PRESET": "paper"}).train.lora is True
+    assert build_settings({}, {"TRAIN__LORA": "false"}).train.lora is False
+    assert not wants_lora("auto", 134_515_008) and wants_lora("auto", 4_022_468_096)  # SmolLM2-135M, Qwen3-4B
+    assert not wants_lora(False, 4_022_468_096) and wants_lora(True, 134_515_008)
+    with pytest.raises(SettingsError, match="lora"):
+        build_settings({}, {"TRAIN__LORA": "sometimes"})
