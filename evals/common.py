@@ -267,12 +267,14 @@ def check_settings(pair: Pair, preset: str, overrides: Mapping[str, Any], env: M
     return None
 
 
-def settings_drift(pair: Pair, preset: str, overrides: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
-    """Fields where an existing run folder's settings.json differs from what this config would start."""
+def settings_drift(pair: Pair, preset: str, overrides: Mapping[str, Any], env: Mapping[str, str],
+                   saved_path: Path | None = None) -> list[str]:
+    """Fields where an existing run's settings.json (default: the run folder's) differs from what this
+    config would start."""
     from nodes.context import Settings, build_settings
 
     try:
-        saved = Settings.load(pair.run_dir / "settings.json").model_dump(mode="json")
+        saved = Settings.load(saved_path or pair.run_dir / "settings.json").model_dump(mode="json")
         planned = build_settings(pair.cli_values(preset, overrides), env).model_dump(mode="json")
     except Exception:  # noqa: BLE001 - an unreadable settings.json is reported by graph.run itself
         return []
@@ -347,6 +349,14 @@ def run_grid(
         if arm_reason[pair.arm.label]:
             continue
         status = pair.status()
+        kept = out / "verdicts" / pair.name
+        if status == "new" and (kept / "final" / "eval.jsonl").is_file():
+            # finished on another day or machine: its run folder is gone, its committed verdicts remain
+            drift = settings_drift(pair, preset, overrides, env, saved_path=kept / "settings.json")
+            note = f" (WARNING: made with other settings: {'; '.join(drift)[:300]})" if drift else ""
+            log(f"[skip] {pair.name}: finished earlier, verdicts kept in {kept}, not redone{note}")
+            result.finished.append(pair)
+            continue
         if status == "finished":
             drift = settings_drift(pair, preset, overrides, env)
             note = f" (WARNING: made with other settings: {'; '.join(drift)[:300]})" if drift else ""

@@ -10,6 +10,8 @@ data and training seed; the same preset and `set:` overrides give every engineer
 - API engineers without a key are skipped with a visible `[skip]` line (and a note under the table).
 - Finished pairs (final/metrics.json and report.md) are never redone; unfinished ones are continued with
   `graph.run --resume`. Rerunning the same command after a crash or Ctrl-C picks up where it stopped.
+  A pair whose verdicts are already in `<out>/verdicts/` (committed from another machine or day) counts
+  as finished even when its run folder is gone, so a long grid can be built up over several sittings.
 - `--dry-run` checks the config, the engineers and their keys, and every run's settings, and prints the
   planned commands; no model is called and no run folder is made.
 - `--tables-only` rebuilds the tables and plots from `<out>/verdicts/` alone (what is committed).

@@ -200,3 +200,31 @@ def test_bad_config_and_bad_setting_are_one_line(tmp_path, capsys):
     assert compare_engineers.main(["--config", str(cfg), "--dry-run"]) == 0
     err = capsys.readouterr().err
     assert "[error] fixed-s0: bad setting eval_limit" in err
+
+
+def test_committed_verdicts_count_as_finished_without_run_folders(finished_grid, monkeypatch, capsys):
+    """A grid built up over several sittings: the run folders are gone, the committed verdicts remain."""
+    import shutil
+
+    tmp = finished_grid
+    cfg = write_config(tmp / "compare.yaml", tmp, ["self", "fixed"], [0, 1, 2])
+    monkeypatch.setattr(common, "_run_child", no_graph_run)
+    assert compare_engineers.main(["--config", str(cfg)]) == 0
+    first = (tmp / "out" / "table.csv").read_text()
+    shutil.rmtree(tmp / "runs")
+    shutil.rmtree(tmp / "out" / "verdicts" / "self-s2")  # this pair was never committed: it must run
+    started = []
+
+    def fake_child(cmd, log_path, name, timeout_s, env):
+        started.append(name)
+        return 1, 0.0
+
+    monkeypatch.setattr(common, "_run_child", fake_child)
+    capsys.readouterr()
+    assert compare_engineers.main(["--config", str(cfg)]) == 1  # self-s2 did not finish
+    err = capsys.readouterr().err
+    for pair in ("self-s0", "self-s1", "fixed-s0", "fixed-s1", "fixed-s2"):
+        assert f"[skip] {pair}: finished earlier, verdicts kept in" in err
+    assert started == ["self-s2"]
+    table = (tmp / "out" / "table.csv").read_text()
+    assert table != first and "fixed" in table  # rebuilt from the five kept pairs
