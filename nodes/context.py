@@ -191,9 +191,10 @@ def build_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] 
     for key, value in cli.items():
         if key.startswith("train."):
             train[key[6:]] = value
+            source[key] = f"--set {key}"
         else:
             merged[key] = value
-        source[key] = f"--{key.replace('_', '-')}"
+            source[key] = f"--{key.replace('_', '-')}"
     merged["train"] = train
     try:
         return Settings.model_validate(merged)

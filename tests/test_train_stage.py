@@ -48,6 +48,20 @@ def test_presets_validate_and_describe_every_field():
     assert all(f.description for f in TrainConfig.model_fields.values())
     with pytest.raises(ValueError, match="no_such_knob"):
         TrainConfig.model_validate({"no_such_knob": 1})
+    with pytest.raises(ValueError, match=r"sft_sizes=\[2, 11\]: allowed: .*\[3, 4, 5, 6, 7, 8, 9, 10\]"):
+        TrainConfig(sft_sizes=[2, 11])
+    assert TrainConfig(sft_sizes=[4, 3, 4]).sft_sizes == [3, 4]
+
+
+def test_warm_start_instances_are_fresh_solvable_and_of_the_asked_sizes():
+    from nodes.sft import warm_start_instances
+
+    a = warm_start_instances([3, 4], 20, seed=5)
+    assert len(a) == 20 and {x.size for x in a} == {3, 4} and all(x.num_agents == 2 for x in a)
+    assert [x.id for x in a] == [x.id for x in warm_start_instances([3, 4], 20, seed=5)]  # deterministic
+    assert all(verify(x, plan_text(x.plan)).optimal for x in a)  # the SFT targets are optimal plans
+    stage = generate(_only_size(3), 20, seed=5).instances  # the stage's own draw with the same seed
+    assert {tuple(x.grid) + (str(x.starts),) for x in stage} != {tuple(x.grid) + (str(x.starts),) for x in a}
 
 
 def test_reward_wrapper_scores_each_completion_against_its_own_instance():
@@ -180,6 +194,7 @@ def test_smoke_stage_trains_writes_and_resumes(tmp_path, base_model):
     assert metrics["train/completions"] == cfg.max_steps * cfg.per_device_train_batch_size
     assert 0.0 <= metrics["train/zero_std_groups"] <= 1.0
     assert metrics["sft/steps"] == cfg.sft_steps
+    assert metrics["sft/examples"] == cfg.sft_instances  # fresh 3x3 warm-start instances, not the stage's 8
     assert any((tmp_path / "stage_0" / "tb").rglob("events.out.tfevents.*"))
 
     # Stage 1 continues from stage 0's checkpoint and its saved reward state (LoRA on top of it).

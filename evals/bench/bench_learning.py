@@ -2,10 +2,12 @@
 
     python -m evals.bench.bench_learning                    # cpu preset
     python -m evals.bench.bench_learning --grpo-steps 4 --sft-steps 12 --instances 48
+    python -m evals.bench.bench_learning --sft-sizes 3 --sft-steps 30 --grpo-sizes 3
 
 1. the base model (before the warm start), 2. after the SFT warm start, 3. after GRPO from the warm-started
-model. Training data: a fresh training set of sizes 3..5 (uniform knobs); evaluation: the fixed `val-mini`
-split (2 agents, sizes 3, 4, 5; greedy answers, every answer verified by `env.verify`).
+model. Training data: fresh 2-agent instances (hole 0.2, wait 0.5) of `--sft-sizes` for the warm start and
+of `--grpo-sizes` for GRPO (default 3..5 for both); evaluation: the fixed `val-mini` split (2 agents, sizes
+3, 4, 5; greedy answers, every answer verified by `env.verify`), with the valid rate per size.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--limit", type=int, default=None, help="evaluate only this many val-mini instances")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override any TrainConfig field (JSON value), e.g. --set temperature=0.7")
+    p.add_argument("--sft-sizes", default="3,4,5", help="grid sizes of the warm-start instances (comma list)")
+    p.add_argument("--grpo-sizes", default="3,4,5", help="grid sizes of the GRPO instances (comma list)")
     a = p.parse_args(argv)
 
     from env import SIZES, EnvConfig, generate, load_split, write_jsonl
@@ -39,17 +45,25 @@ def main(argv: list[str] | None = None) -> dict:
         raw["sft_steps"] = a.sft_steps
     if a.grpo_steps is not None:
         raw["max_steps"] = a.grpo_steps
+    for item in a.set:
+        key, sep, value = item.partition("=")
+        if not sep or key not in TrainConfig.model_fields:
+            p.error(f"--set {item!r}: expected FIELD=VALUE with FIELD one of TrainConfig's fields")
+        try:
+            raw[key] = json.loads(value)
+        except json.JSONDecodeError:
+            raw[key] = value
     cfg = TrainConfig.model_validate(raw)
     val = [x for x in load_split("val-mini") if x.size <= 5][: a.limit]
-    small = EnvConfig.model_validate(
-        {
-            "sizes": {
-                s: {"data_ratio": 1 / 3 if s <= 5 else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5}
-                for s in SIZES
-            }
-        }
-    )
-    train = generate(small, a.instances or cfg.instances_per_stage, seed=1000 + a.seed).instances
+    def only(sizes_arg: str) -> EnvConfig:
+        sizes = {int(x) for x in sizes_arg.split(",")}
+        return EnvConfig.model_validate({"sizes": {
+            s: {"data_ratio": 1 / len(sizes) if s in sizes else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5}
+            for s in SIZES}})
+
+    n_train = a.instances or cfg.instances_per_stage
+    sft_train = generate(only(a.sft_sizes), n_train, seed=1000 + a.seed).instances
+    train = generate(only(a.grpo_sizes), n_train, seed=2000 + a.seed).instances
     rates: dict[str, dict] = {}
 
     def score(name: str, model, tok) -> None:
@@ -63,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     if cfg.train_layers:
         freeze_lower_layers(model, cfg.train_layers)
     with tempfile.TemporaryDirectory() as tmp:
-        sft = warm_start(model, tok, train, cfg=cfg, out_dir=Path(tmp), seed=a.seed, progress=False)
+        sft = warm_start(model, tok, sft_train, cfg=cfg, out_dir=Path(tmp), seed=a.seed, progress=False)
         score("after_warm_start", model, tok)
         sft_dir = Path(tmp) / "sft_model"
         model.save_pretrained(sft_dir)
@@ -85,7 +99,10 @@ def main(argv: list[str] | None = None) -> dict:
     m = res["metrics"]
     summary = {
         "val_instances": len(val),
+        "sft_sizes": a.sft_sizes,
+        "grpo_sizes": a.grpo_sizes,
         "valid_rate": {k: v["valid_rate"] for k, v in rates.items()},
+        "valid_rate_by_size": {k: v["by_size"] for k, v in rates.items()},
         "optimal_rate": {k: v["optimal_rate"] for k, v in rates.items()},
         "sft": {"steps": sft["steps"], "seconds": round(sft["seconds"], 1), "loss_last": sft["loss_last"]},
         "grpo": {
