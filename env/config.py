@@ -5,7 +5,8 @@
 and the bound), writes the engineer's JSON schema (`EnvConfig.engineer_schema()`) and is saved in
 every stage folder. `project(raw)` is the forgiving path the paper uses for proposals: clip every
 knob to [0, 1], renormalise the data ratios (uniform if they are all zero), cap each hole ratio at
-`max_hole_ratio(size, num_agents)`, and report every change it made as a note.
+`max_hole_ratio(size, num_agents)`, and report every change it made as a note. Strict validation takes
+numbers only: a knob given as a string ("0.125") fails it, and `project` converts it with a note.
 """
 
 from __future__ import annotations
@@ -42,10 +43,19 @@ class SizeKnobs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    data_ratio: float = Field(ge=0.0, le=1.0, description="share of the stage's instances drawn at this size")
-    hole_ratio: float = Field(ge=0.0, le=1.0, description="fraction of the map's cells that are holes")
+    # strict: a JSON number only (an int is read as a float); the string "0.125" is an error here, and
+    # only `project` converts it, with a note, so that no lax parse passes validation silently.
+    data_ratio: float = Field(
+        ge=0.0, le=1.0, strict=True, description="share of the stage's instances drawn at this size"
+    )
+    hole_ratio: float = Field(
+        ge=0.0, le=1.0, strict=True, description="fraction of the map's cells that are holes"
+    )
     wait_ratio: float = Field(
-        ge=0.0, le=1.0, description="share of this size's instances whose optimal plan needs a wait"
+        ge=0.0,
+        le=1.0,
+        strict=True,
+        description="share of this size's instances whose optimal plan needs a wait",
     )
 
     @field_validator("data_ratio", "hole_ratio", "wait_ratio", mode="before")
@@ -53,6 +63,15 @@ class SizeKnobs(BaseModel):
     def _finite(cls, v: Any, info) -> Any:
         if isinstance(v, bool):
             raise ValueError(f"{info.field_name} must be a number in [0, 1], not a boolean")
+        if isinstance(v, str):
+            raise ValueError(f"{info.field_name} must be a JSON number in [0, 1], not a string")
+        if isinstance(v, int):
+            try:
+                float(v)
+            except OverflowError:
+                raise ValueError(
+                    f"{info.field_name} must be in [0, 1]; got an integer of about {_digits(v)} digits"
+                ) from None
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"{info.field_name} must be a finite number in [0, 1], got {v}")
         return v
@@ -155,20 +174,41 @@ def random_config(seed: int, num_agents: int = 2) -> EnvConfig:
     return EnvConfig(sizes=sizes, num_agents=num_agents)
 
 
+def _digits(v: int) -> int:
+    """About how many decimal digits `v` has (without str(), which refuses ints past 4300 digits)."""
+    return int(abs(v).bit_length() * math.log10(2)) + 1
+
+
+def _shown(v: Any, limit: int = 60) -> str:
+    """`repr(v)` cut to `limit` characters (a 400-digit integer or a long string stays readable)."""
+    try:
+        text = repr(v)
+    except ValueError:  # an int past Python's digit limit for str()
+        text = f"<an integer of about {_digits(v)} digits>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _as_float(v: Any, where: str, notes: list[str], default: float) -> float:
     if isinstance(v, bool) or v is None:
         notes.append(f"{where}: {v!r} is not a number; used {default}")
         return default
     if isinstance(v, str):
         try:
-            v = float(v)
+            x = float(v)
         except ValueError:
-            notes.append(f"{where}: {v!r} is not a number; used {default}")
+            notes.append(f"{where}: {_shown(v)} is not a number; used {default}")
             return default
+        notes.append(f"{where}: read the string {_shown(v)} as the number {x:g}")
+        v = x
     if not isinstance(v, int | float):
-        notes.append(f"{where}: {v!r} is not a number; used {default}")
+        notes.append(f"{where}: {_shown(v)} is not a number; used {default}")
         return default
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an integer too large for a float (JSON allows any number of digits)
+        c = 1.0 if v > 0 else 0.0
+        notes.append(f"{where}: clipped an integer of about {_digits(v)} digits to {c:g}")
+        return c
     if not math.isfinite(v):
         notes.append(f"{where}: {v} is not finite; used {default}")
         return default
@@ -182,7 +222,8 @@ def _as_float(v: Any, where: str, notes: list[str], default: float) -> float:
 def project(raw: Any) -> tuple[EnvConfig, list[str]]:
     """Project a proposal onto the legal space (the paper's projection) and say what changed.
 
-    Steps, each recorded as a note: clip every knob to [0, 1]; renormalise the data ratios to sum to 1
+    Steps, each recorded as a note: read a numeric string as its number and clip every knob to [0, 1] (an
+    integer too large for a float included); renormalise the data ratios to sum to 1
     (uniform if all are zero); cap each hole ratio at `max_hole_ratio(size, num_agents)`; fill a missing
     size or knob from `uniform_config()`; drop unknown sizes and keys. `num_agents` and `num_instances`
     are kept when present and valid. Raises `ValueError` only when `raw` is not a mapping with a
@@ -275,7 +316,7 @@ def format_validation_error(err: Exception) -> str:
             loc = ".".join(str(x) for x in e.get("loc", ())) or "config"
             msg = e.get("msg", "invalid").removeprefix("Value error, ")
             inp = e.get("input")
-            shown = "" if isinstance(inp, dict | list) or inp is None else f" (got {inp!r})"
+            shown = "" if isinstance(inp, dict | list) or inp is None else f" (got {_shown(inp, 120)})"
             parts.append(f"{loc}: {msg}{shown}")
         return "; ".join(parts)
     return str(err)

@@ -11,12 +11,17 @@ Writes `stage_<k>/config.json` (EnvConfig dump, `num_instances` = settings.train
 `train.jsonl` and `env_stats.json` (the generator's statistics plus the seed and counts). The data seed
 is `stage_seed(settings.seed, k)`, so a stage's set is the same bytes whenever it is regenerated; an
 existing set with the same config.json and env_stats.json is reused (resume after a crash).
+
+`env.generate` has no progress hook, so generation is bracketed by two lines on stderr (the count before,
+the count and seconds after): a large set takes minutes and the run should not look stuck.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +53,15 @@ def generate_stage(cfg: EnvConfig, stage_dir: Path, *, n: int, seed: int) -> dic
         stats = json.loads(stats_path.read_text())
         if stats.get("seed") == seed and stats.get("n") == n:
             return stats
+    where = stage_dir.name
+    print(f"apply: generating {n} training instances for {where} (seed {seed}) ...", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
     gen = generate(cfg, n, seed, num_agents=cfg.num_agents)
+    print(
+        f"apply: generated {len(gen.instances)} of {n} instances for {where} in {time.monotonic() - t0:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     write_jsonl(data_path, gen.instances)
     stats = {"seed": seed, "n": n, "generated": len(gen.instances), **_jsonable(gen.stats)}
     stats_path.write_text(json.dumps(stats, indent=2) + "\n")

@@ -9,14 +9,20 @@ validation errors of the previous attempt. Structured output (`json_schema`) is 
 Classic engineers (fixed | random | learnability | threshold, `nodes/engineers.py`) answer through the same
 node with the same answer shape, and their answers go through the same validation.
 
-Files (stage_<k>/): `engineer_prompt.md` (the exact messages) and `engineer_reply.md` (the raw reply);
-attempt 1 writes them, later attempts append a section each.
+Files (stage_<k>/): `engineer_prompt.md` (the request parameters, max_tokens, temperature and whether a
+json_schema was sent, then the exact messages) and `engineer_reply.md` (the raw reply); attempt 1 writes
+them, later attempts append a section each.
 
 The extraction is tolerant (`extract_proposal`): the whole reply as JSON, else code-fenced JSON, else the
 first balanced `{...}` that decodes (a size-keyed object is preferred), trailing commas forgiven; a bare
 `{"3": {...}, ...}` is wrapped as `{"sizes": ...}`; a string `rationale` key is taken out of the object,
 otherwise prose around the JSON serves as the rationale. When nothing usable is found the proposal is
 None and the reason is returned in `feedback`, which `validate_config` sends back to the engineer.
+
+Extraction is bounded and never raises: only the first `MAX_REPLY_CHARS` (200,000) characters of a reply
+are read (a config with its rationale takes about 2,000; the cut is noted, and the saved raw reply is
+whole), at most `MAX_DECODE_STARTS` positions are tried, and JSON nested too deeply for the decoder
+(a `RecursionError`) counts as not decoding.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from nodes.engineers import CLASSIC
 from nodes.summarize_failures import fill, load_template
 
 MAX_RATIONALE_CHARS = 2000
+MAX_REPLY_CHARS = 200_000  # longer replies are cut to this before extraction (bounded work and memory)
 MAX_DECODE_STARTS = 400  # bounded work on huge replies: at most this many '{' positions are tried
 MAX_BALANCED_SCANS = 20  # ... and at most this many are re-read with trailing commas removed
 SIZE_KEYS = {str(s) for s in SIZES}
@@ -57,14 +64,19 @@ _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
 _DECODER = json.JSONDecoder()
 
 
+# What decoding a reply can raise: malformed JSON (ValueError) or nesting deeper than the decoder's
+# recursion limit (RecursionError, e.g. '{"a":' repeated 25,000 times).
+_DECODE_ERRORS = (ValueError, RecursionError)
+
+
 def _loads(text: str) -> Any:
     try:
         return json.loads(text)
-    except ValueError:
+    except _DECODE_ERRORS:
         pass
     try:
         return json.loads(_TRAILING_COMMA.sub(r"\1", text))
-    except ValueError:
+    except _DECODE_ERRORS:
         return None
 
 
@@ -88,7 +100,7 @@ def _candidates(text: str):
         tried += 1
         try:
             obj, end = _DECODER.raw_decode(text, i)
-        except ValueError:
+        except _DECODE_ERRORS:
             obj, end = None, i
             scans += 1
             close = _balanced_end(text, i) if scans <= MAX_BALANCED_SCANS else None
@@ -135,6 +147,11 @@ def extract_proposal(text: str, finish_reason: str | None = None) -> Extracted:
     'no JSON object in the reply (7 characters)'
     """
     text = text or ""
+    notes: list[str] = []
+    cut = len(text) - MAX_REPLY_CHARS
+    if cut > 0:
+        text = text[:MAX_REPLY_CHARS]
+        notes.append(f"the reply was cut to its first {MAX_REPLY_CHARS} characters ({cut} more not read)")
     first_dict: tuple[dict, int, int] | None = None
     found: tuple[dict, int, int] | None = None
     for obj, start, end in _candidates(text):
@@ -143,7 +160,6 @@ def extract_proposal(text: str, finish_reason: str | None = None) -> Extracted:
             break
         if isinstance(obj, dict) and first_dict is None:
             first_dict = (obj, start, end)
-    notes: list[str] = []
     if found is None:
         if first_dict is not None and isinstance(first_dict[0].get("config"), dict):
             found = (first_dict[0]["config"], first_dict[1], first_dict[2])
@@ -161,7 +177,9 @@ def extract_proposal(text: str, finish_reason: str | None = None) -> Extracted:
                 why = f"no JSON object in the reply ({len(text)} characters)"
             if finish_reason == "length":
                 why += "; the reply was cut at the token limit: answer with the JSON object only"
-            return Extracted(None, error=why)
+            if cut > 0:
+                why += f"; only the first {MAX_REPLY_CHARS} of its {MAX_REPLY_CHARS + cut} characters were read"
+            return Extracted(None, error=why, notes=notes)
     obj, start, end = found
     obj = dict(obj)
     if "sizes" not in obj:
@@ -203,8 +221,19 @@ def user_message(context: str, feedback: list[str]) -> str:
     return msg
 
 
-def _messages_md(messages: list[dict], header: str) -> str:
+def _request_line(kwargs: dict) -> str:
+    """The request parameters as one line of engineer_prompt.md (the schema itself is in the system prompt)."""
+    schema = "yes (the answer schema: the config schema plus `rationale`)" if kwargs.get("json_schema") else "no"
+    return (
+        f"Request: max_tokens={kwargs.get('max_tokens')}, temperature={kwargs.get('temperature')}, "
+        f"json_schema={schema}"
+    )
+
+
+def _messages_md(messages: list[dict], header: str, kwargs: dict | None = None) -> str:
     parts = [f"# {header}"]
+    if kwargs is not None:
+        parts.append(_request_line(kwargs))
     for m in messages:
         parts.append(f"## {m['role']}\n\n{m['content']}")
     return "\n\n".join(parts) + "\n"
@@ -271,12 +300,12 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
         {"role": "system", "content": system_prompt(pdir)},
         {"role": "user", "content": user_message(state.get("context") or "", feedback)},
     ]
-    _write(stage_dir / "engineer_prompt.md", _messages_md(messages, header), append)
     kwargs = {
         "max_tokens": int(getattr(settings, "engineer_max_tokens", 512)),
         "temperature": float(getattr(settings, "engineer_temperature", 0.0)),
         "json_schema": answer_schema() if getattr(settings, "engineer_structured", True) else None,
     }
+    _write(stage_dir / "engineer_prompt.md", _messages_md(messages, header, kwargs), append)
     t0 = time.monotonic()
     text, meta = _ask(model, messages, kwargs, state, settings, run_dir)
     meta["wall_s"] = round(time.monotonic() - t0, 3)
@@ -295,6 +324,7 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
         "log": [
             f"stage {stage}: engineer {engineer} replied {len(text)} chars (attempt {attempt}); "
             + ("found a config" if ex.config is not None else f"no config: {ex.error}")
+            + (f" ({'; '.join(ex.notes)})" if ex.notes else "")
         ],
     }
 

@@ -8,14 +8,17 @@ Order of checks, each recorded:
    such keys (and any other top-level key) are dropped with a note. Passing -> "accepted".
 3. Projection (the paper's path): `env.project` clips, renormalises, caps and fills, with a note per
    change -> "projected". A proposal not even shaped like a config (`ValueError`) is unusable.
-4. Feasibility dry-run: the generator draws `settings.feasibility_n` instances (default 16; 0 skips it)
-   from the candidate; an exception or a severe shortfall (fewer than half the asked instances overall,
+4. Feasibility dry-run: the generator draws `settings.feasibility_n` instances (default 16; Settings
+   requires at least 1, so every usable proposal is dry-run) from the candidate; an exception or a severe shortfall (fewer than half the asked instances overall,
    or at a size asked for at least 4) makes it unusable.
 
 An unusable proposal goes back to the engineer with the errors ("retry") while `attempts <
 settings.engineer_max_attempts`; after that the current config is kept ("kept_previous") and passed on as
 `accepted`. Every decision (with reason, errors, notes, feasibility and the diff against the current
-config) is appended to `stage_<k>/validation.json`.
+config) is appended to `stage_<k>/validation.json`. Any proposal ends in a decision, never a crash: an
+error of any kind while checking it (a number too large, nesting too deep) is recorded as its reason. The
+proposal itself is stored as JSON cut at `MAX_STORED_DEPTH` levels of nesting, or, when it is still too
+large, as a JSON string of its first `MAX_STORED_CHARS` characters.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ from env.config import format_validation_error
 KNOBS = ("data_ratio", "hole_ratio", "wait_ratio")
 DEFAULT_FEASIBILITY_N = 16
 SHORTFALL = 0.5  # a size (or the whole draw) that gets less than this share of what it asked is infeasible
+MAX_STORED_DEPTH = 32  # validation.json keeps a proposal's nesting down to this depth (a config needs 3)
+MAX_STORED_CHARS = 20_000  # ... and at most this many characters of it
+# Errors a malformed proposal can raise while it is checked (beyond pydantic's): a huge number
+# (OverflowError is an ArithmeticError) or a deeply nested value (RecursionError).
+_CHECK_ERRORS = (TypeError, ValueError, ArithmeticError, RecursionError)
 
 
 def config_diff(old: dict | None, new: dict) -> dict[str, dict[str, dict[str, float]]]:
@@ -135,16 +143,19 @@ def check_proposal(
             "notes": notes,
         }
     except ValidationError as e:
-        strict_error = format_validation_error(e)
-    except (TypeError, ValueError) as e:
-        strict_error = str(e)
+        try:
+            strict_error = format_validation_error(e)
+        except _CHECK_ERRORS:
+            strict_error = f"the proposal failed strict validation ({e.error_count()} error(s))"
+    except _CHECK_ERRORS as e:
+        strict_error = f"the proposal failed strict validation: {type(e).__name__}: {e}"
     try:
         cfg, proj_notes = project(candidate)
-    except (TypeError, ValueError, ValidationError) as e:
+    except (*_CHECK_ERRORS, ValidationError) as e:
         return {
             "config": None,
             "decision": None,
-            "errors": [strict_error[:1500], f"cannot project it: {e}"[:500]],
+            "errors": [strict_error[:1500], f"cannot project it: {type(e).__name__}: {e}"[:500]],
             "notes": notes,
         }
     return {
@@ -173,8 +184,8 @@ def validate(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
     cfg: EnvConfig | None = checked["config"]
     errors: list[str] = list(checked["errors"])
     feas: dict[str, Any] | None = None
-    n = int(getattr(settings, "feasibility_n", DEFAULT_FEASIBILITY_N))
-    if cfg is not None and n > 0:
+    n = max(1, int(getattr(settings, "feasibility_n", DEFAULT_FEASIBILITY_N)))
+    if cfg is not None:
         feas = feasibility(cfg, n, _stage_seed(getattr(settings, "seed", 0), stage, attempts))
         if not feas["ok"]:
             errors += [f"infeasible: {p}" for p in feas["problems"]]
@@ -207,7 +218,7 @@ def validate(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
         "reason": reason,
         "errors": errors,
         "notes": checked["notes"],
-        "proposal": proposal,
+        "proposal": stored_proposal(proposal),
         "rationale": state.get("rationale", ""),
         "diff": config_diff(current, accepted) if accepted is not None else {},
         "feasibility": _brief(feas),
@@ -233,17 +244,36 @@ def _brief(feas: dict | None) -> dict | None:
     return {k: v for k, v in feas.items() if k != "stats"} | {"stats": _jsonable(feas.get("stats"))}
 
 
-def _jsonable(obj: Any) -> Any:
-    """A strict-JSON copy: non-finite floats (NaN, inf from a proposal) become strings."""
+def _jsonable(obj: Any, max_depth: int | None = None, depth: int = 0) -> Any:
+    """A strict-JSON copy: non-finite floats (NaN, inf from a proposal) become strings, and with
+    `max_depth` a container nested that deep a placeholder string (the copy then recurses at most
+    `max_depth` levels, however deep `obj` is)."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return str(obj)
+    if isinstance(obj, dict | list | tuple) and max_depth is not None and depth >= max_depth:
+        return f"[{type(obj).__name__} nested deeper than {max_depth} levels: not stored]"
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): _jsonable(v, max_depth, depth + 1) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
+        return [_jsonable(v, max_depth, depth + 1) for v in obj]
     if obj is None or isinstance(obj, str | int | float | bool):
         return obj
     return str(obj)
+
+
+def stored_proposal(proposal: Any) -> Any:
+    """The proposal as validation.json keeps it: a strict-JSON copy cut at `MAX_STORED_DEPTH` levels of
+    nesting (see `_jsonable`); when that copy is longer than `MAX_STORED_CHARS`, a JSON string holding its
+    first `MAX_STORED_CHARS` characters and saying how much was cut; a placeholder string when it cannot
+    be written at all (an integer past Python's digit limit)."""
+    try:
+        copy = _jsonable(proposal, MAX_STORED_DEPTH)
+        text = json.dumps(copy, ensure_ascii=False, allow_nan=False)
+    except _CHECK_ERRORS as e:
+        return f"[proposal not storable as JSON: {type(e).__name__}]"[:MAX_STORED_CHARS]
+    if len(text) <= MAX_STORED_CHARS:
+        return copy
+    return text[:MAX_STORED_CHARS] + f" [... {len(text) - MAX_STORED_CHARS} more characters cut]"
 
 
 def _append_record(path: Path, stage: int, record: dict) -> None:

@@ -65,3 +65,13 @@ def test_same_seed_same_bytes_and_resume_reuses(tmp_path):
     before = pa.stat().st_mtime_ns
     apply_config({}, settings, tmp_path / "a")  # a resumed run finds the finished stage folder
     assert pa.stat().st_mtime_ns == before
+
+
+def test_generation_prints_a_progress_line_before_and_after(tmp_path, capsys):
+    settings = make_settings(seed=3)
+    apply_config({}, settings, tmp_path)
+    err = capsys.readouterr().err
+    assert "apply: generating 12 training instances for stage_0" in err
+    assert "apply: generated 12 of 12 instances for stage_0 in " in err and " s\n" in err
+    apply_config({}, settings, tmp_path)  # a finished stage folder is reused: nothing generated, no line
+    assert "generating" not in capsys.readouterr().err

@@ -53,7 +53,8 @@ def test_evaluate_on_val_mini_with_real_verdicts(tmp_path):
     assert rows[0]["valid"] and rows[0]["optimal"] and rows[0]["cost"] == rows[0]["optimal_cost"]
     assert compute_metrics(rows) == json.loads((sdir / "metrics.json").read_text()) == m
     assert out["log"] and "valid 0.333" in out["log"][0]
-    # batches of eval_batch_size prompts went to the policy
+    # the 9 prompts went to the policy in batches of eval_batch_size (4), the remainder last
+    assert settings.eval_batch_size == 4 and policy.batches == [4, 4, 1]
     assert len(policy.calls) == 9
 
 

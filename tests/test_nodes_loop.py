@@ -10,6 +10,7 @@ import pytest
 
 from env import EnvConfig, load_split, plan_text, uniform_config
 from nodes.apply import apply
+from nodes.engineers import LEARNABILITY_STEP
 from nodes.evaluate import evaluate_stage, limit_instances
 from nodes.propose_config import propose_config
 from nodes.summarize_failures import fenced_spans, summarize_failures
@@ -57,7 +58,20 @@ def test_loop_with_a_classic_engineer_on_real_data(tmp_path):
     state.update(apply(state, rt))
     assert state["stage"] == 1 and len(state["history"]) == 1
     old, new = state["history"][0]["config"]["sizes"], state["config"]["sizes"]
-    assert new["3"]["hole_ratio"] >= old["3"]["hole_ratio"]  # mastered size: harder (or capped)
+    # the learnability rule: p = 1 on 3x3 (mastered) moves hole and wait up by a full step; p = 0 on the
+    # other evaluated sizes moves them down by a full step (clipped at 0); p(1-p) = 0 everywhere, so the
+    # data is spread uniformly. "accepted" means no projection changed these values.
+    p = {int(s): r["valid_rate"] for s, r in state["metrics"]["by_size"].items()}
+    assert p[3] == 1.0 and len(p) > 1 and all(v == 0.0 for s, v in p.items() if s != 3)
+    assert new["3"]["hole_ratio"] == pytest.approx(old["3"]["hole_ratio"] + LEARNABILITY_STEP)
+    assert new["3"]["wait_ratio"] == pytest.approx(min(1.0, old["3"]["wait_ratio"] + LEARNABILITY_STEP))
+    for s in p:
+        if s != 3:
+            for knob in ("hole_ratio", "wait_ratio"):
+                want = max(0.0, old[str(s)][knob] - LEARNABILITY_STEP)
+                assert new[str(s)][knob] == pytest.approx(want, abs=1e-6), (s, knob)
+    assert all(new[str(s)]["data_ratio"] == pytest.approx(1 / 8) for s in range(3, 11))
+    assert new["3"]["hole_ratio"] > old["3"]["hole_ratio"]  # it did move (not merely "not lower")
     s0 = tmp_path / "stage_0"
     for name in ("config.json", "train.jsonl", "env_stats.json", "eval.jsonl", "metrics.json", "summary.md",
                  "engineer_prompt.md", "engineer_reply.md", "validation.json"):

@@ -10,8 +10,15 @@ import math
 import pytest
 
 from env import SIZES, EnvConfig, random_config, uniform_config
-from nodes.propose_config import answer_schema, extract_proposal, system_prompt
-from nodes.validate_config import check_proposal, config_diff, route_after_validation
+from nodes.propose_config import MAX_REPLY_CHARS, answer_schema, extract_proposal, system_prompt
+from nodes.validate_config import (
+    MAX_STORED_CHARS,
+    MAX_STORED_DEPTH,
+    check_proposal,
+    config_diff,
+    route_after_validation,
+    validate,
+)
 
 try:
     from tests.test_nodes_support import ScriptedChat, engineer_round, make_settings
@@ -84,6 +91,28 @@ def test_extract_is_bounded_on_a_100kb_reply():
     assert ex.config is None and time.monotonic() - t0 < 5
 
 
+# '{"a":' repeated: ~100 KB of JSON nested far deeper than the decoder's recursion limit
+DEEP_100KB = '{"a":' * 20_000
+# a balanced list nested 50,000 deep where the sizes belong
+DEEP_SIZES = '{"sizes": ' + "[" * 50_000 + "]" * 50_000 + "}"
+# a valid config with an extra key nested 900 deep: it decodes, so validation.json must store it safely
+DEEP_EXTRA = json.dumps(GOOD)[:-1] + ', "extra": ' + "[" * 900 + "]" * 900 + "}"
+HUGE_INT = json.dumps(GOOD).replace('"data_ratio": 0.125', '"data_ratio": 1' + "0" * 399, 1)
+
+
+@pytest.mark.parametrize("text", [DEEP_100KB, DEEP_SIZES, "```json\n" + '{"sizes": ' + "[" * 30_000 + "\n```"])
+def test_extract_survives_deep_nesting(text):
+    ex = extract_proposal(text)  # a RecursionError inside the decoder must not escape
+    assert ex.config is None and "does not decode" in ex.error
+
+
+def test_extract_reads_only_the_first_max_reply_chars():
+    ex = extract_proposal("x" * MAX_REPLY_CHARS + json.dumps(GOOD))  # the config lies past the cap
+    assert ex.config is None and f"only the first {MAX_REPLY_CHARS}" in ex.error and ex.notes
+    ex = extract_proposal(json.dumps(GOOD) + "x" * MAX_REPLY_CHARS)  # inside the cap: found, cut noted
+    assert ex.config == GOOD and any("cut" in n for n in ex.notes)
+
+
 def test_system_prompt_carries_the_schema_and_contract():
     sp = system_prompt()
     assert '"sizes"' in sp and "{schema}" not in sp and "rationale" in sp
@@ -104,6 +133,42 @@ def test_check_proposal_accepts_projects_or_rejects():
     assert any("num_agents" in n for n in out["notes"])
     out = check_proposal({"sizes": [1, 2, 3]}, cur)
     assert out["config"] is None and out["errors"]
+
+
+def test_numeric_strings_fail_strict_validation_and_are_projected_with_a_note():
+    cur = uniform_config().model_dump(mode="json")
+    out = check_proposal({"sizes": _sizes(data="0.125")}, cur)
+    assert out["decision"] == "projected"  # not "accepted": strict validation takes numbers only
+    assert "sizes.3.data_ratio" in out["errors"][0] and "not a string" in out["errors"][0]
+    assert "sizes.3.data_ratio: read the string '0.125' as the number 0.125" in out["notes"]
+    assert out["config"].sizes == EnvConfig.model_validate(GOOD).sizes  # the same numbers, once converted
+    # integers are still numbers: {"data_ratio": 0} is strictly valid
+    ints = _sizes()
+    ints["3"], ints["4"] = {**ints["3"], "data_ratio": 0}, {**ints["4"], "data_ratio": 0.25}
+    assert check_proposal({"sizes": ints}, cur)["decision"] == "accepted"
+
+
+def test_integer_too_large_for_a_float_is_clipped_with_a_note():
+    cur = uniform_config().model_dump(mode="json")
+    sizes = _sizes()
+    sizes["3"] = {**sizes["3"], "data_ratio": 10**400}
+    sizes["4"] = {**sizes["4"], "hole_ratio": -(10**400)}
+    out = check_proposal({"sizes": sizes}, cur)  # float(10**400) raises OverflowError
+    assert out["decision"] == "projected"
+    assert "sizes.3.data_ratio" in out["errors"][0] and "401 digits" in out["errors"][0]
+    assert "sizes.3.data_ratio: clipped an integer of about 401 digits to 1" in out["notes"]
+    assert "sizes.4.hole_ratio: clipped an integer of about 401 digits to 0" in out["notes"]
+    cfg = out["config"]
+    assert cfg.sizes[4].hole_ratio == 0.0 and cfg.sizes[3].data_ratio == pytest.approx(1 / 1.875)
+
+
+def test_check_proposal_records_any_error_as_a_reason():
+    cur = uniform_config().model_dump(mode="json")
+    deep: list = []
+    for _ in range(5000):  # deeper than any recursive check could follow
+        deep = [deep]
+    out = check_proposal({"sizes": {**_sizes(), "3": deep}}, cur)
+    assert out["config"] is None and len(out["errors"]) == 2 and "cannot project" in out["errors"][1]
 
 
 def test_diff_lists_moved_knobs_only():
@@ -139,6 +204,11 @@ ADVERSARIAL = {
     "size_not_object": (json.dumps({"sizes": {**_sizes(), "3": 0.5}}), {"kept_previous"}),
     "reply_100kb": (_huge_reply(), {"accepted"}),
     "empty": ("", {"kept_previous"}),
+    "huge_int": (HUGE_INT, {"projected"}),  # a 400-digit integer: float() overflows
+    "numeric_strings": (json.dumps({"sizes": _sizes(data="0.125")}), {"projected"}),
+    "deep_100kb": (DEEP_100KB, {"kept_previous"}),  # the decoder's RecursionError
+    "deep_sizes": (DEEP_SIZES, {"kept_previous"}),
+    "deep_extra": (DEEP_EXTRA, {"accepted"}),  # a valid config; the nested extra key is dropped
 }
 
 
@@ -168,6 +238,63 @@ def test_adversarial_reply_ends_in_a_recorded_decision(name, tmp_path):
         assert doc["decisions"][-1]["notes"]
 
 
+def test_validation_json_stores_a_deep_or_huge_proposal_safely(tmp_path):
+    deep: list = []
+    for _ in range(5000):  # a Python-level recursion over this would raise RecursionError
+        deep = [deep]
+    settings = make_settings(engineer="base")
+    state = {**_state(), "proposal": {**GOOD, "extra": deep}, "attempts": 1, "rationale": "r"}
+    out = validate(state, settings, tmp_path)
+    assert out["decision"] == "accepted"
+    doc = json.loads((tmp_path / "stage_1" / "validation.json").read_text())
+    stored = doc["decisions"][-1]["proposal"]
+    assert stored["sizes"] == GOOD["sizes"]  # the config part is kept as JSON
+    level = stored["extra"]
+    for _ in range(MAX_STORED_DEPTH - 1):
+        level = level[0]
+    assert level == f"[list nested deeper than {MAX_STORED_DEPTH} levels: not stored]"
+    assert any("extra: dropped" in n for n in doc["decisions"][-1]["notes"])
+
+    big = {**GOOD, "notes": ["padding " * 100] * 100}  # ~80 KB of JSON
+    state = {**_state(), "proposal": big, "attempts": 1, "rationale": "r"}
+    validate(state, settings, tmp_path / "big")
+    stored = json.loads((tmp_path / "big" / "stage_1" / "validation.json").read_text())["decisions"][-1]["proposal"]
+    assert isinstance(stored, str) and stored.startswith('{"sizes"') and "more characters cut" in stored
+    assert len(stored) < MAX_STORED_CHARS + 100
+
+
+def test_feasibility_shortfall_rejects_the_proposal(tmp_path, monkeypatch):
+    """The shortfall branch of the dry-run. The real generator serves every legal config (it falls back to
+    a draw with the other wait value, and no legal hole ratio leaves too little room), so no config can
+    produce a shortfall for real: a test double wraps the real generator and drops instances, as a
+    generator that gives up on a size would."""
+    import env as real_env
+
+    def short(cfg, n, seed, **kw):
+        gen = real_env.generate(cfg, n, seed, **kw)
+        keep = [i for i in gen.instances if i.size == 4][:4]  # none of size 3, half of size 4
+        stats = json.loads(json.dumps(gen.stats))
+        stats["produced"] = len(keep)
+        stats["sizes"]["3"]["produced"], stats["sizes"]["4"]["produced"] = 0, 4
+        return real_env.Generated(instances=keep, stats=stats)
+
+    monkeypatch.setattr("nodes.validate_config.generate", short)
+    sizes = {str(s): {"data_ratio": 0.5 if s in (3, 4) else 0.0, "hole_ratio": 0.1, "wait_ratio": 0.5} for s in SIZES}
+    settings = make_settings(engineer="base", engineer_max_attempts=1, feasibility_n=16)
+    state = {**_state(), "proposal": {"sizes": sizes}, "attempts": 1, "rationale": "only small maps"}
+    out = validate(state, settings, tmp_path)
+    assert out["decision"] == "kept_previous"
+    doc = json.loads((tmp_path / "stage_1" / "validation.json").read_text())
+    feas = doc["decisions"][-1]["feasibility"]
+    assert feas["ok"] is False and feas["asked"] == 16 and feas["produced"] == 4
+    # overall 4 < 16/2, size 3: 0 < 8/2; size 4 got exactly half (4 of 8), which is not a shortfall
+    assert feas["problems"] == [
+        "the generator served only 4 of 16 instances",
+        "size 3: the generator served 0 of 8 asked instances",
+    ]
+    assert [f"infeasible: {p}" for p in feas["problems"]] == doc["decisions"][-1]["errors"]
+
+
 def test_retry_then_accept_records_every_attempt(tmp_path):
     settings = make_settings(engineer="openai")
     model = ScriptedChat(["no idea", f"ok: {json.dumps({**GOOD, 'rationale': 'uniform, moderate'})}"])
@@ -183,6 +310,17 @@ def test_retry_then_accept_records_every_attempt(tmp_path):
     # the exact messages sent are the ones saved
     assert model.calls[0][0][0]["content"] in prompt and model.calls[1][0][1]["content"] in prompt
     assert model.calls[0][1]["json_schema"] == answer_schema()
+    # the request parameters are recorded beside the messages
+    assert "Request: max_tokens=512, temperature=0.0, json_schema=yes" in prompt
+
+
+def test_prompt_file_records_an_unstructured_request(tmp_path):
+    settings = make_settings(engineer="openai", engineer_structured=False, engineer_temperature=0.7)
+    model = ScriptedChat([GOOD_JSON])
+    engineer_round(_state(), settings, tmp_path, model=model)
+    prompt = (tmp_path / "stage_1" / "engineer_prompt.md").read_text()
+    assert "Request: max_tokens=512, temperature=0.7, json_schema=no" in prompt
+    assert model.calls[0][1]["json_schema"] is None and model.calls[0][1]["temperature"] == 0.7
 
 
 def test_classic_engineer_goes_through_the_same_node(tmp_path):

@@ -35,12 +35,13 @@ def runtime(settings: Settings, run_dir: Path) -> SimpleNamespace:
 
 class ScriptedChat:
     """A ChatModel whose replies come from a list (one per call, the last repeated) or a function of the
-    messages. Records every call's messages and keyword arguments."""
+    messages. Records every call's messages and keyword arguments, and the size of every `chat_batch`."""
 
     def __init__(self, replies, model: str = "scripted"):
         self.replies = replies
         self.model = model
         self.calls: list[tuple[list[dict], dict]] = []
+        self.batches: list[int] = []
 
     def _reply(self, messages) -> str:
         if callable(self.replies):
@@ -49,12 +50,15 @@ class ScriptedChat:
         return self.replies[i]
 
     def chat(self, messages, *, max_tokens=512, temperature=0.0, json_schema=None) -> ChatResult:
-        self.calls.append((messages, {"max_tokens": max_tokens, "json_schema": json_schema}))
+        self.calls.append(
+            (messages, {"max_tokens": max_tokens, "temperature": temperature, "json_schema": json_schema})
+        )
         t0 = time.monotonic()
         text = self._reply(messages)
         return ChatResult(text, time.monotonic() - t0, None, len(text.split()), self.model, finish_reason="stop")
 
     def chat_batch(self, batch, **kw) -> list[ChatResult]:
+        self.batches.append(len(batch))
         return [self.chat(m, **kw) for m in batch]
 
     def close(self) -> None:
