@@ -6,18 +6,21 @@
     python -m env show (--instances FILE.jsonl [--id ID] | --split NAME [--id ID]) [--png FILE.png]
 
 Bad input gets one clear line on stderr and exit status 2; output files are written to a temp file and
-renamed into place, so a failed command leaves no partial output behind.
+renamed into place (``generate --stats``: both files only once both are written), so a failed command
+leaves no partial output behind. Any other error is also reported as one ``error:`` line, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from .benchmark import BenchmarkIntegrityError, build, list_splits, load_split
+from .benchmark import BenchmarkIntegrityError, build, list_splits, load_split, split_info
 from .config import MAX_AGENTS, EnvConfig, format_validation_error, random_config
 from .generator import generate
 from .instance import Instance, atomic_write_lines, dumps, read_jsonl
@@ -40,15 +43,24 @@ def _load_json(path: str, what: str):
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise CLIError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise CLIError(f"{what} {path} is not valid UTF-8 text: {_bad_byte(e)}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise CLIError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
 
 
-def _config(arg: str, seed: int) -> EnvConfig:
+def _bad_byte(e: UnicodeDecodeError) -> str:
+    return f"byte 0x{e.object[e.start]:02x} at offset {e.start}"
+
+
+def _config(arg: str, seed: int, agents: int | None = None) -> EnvConfig:
     if arg == "random":
-        return random_config(seed)
+        # Hole ratios are drawn under the caps of the agent count actually generated (3..5 agents
+        # allow fewer holes). 1 agent keeps the 2-agent draw: those caps are stricter, so it is valid,
+        # and `--agents 1` output stays what it always was.
+        return random_config(seed, num_agents=max(agents or 2, 2))
     raw = _load_json(arg, "config")
     if isinstance(raw, dict) and "sizes" in raw and isinstance(raw["sizes"], dict):
         # JSON keys are strings; the model's keys are ints.
@@ -68,25 +80,87 @@ def cmd_generate(a) -> int:
         raise CLIError(f"--n must be >= 0, got {a.n}")
     if a.agents is not None and not 1 <= a.agents <= MAX_AGENTS:
         raise CLIError(f"--agents must be between 1 and {MAX_AGENTS}, got {a.agents}")
-    cfg = _config(a.config, a.seed)
+    outputs = [a.out] + ([a.stats] if a.stats else [])
+    if a.stats and Path(a.stats).resolve() == Path(a.out).resolve():
+        raise CLIError(f"--stats {a.stats} is the same file as --out; give the statistics their own file")
+    for path in outputs:
+        if Path(path).is_dir():
+            raise CLIError(f"cannot write {path}: it is a directory; give a file path")
+    cfg = _config(a.config, a.seed, a.agents)
     if a.agents is not None:
         try:
             cfg = EnvConfig.model_validate({**cfg.model_dump(), "num_agents": a.agents})
         except ValueError as e:
             raise CLIError(f"--agents {a.agents}: {format_validation_error(e)}") from None
-    gen = generate(cfg, a.n, a.seed, workers=a.workers)
-    atomic_write_lines(a.out, (i.to_json() for i in gen.instances))
-    if a.stats:
-        atomic_write_lines(a.stats, [json.dumps(gen.stats, indent=1)])
+    # Claim a temp file next to every output before the expensive step: an unwritable path fails now.
+    staged = _Staged(outputs)
+    try:
+        gen = generate(cfg, a.n, a.seed, workers=a.workers)
+        staged.write(a.out, (i.to_json() for i in gen.instances))
+        if a.stats:
+            staged.write(a.stats, [json.dumps(gen.stats, indent=1)])
+        staged.commit()
+    finally:
+        staged.discard()
     sf = gen.stats["shortfalls"]
     print(f"wrote {len(gen.instances)} instances to {a.out} "
           f"(shortfalls: {sf['dropped']} dropped, {sf['wait']} wait, {sf['nowait']} no-wait)")
     return 0
 
 
+class _Staged:
+    """Several output files written to temp files first and renamed into place together.
+
+    `commit` renames them all; if one rename fails, the outputs it already put in place are removed, so
+    either every file is written or none is. `discard` removes whatever temp files are left.
+    """
+
+    def __init__(self, paths: list[str]) -> None:
+        self.tmp: dict[str, str] = {}
+        try:
+            for p in paths:
+                target = Path(p)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+                except OSError as e:
+                    raise CLIError(f"cannot write {p}: {e.strerror or e}") from None
+                os.close(fd)
+                self.tmp[p] = tmp
+        except BaseException:
+            self.discard()
+            raise
+
+    def write(self, path: str, lines) -> None:
+        with open(self.tmp[path], "w", encoding="utf-8", newline="\n") as f:
+            for line in lines:
+                f.write(line)
+                f.write("\n")
+
+    def commit(self) -> None:
+        umask = os.umask(0)
+        os.umask(umask)
+        done: list[str] = []
+        try:
+            for p, tmp in self.tmp.items():
+                os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
+                os.replace(tmp, p)
+                done.append(p)
+        except OSError as e:
+            for written in done:
+                Path(written).unlink(missing_ok=True)
+            raise CLIError(f"cannot write {p}: {e.strerror or e}; no output was left behind") from None
+        self.tmp = {}
+
+    def discard(self) -> None:
+        for tmp in self.tmp.values():
+            Path(tmp).unlink(missing_ok=True)
+        self.tmp = {}
+
+
 def _read_instances(path: str) -> list[Instance]:
     try:
-        return read_jsonl(path)
+        return read_jsonl(path, unique_ids=True)
     except OSError as e:
         raise CLIError(f"cannot read instances {path}: {e.strerror or e}") from None
     except ValueError as e:
@@ -95,11 +169,17 @@ def _read_instances(path: str) -> list[Instance]:
 
 def _read_answers(path: str) -> list[dict]:
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = Path(path).read_bytes().split(b"\n")
     except OSError as e:
         raise CLIError(f"cannot read answers {path}: {e.strerror or e}") from None
     out = []
-    for no, line in enumerate(lines, 1):
+    first_line: dict = {}
+    for no, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise CLIError(f"{path}:{no}: not valid UTF-8 text ({_bad_byte(e)} of the line); "
+                           "answers are UTF-8 JSON lines") from None
         if not line.strip():
             continue
         try:
@@ -110,6 +190,11 @@ def _read_answers(path: str) -> list[dict]:
             raise CLIError(f"{path}:{no}: missing \"id\" (each line is {{\"id\": ..., \"text\": ...}})")
         if not isinstance(obj.get("text"), str):
             raise CLIError(f"{path}:{no}: \"text\" must be a string")
+        key = json.dumps(obj["id"])  # ids may be any JSON value; 1 and "1" are different ids
+        if key in first_line:
+            raise CLIError(f"{path}:{no}: duplicate answer id {obj['id']!r} (first on line {first_line[key]}); "
+                           "give each instance at most one answer")
+        first_line[key] = no
         out.append(obj)
     return out
 
@@ -123,18 +208,22 @@ def cmd_verify(a) -> int:
     rows = []
     per_size: dict[int, Counter] = defaultdict(Counter)
     valid = optimal = 0
+    total_acc = 0.0
     for ans in answers:
         inst = instances[ans["id"]]
         v = verify(inst, ans["text"])
         valid += v.valid
         optimal += v.optimal
+        acc = accuracy_reward(v)
+        total_acc += acc
         per_size[inst.size][v.failure or "valid"] += 1
         rows.append(dumps({"id": inst.id, "valid": v.valid, "optimal": v.optimal, "failure": v.failure,
-                           "cost": v.cost, "optimal_cost": v.optimal_cost, "reward": accuracy_reward(v),
+                           "cost": v.cost, "optimal_cost": v.optimal_cost, "reward": acc,
                            "details": v.details}))
     atomic_write_lines(a.out, rows)
     n = len(answers)
-    print(f"{n} answers: valid {valid / n if n else 0:.3f}, optimal {optimal / n if n else 0:.3f}")
+    print(f"{n} answers: valid {valid / n if n else 0:.3f}, optimal {optimal / n if n else 0:.3f}, "
+          f"mean reward {total_acc / n if n else 0:.3f} (R_acc, the accuracy part; no length term)")
     cols = ["valid", *FAILURES]
     print("size " + " ".join(f"{c:>16}" for c in cols))
     for s in sorted(per_size):
@@ -142,10 +231,23 @@ def cmd_verify(a) -> int:
     return 0
 
 
+def _span(xs: list[int]) -> str:
+    """[3, 4, 5] -> '3..5'; [2] -> '2'; gaps are listed: [3, 5] -> '3,5'."""
+    if len(xs) > 1 and xs == list(range(xs[0], xs[-1] + 1)):
+        return f"{xs[0]}..{xs[-1]}"
+    return ",".join(map(str, xs))
+
+
 def cmd_benchmark(a) -> int:
     if a.list:
         for name, desc in list_splits().items():
-            print(f"{name:10} {desc}")
+            info = split_info(name)
+            if info["error"]:
+                print(f"{name:10} {info['error']:58} {desc}")
+                continue
+            sizes, agents = _span(info["sizes"]), _span(info["agents"])
+            print(f"{name:10} {info['count']:>5} instances  sizes {sizes:6} agents {agents:5} "
+                  f"sha256 {info['sha256'][:12]}  {desc}")
         return 0
     if a.build:
         report = build(workers=a.workers)
@@ -251,16 +353,25 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--config", required=True, help="CONFIG.json or 'random' (random_config(seed))")
     g.add_argument("--n", type=int, required=True, help="number of instances")
     g.add_argument("--seed", type=int, required=True, help="seed: same (config, n, seed) gives the same bytes")
-    g.add_argument("--agents", type=int, default=None, help="agents per instance, 2..5 (default 2)")
+    g.add_argument("--agents", type=int, default=None,
+                   help=f"agents per instance, 1..{MAX_AGENTS} (default 2; one agent never needs a wait, so its "
+                        "wait slots are reported as shortfalls)")
     g.add_argument("--out", required=True, help="output .jsonl, one instance per line")
-    g.add_argument("--stats", default=None, help="also write the generator statistics here (JSON)")
+    g.add_argument("--stats", default=None,
+                   help="also write the generator statistics here (JSON); both files are written or neither")
     g.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count); output does not depend on it")
-    v = sub.add_parser("verify", help="verify answers against instances")
+    v = sub.add_parser("verify", help="verify answers against instances",
+                       description="Verify answers against instances. Each verdict's `reward` is R_acc, the "
+                                   "accuracy part of the reward (0 if invalid, 1 if optimal, 1.0 -> 0.3 with the "
+                                   "cost gap), not the length-weighted total used in training.")
     v.add_argument("--instances", required=True, help="instances .jsonl (from generate or benchmark)")
     v.add_argument("--answers", required=True, help='answers .jsonl: {"id": ..., "text": ...} per line')
-    v.add_argument("--out", required=True, help="verdicts .jsonl (a summary goes to stdout)")
+    v.add_argument("--out", required=True,
+                   help="verdicts .jsonl; `reward` there is R_acc (accuracy part only, no length term); "
+                        "a summary goes to stdout")
     b = sub.add_parser("benchmark", help="list, export or (deliberately) rebuild the benchmark splits")
-    b.add_argument("--list", action="store_true", help="list the splits with their sizes and checksums")
+    b.add_argument("--list", action="store_true",
+                   help="list the splits: instance count, map sizes, agents, sha256 prefix (checked on load)")
     b.add_argument("--split", help="split name (see --list), e.g. val, val-mini, test, test-mini")
     b.add_argument("--out", help="write the split's instances to this .jsonl")
     b.add_argument("--build", action="store_true", help="regenerate env/data (changes committed files)")
@@ -282,6 +393,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # last resort: still one line, no traceback (the commands write atomically)
+        first = (str(e).splitlines() or [""])[0]
+        print(f"error: {type(e).__name__}: {first}", file=sys.stderr)
         return 2
 
 

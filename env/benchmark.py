@@ -59,6 +59,19 @@ def list_splits() -> dict[str, str]:
     return dict(SPLITS)
 
 
+def split_info(name: str, data_dir: str | Path | None = None) -> dict:
+    """What `python -m env benchmark --list` shows for a split: ``count``, ``sizes`` and ``agents`` (sorted),
+    the file's ``sha256`` (checked against checksums.sha256), and ``error`` (None, or why the split cannot
+    be loaded: missing file or checksum mismatch)."""
+    try:
+        insts = load_split(name, data_dir)
+    except (BenchmarkIntegrityError, OSError) as e:
+        return {"count": 0, "sizes": [], "agents": [], "sha256": "", "error": str(e).split(";")[0]}
+    path = Path(data_dir or DATA_DIR) / f"{name}.jsonl"
+    return {"count": len(insts), "sizes": sorted({i.size for i in insts}),
+            "agents": sorted({i.num_agents for i in insts}), "sha256": sha256_file(path), "error": None}
+
+
 def sha256_file(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 

@@ -13,7 +13,8 @@ agent 1 is put where it reaches a cell on agent 0's shortest path at the same ti
 walks agent 0's path the other way (head-on). After `max_tries` draws the slot takes the last
 solvable draw with the other `needs_wait` value and the miss is counted as a shortfall; if no draw
 was solvable the slot is dropped and counted. Nothing is silent: `Generated.stats` says per size what
-was asked and what was achieved.
+was asked and what was achieved; a hole ratio above `max_hole_ratio(size, num_agents)` (possible when
+`num_agents` overrides the config's) is served at the cap, recorded as `served_hole_ratio` and in `notes`.
 """
 
 from __future__ import annotations
@@ -324,19 +325,27 @@ def _stats(config: EnvConfig, slots: list[tuple[int, bool]], results: list, k: i
         if info["missed"]:
             d["wait_shortfall" if wants else "nowait_shortfall"] += 1
     sizes = {}
+    notes = []
     for s, knobs in config.sizes.items():
         d = per.get(s)
-        asked_hole = min(knobs.hole_ratio, max_hole_ratio(s, k))
+        # `make_instance` serves at most max_hole_ratio(size, k); when `num_agents` overrides the config's
+        # agent count that cap can bite, so the stats keep the asked value and say what was served.
+        cap = max_hole_ratio(s, k)
+        served_hole = min(knobs.hole_ratio, cap)
+        if served_hole < knobs.hole_ratio and d is not None:
+            notes.append(f"sizes.{s}: asked hole_ratio {knobs.hole_ratio:g}, served {served_hole:g}, the most a "
+                         f"{s}x{s} map with {k} agents serves")
         if d is None:
-            sizes[str(s)] = {"asked": 0, "produced": 0, "asked_hole_ratio": asked_hole,
-                             "asked_wait_ratio": knobs.wait_ratio}
+            sizes[str(s)] = {"asked": 0, "produced": 0, "asked_hole_ratio": knobs.hole_ratio,
+                             "served_hole_ratio": served_hole, "asked_wait_ratio": knobs.wait_ratio}
             continue
         p = d["produced"]
         sizes[str(s)] = {
             "asked": d["asked"],
             "produced": p,
             "dropped": d["dropped"],
-            "asked_hole_ratio": asked_hole,
+            "asked_hole_ratio": knobs.hole_ratio,
+            "served_hole_ratio": served_hole,
             "achieved_hole_ratio": round(d["holes"] / p, 4) if p else None,
             "asked_wait_ratio": knobs.wait_ratio,
             "asked_wait_count": d["asked_wait"],
@@ -357,6 +366,7 @@ def _stats(config: EnvConfig, slots: list[tuple[int, bool]], results: list, k: i
             "nowait": sum(v.get("nowait_shortfall", 0) for v in sizes.values()),
         },
         "sizes": sizes,
+        "notes": notes,
     }
 
 

@@ -13,21 +13,28 @@ from env import (
     SolverBudgetExceeded,
     Unsolvable,
     generate,
+    load_split,
     make_instance,
     random_config,
     solve,
     uniform_config,
     verify,
 )
+from env.config import max_hole_ratio
 from env.generator import plan_slots, quotas
 from env.verify import plan_text
 
 
-def exhaustive_soc(grid, starts, goals):
+class SearchTooBig(Exception):
+    """The exhaustive search examined more joint moves than it was allowed."""
+
+
+def exhaustive_soc(grid, starts, goals, max_moves=None):
     """Independent check: Dijkstra over joint (positions, finished-for-good flags), no heuristic.
 
     Written from the rules, not from env.solver: each step every unfinished agent pays 1 and moves to a
-    4-neighbour ice cell or waits; a finished agent sits on its goal for ever at no cost.
+    4-neighbour ice cell or waits; a finished agent sits on its goal for ever at no cost. Raises
+    `SearchTooBig` after examining `max_moves` joint moves (no limit when None).
     """
     n = len(grid)
     k = len(starts)
@@ -40,6 +47,7 @@ def exhaustive_soc(grid, starts, goals):
         if all(not f or starts[i] == goals[i] for i, f in enumerate(flags)):
             heapq.heappush(heap, (0, tuple(starts), flags))
     done = set()
+    moves = 0
     while heap:
         d, pos, flags = heapq.heappop(heap)
         if (pos, flags) in done:
@@ -62,6 +70,9 @@ def exhaustive_soc(grid, starts, goals):
                         opts.append((q, True, 1))
             options.append(opts)
         for combo in itertools.product(*options):
+            moves += 1
+            if max_moves is not None and moves > max_moves:
+                raise SearchTooBig(f"more than {max_moves:,} joint moves examined")
             new = tuple(x[0] for x in combo)
             if len(set(new)) < k:
                 continue
@@ -120,6 +131,32 @@ def test_stored_optimum_equals_exhaustive_search_on_generated_small_instances():
     cfg = EnvConfig.model_validate({"sizes": sizes})
     for inst in generate(cfg, 40, seed=3, workers=1).instances:
         assert inst.optimal_cost == exhaustive_soc(inst.grid, inst.starts, inst.goals), inst.id
+
+
+# The held-out suite's small maps with 3+ agents: the stored optimum (from CBS at build time) and a fresh
+# CBS solve must both equal the exhaustive search. The search is bounded so each case stays a few seconds;
+# an instance past the bound is skipped with its id and the bound in the reason, never passed silently.
+EXHAUSTIVE_MAX_MOVES = 300_000  # ~1.5 s here; 4 agents w75 (620k moves) and 5 agents w50 (2M+) are skipped
+MINI_SMALL = [i for i in load_split("test-mini")
+              if (i.num_agents == 3 and i.size <= 4) or (i.num_agents in (4, 5) and i.size == 3)]
+
+
+def test_small_multi_agent_selection_is_what_it_claims():
+    # 3 wait ratios x (3 agents on 3x3 and 4x4, 4 agents on 3x3, 5 agents on 3x3).
+    assert sorted((i.num_agents, i.size) for i in MINI_SMALL) == sorted([(3, 3), (3, 4), (4, 3), (5, 3)] * 3)
+
+
+@pytest.mark.parametrize("inst", MINI_SMALL, ids=[i.id for i in MINI_SMALL])
+def test_cbs_optimum_equals_exhaustive_search_on_test_mini_small_maps(inst):
+    try:
+        # 3 agents always run to the end (< 1 s each); only 4-5 agent cases may be skipped.
+        bound = None if inst.num_agents == 3 else EXHAUSTIVE_MAX_MOVES
+        truth = exhaustive_soc(inst.grid, inst.starts, inst.goals, max_moves=bound)
+    except SearchTooBig as e:
+        pytest.skip(f"{inst.id}: exhaustive search too slow to check here ({e})")
+    assert truth is not None, inst.id  # the benchmark only holds solvable instances
+    assert inst.optimal_cost == truth, (inst.id, inst.optimal_cost, truth)
+    assert solve(inst.grid, inst.starts, inst.goals, method="cbs").cost == truth, inst.id
 
 
 def test_budget_error_is_clear():
@@ -196,15 +233,37 @@ def test_achieved_hole_and_wait_shares_match_the_knobs(hole, wait):
 
 
 def test_shortfalls_are_reported_not_silent():
-    # A 3x3 map with a third of its cells holes cannot always avoid waits; whatever happens, the
-    # counts add up and any miss is reported.
+    # A 3x3 map with a third of its cells holes cannot always avoid waits, and with only 2 draws a slot
+    # some maps are cut in pieces: this request (seed 0) is known to miss no-wait slots and to drop slots.
+    # Every miss and drop must show up in the stats, and the counts must add up.
     sizes = {s: {"data_ratio": 1.0 if s == 3 else 0.0, "hole_ratio": 0.33, "wait_ratio": 0.0} for s in range(3, 11)}
     cfg = EnvConfig.model_validate({"sizes": sizes})
     gen = generate(cfg, 60, seed=0, workers=1, max_tries=2)
     st = gen.stats["sizes"]["3"]
-    achieved_wait = round(st["achieved_wait_share"] * st["produced"])
-    assert achieved_wait == st["nowait_shortfall"]
-    assert gen.stats["shortfalls"]["nowait"] == st["nowait_shortfall"]
+    assert st["nowait_shortfall"] > 0 and st["dropped"] > 0, st  # the scenario really falls short
+    assert st["produced"] + st["dropped"] == st["asked"] == 60
+    assert len(gen.instances) == st["produced"] == gen.stats["produced"]
+    # wait_ratio 0: every instance that needs a wait is a reported miss, and nothing else is.
+    assert sum(i.needs_wait for i in gen.instances) == st["nowait_shortfall"]
+    assert gen.stats["shortfalls"] == {"dropped": st["dropped"], "wait": 0, "nowait": st["nowait_shortfall"]}
+
+
+def test_capped_hole_ratio_is_recorded_with_what_was_asked():
+    # A 2-agent config may ask 0.3 holes on 3x3; generating it with 3 agents serves at most
+    # max_hole_ratio(3, 3) = 0.11. The stats keep the asked 0.3 and say what was served.
+    sizes = {s: {"data_ratio": 1.0 if s == 3 else 0.0, "hole_ratio": 0.3, "wait_ratio": 0.5} for s in range(3, 11)}
+    cfg = EnvConfig.model_validate({"sizes": sizes})
+    gen = generate(cfg, 20, seed=0, num_agents=3, workers=1)
+    st = gen.stats["sizes"]["3"]
+    cap = max_hole_ratio(3, 3)
+    assert cap == 0.11
+    assert st["asked_hole_ratio"] == 0.3 and st["served_hole_ratio"] == cap
+    # cap * 9 = 0.99 holes per map, rounded stochastically: no map has more than one hole.
+    assert all(sum(row.count("H") for row in i.grid) <= 1 for i in gen.instances)
+    assert gen.stats["notes"] == ["sizes.3: asked hole_ratio 0.3, served 0.11, the most a 3x3 map with 3 agents serves"]
+    # Sizes with no instances are not noted; uncapped sizes serve what was asked.
+    assert gen.stats["sizes"]["10"]["served_hole_ratio"] == gen.stats["sizes"]["10"]["asked_hole_ratio"] == 0.3
+    assert generate(cfg, 20, seed=0, workers=1).stats["notes"] == []
 
 
 def test_three_to_five_agents_generate():

@@ -76,7 +76,7 @@ def test_labelled_answers(inst, expected, text, why):
 def test_swap_conflict_and_suboptimal_valid(inst):
     # Agents swap cells: put both in the left column going opposite ways.
     swap = Instance(id="swap", size=3, grid=["FFF", "FFF", "FFF"], starts=[(0, 0), (1, 0)],
-                    goals=[(1, 0), (0, 0)], plan=[[(0, 0)]], optimal_cost=4, makespan=3,
+                    goals=[(1, 0), (0, 0)], plan=[], optimal_cost=4, makespan=3,
                     shortest=[1, 1], needs_wait=True, seed=0)
     v = verify(swap, ans("Agent 0: (0,0) (1,0)", "Agent 1: (1,0) (0,0)"))
     assert v.failure == "conflict" and v.details["kind"] == "swap"
@@ -84,6 +84,38 @@ def test_swap_conflict_and_suboptimal_valid(inst):
     v = verify(inst, ans("Agent 0: (0,0) (0,1) (0,0) (0,1) (0,2)", "Agent 1: (2,0) (2,1) (2,2)"))
     assert v.valid and not v.optimal and v.cost == 6
     assert accuracy_reward(v) == pytest.approx(1 - 0.7 * 2 / 8)
+
+
+# Answers with two defects at once. Each defect alone gives its own label (checked below), so the label
+# of the pair shows which check runs first. The pairs are chosen where the evaluation order (CHECK_ORDER)
+# and the paper's listing order (FAILURES) disagree, so the test tells the two orders apart.
+DOUBLE = [
+    # (defect A alone, defect B alone, both, expected winner)
+    ("illegal_move", ans("Agent 0: (0,0) (0,2)", "Agent 1: (2,0) (2,1) (2,2)"),
+     "hole", ans("Agent 0: (0,0) (0,1) (0,2)", "Agent 1: (2,0) (2,1) (1,1) (2,1) (2,2)"),
+     # agent 0 jumps at step 1, before agent 1 reaches the hole at step 2: still `hole` wins
+     ans("Agent 0: (0,0) (0,2)", "Agent 1: (2,0) (2,1) (1,1) (2,1) (2,2)"), "hole"),
+    ("conflict", ans("Agent 0: (0,0) (1,0) (0,0) (0,1) (0,2)", "Agent 1: (2,0) (1,0) (2,0) (2,1) (2,2)"),
+     "goal_not_reached", ans("Agent 0: (0,0) (0,1)", "Agent 1: (2,0) (2,1) (2,2)"),
+     # both agents meet at (1,0) at step 1, and agent 0 then stops there, short of its goal
+     ans("Agent 0: (0,0) (1,0)", "Agent 1: (2,0) (1,0) (2,0) (2,1) (2,2)"), "goal_not_reached"),
+    ("illegal_move", ans("Agent 0: (0,0) (0,2)", "Agent 1: (2,0) (2,1) (2,2)"),
+     "wrong_start", ans("Agent 0: (0,0) (0,1) (0,2)", "Agent 1: (2,1) (2,2)"),
+     # agent 0 (listed first) jumps; agent 1 starts one cell late
+     ans("Agent 0: (0,0) (0,2)", "Agent 1: (2,1) (2,2)"), "wrong_start"),
+]
+
+
+@pytest.mark.parametrize("a,text_a,b,text_b,both,winner", DOUBLE, ids=[f"{x[0]}+{x[2]}" for x in DOUBLE])
+def test_two_failures_at_once_the_documented_check_order_decides(inst, a, text_a, b, text_b, both, winner):
+    assert verify(inst, text_a).failure == a and verify(inst, text_b).failure == b
+    # The documented order (env.verify's CHECK_ORDER) says who wins ...
+    assert winner == min((a, b), key=CHECK_ORDER.index)
+    # ... and it is not what the paper's listing order would say, so this pair tells them apart.
+    assert winner != min((a, b), key=FAILURES.index)
+    v = verify(inst, both)
+    assert v.failure == winner, v
+    assert not v.valid and v.cost is not None
 
 
 def test_every_failure_type_is_labelled_and_orders_are_permutations():
