@@ -166,8 +166,10 @@ def open_engineer(
         run_dir: where a started server writes its log (``<run_dir>/logs/engineer-<kind>-vllm.log``).
         env: environment to read (default ``os.environ``).
         model / base_url: override ``ENGINEER_MODEL`` / ``ENGINEER_BASE_URL`` (CLI flags, settings).
-        keep_server: self/base on vLLM: keep one server up across calls and load new weights into it
-            (default ``LLM_KEEP_SERVER=1``; see :mod:`llm.policy`).
+        keep_server: self/base on vLLM: keep one server up across calls and load new weights into it.
+            None (the default here) reads ``LLM_KEEP_SERVER`` (off unless set to 1); the loop passes
+            ``Settings.keep_server``, which is True by default. The kept server logs to the file of the
+            call that started it; see :mod:`llm.policy`.
         timeout_s / total_budget_s / max_concurrency: passed to :class:`~llm.openai_chat.OpenAIChat`.
     """
     spec = check_engineer_env(kind, env, model=model, base_url=base_url)

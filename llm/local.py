@@ -2,7 +2,8 @@
 
 Prompts go through the tokenizer's chat template, are left-padded and generated in batches (greedy at
 ``temperature=0``, sampled otherwise). A folder holding a LoRA adapter (``adapter_config.json``) is loaded
-on its base model and merged. ``json_schema`` cannot be enforced here: the schema is written into the
+on its base model and merged; the base is chosen like the vLLM path does (:func:`llm.models.adapter_base`):
+the one the adapter names when it resolves, else ``base_model``, else the embedded default. ``json_schema`` cannot be enforced here: the schema is written into the
 prompt and the first JSON value of the answer is returned as ``ChatResult.parsed``.
 """
 
@@ -30,6 +31,8 @@ class LocalEngine:
         dtype: torch dtype name for the weights (``float32`` matches vLLM ``--dtype float32``).
         device: torch device; ``None`` picks CUDA when available, else CPU.
         seed: torch seed used before each sampled batch, for reproducible sampling.
+        base_model: base for a LoRA adapter whose config names none that resolves (e.g. a path on the
+            machine that trained it); ignored for full weights.
     """
 
     def __init__(
@@ -40,11 +43,12 @@ class LocalEngine:
         dtype: str = "float32",
         device: str | None = None,
         seed: int | None = None,
+        base_model: str | os.PathLike | None = None,
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from llm.models import resolve_model
+        from llm.models import adapter_base, resolve_model
 
         path = resolve_model(model_path)
         self.model_path = path
@@ -54,7 +58,7 @@ class LocalEngine:
         torch_dtype = getattr(torch, dtype)
         adapter = path / "adapter_config.json"
         if adapter.exists():
-            base = resolve_model(json.loads(adapter.read_text())["base_model_name_or_path"])
+            base = adapter_base(path, json.loads(adapter.read_text()), base_model)
             from peft import PeftModel
 
             model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)

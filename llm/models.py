@@ -7,8 +7,10 @@ safetensors plus tokenizer in the cache folder (``$ENV_ENGINEER_CACHE`` or ``~/.
 later calls return that folder at once. Concurrent first use (two test workers, a run and a bench) is
 safe: one process converts under a file lock into a temporary folder and renames it into place.
 
-Any other name is a local folder (returned as is) or a Hugging Face id (downloaded with
-``huggingface_hub.snapshot_download`` where a hub is reachable).
+Any other name is a local folder (returned as is) or a Hugging Face id, ``org/name`` or a bare ``name``
+such as ``gpt2`` (downloaded with ``huggingface_hub.snapshot_download`` where a hub is reachable). A name
+that looks like a path (``./x``, ``/x``, ``~/x``, ``a/b/c``, or ``a/b`` where ``a`` is a local folder)
+and does not exist is reported as a missing folder without asking the hub.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -72,12 +75,24 @@ def resolve_model(name_or_path: str | os.PathLike = DEFAULT_POLICY, cache_dir=No
         if not path.is_dir():
             raise ValueError(f"model path {path} is a file; expected a folder with config.json + weights")
         return path.resolve()
-    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+    if _HUB_ID.fullmatch(name) and not _looks_like_path(name):
         return _download(name)
     raise ValueError(
-        f"unknown model {name!r}: expected one of {sorted(EMBEDDED)}, an existing folder, "
-        "or a Hugging Face id like 'Qwen/Qwen3-4B'"
+        f"model folder {name!r} does not exist (from {Path.cwd()}); expected an existing folder, one of "
+        f"{sorted(EMBEDDED)}, or a Hugging Face id like 'Qwen/Qwen3-4B' or 'gpt2'"
     )
+
+
+# "name" or "org/name": letters, digits, '-', '_', '.', not starting or ending with '-'/'.' (the hub's rule)
+_HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]{0,94}/)?[A-Za-z0-9][\w.-]{0,94}(?<![.-])")
+
+
+def _looks_like_path(name: str) -> bool:
+    """True for a name meant as a local folder: ``./x``, ``/x``, ``~/x``, ``a/b/c``, ``a\\b``, or ``a/b``
+    whose ``a`` is an existing local folder (``runs/stage_1`` before that stage was written)."""
+    if name.startswith((".", "/", "~")) or "\\" in name or name.count("/") > 1 or name.endswith("/"):
+        return True
+    return "/" in name and Path(name.split("/")[0]).is_dir()
 
 
 def _download(repo_id: str) -> Path:
@@ -87,7 +102,8 @@ def _download(repo_id: str) -> Path:
         return Path(snapshot_download(repo_id, allow_patterns=None))
     except Exception as e:  # noqa: BLE001 - hub errors come in many types; one clear line is what matters
         raise ValueError(
-            f"could not fetch Hugging Face model {repo_id!r} ({type(e).__name__}: {e}); "
+            f"unknown model {repo_id!r}: not a local folder, not one of {sorted(EMBEDDED)}, and not fetched "
+            f"as a Hugging Face id ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
             "no hub reachable? pass a local folder or the embedded 'smollm2-135m' instead"
         ) from e
 
@@ -135,3 +151,16 @@ def _gguf_to_safetensors(gguf: Path, out: Path) -> None:
         model.hf_quantizer.remove_quantization_config(model)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
+
+
+def adapter_base(path: Path, adapter: dict, fallback: str | os.PathLike | None) -> Path:
+    """The base model of a LoRA adapter: the one its config names when that resolves, else ``fallback``
+    (else the embedded default policy)."""
+    named = adapter.get("base_model_name_or_path")
+    if named:
+        try:
+            return resolve_model(named)
+        except (ValueError, FileNotFoundError):
+            if fallback is None:
+                raise
+    return resolve_model(fallback or DEFAULT_POLICY)

@@ -7,13 +7,20 @@ of the budget), and a total time budget per call after which one :class:`~llm.ba
 backend and the last cause. Other 4xx answers are not retried.
 
 Servers differ in what they accept; the client learns once per instance and remembers:
-- ``json_schema`` goes out as ``response_format={"type": "json_schema", ...}``; a 400 that names
-  ``response_format`` / ``json_schema`` switches to the schema in the prompt plus JSON extraction;
-- a 400 that rejects ``temperature`` (OpenAI's reasoning models) drops it;
-- a 400 that asks for ``max_completion_tokens`` instead of ``max_tokens`` switches the name.
+- ``json_schema`` goes out as ``response_format={"type": "json_schema", ...}``; a 400/422 that names
+  ``schema`` / ``response_format`` / ``response_schema`` / ``generation_config``, or says "not supported"
+  / "unsupported", steps down to ``{"type": "json_object"}`` with the schema in the prompt, and a second
+  such rejection to the schema in the prompt alone; the reply's first JSON value is extracted either way;
+- a 400/422 that rejects ``temperature`` (OpenAI's reasoning models) drops it;
+- a 400/422 that asks for ``max_completion_tokens`` instead of ``max_tokens`` switches the name.
+
+:meth:`OpenAIChat.chat_batch` fails fast: the first request that fails for good raises at once, requests
+not yet sent are cancelled and those in flight are not retried; an optional deadline bounds the batch.
 
 The API key is only handed to the ``openai`` client. It never appears in ``repr``, in log records or in
-exception messages: every message that leaves this module is passed through :meth:`OpenAIChat._redact`.
+exception messages: every message that leaves this module is passed through :meth:`OpenAIChat._redact`,
+which masks the key, fragments of it and anything shaped like a key (``sk-...``, ``AIza...``, masked
+echoes such as ``sk-abc****5678``); a 401/403 reports "authentication failed" without the server's text.
 """
 
 from __future__ import annotations
@@ -21,9 +28,11 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
+import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import openai
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, stop_after_delay
@@ -33,21 +42,34 @@ from llm.base import ChatError, ChatResult, Messages, UsageStats, extract_json, 
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504, 520, 521, 522, 523, 524, 529}
+AUTH_HINT = "check ENGINEER_API_KEY / OPENAI_API_KEY / GEMINI_API_KEY"
+# words in a 400/422 that mean "this server does not take response_format as sent"
+_SCHEMA_WORDS = ("schema", "response_format", "response_schema", "generation_config", "json_object")
+_UNSUPPORTED_WORDS = ("not supported", "unsupported")
+# what json_schema asks of the server, best first: enforced schema, JSON mode, the schema in the prompt
+SCHEMA_MODES = ("json_schema", "json_object", "prompt")
 
 
 class _Retryable(Exception):
-    """An attempt that failed in a way worth trying again; ``cause`` is the one-line reason."""
+    """An attempt that failed in a way worth trying again; ``cause`` is the one-line reason.
 
-    def __init__(self, cause: str, retry_after: float | None = None):
+    ``unsent``: nothing went out (the budget was spent before the attempt), so it is no attempt."""
+
+    def __init__(self, cause: str, retry_after: float | None = None, *, unsent: bool = False):
         super().__init__(cause)
         self.cause = cause
         self.retry_after = retry_after
+        self.unsent = unsent
 
 
 class _Fatal(Exception):
     def __init__(self, cause: str):
         super().__init__(cause)
         self.cause = cause
+
+
+class _Cancelled(_Fatal):
+    """Another request of the same batch failed; this one stops before its next attempt."""
 
 
 class OpenAIChat:
@@ -61,6 +83,7 @@ class OpenAIChat:
         timeout_s: limit for one HTTP attempt, in seconds.
         total_budget_s: limit for one call, retries and back-off included, in seconds.
         max_concurrency: threads used by :meth:`chat_batch`.
+        batch_deadline_s: limit for a whole :meth:`chat_batch`, in seconds; None: only each call's budget.
         max_attempts: attempts per call at most (the budget usually stops it first).
         backoff_initial_s / backoff_max_s: exponential back-off start and cap, in seconds.
     """
@@ -75,6 +98,7 @@ class OpenAIChat:
         total_budget_s: float = 600.0,
         max_concurrency: int = 8,
         *,
+        batch_deadline_s: float | None = None,
         max_attempts: int = 10,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
@@ -85,6 +109,7 @@ class OpenAIChat:
         self.timeout_s = float(timeout_s)
         self.total_budget_s = float(total_budget_s)
         self.max_concurrency = max(1, int(max_concurrency))
+        self.batch_deadline_s = batch_deadline_s
         self.max_attempts = max(1, int(max_attempts))
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
@@ -95,9 +120,14 @@ class OpenAIChat:
         self.stats = UsageStats()
         self._lock = threading.Lock()
         # what this server was found to reject; learnt once, kept for the instance's life
-        self.supports_json_schema = True
+        self.schema_mode = SCHEMA_MODES[0]
         self.send_temperature = True
         self.max_tokens_param = "max_tokens"
+
+    @property
+    def supports_json_schema(self) -> bool:
+        """False once the server rejected ``response_format`` of type ``json_schema``."""
+        return self.schema_mode == "json_schema"
 
     def __repr__(self) -> str:
         return f"OpenAIChat(backend={self.backend!r}, base_url={self.base_url!r}, model={self.model!r})"
@@ -112,35 +142,119 @@ class OpenAIChat:
         temperature: float = 0.0,
         json_schema: dict | None = None,
     ) -> ChatResult:
+        return self._chat(messages, max_tokens, temperature, json_schema, self.total_budget_s)
+
+    def chat_batch(
+        self,
+        batch: list[Messages],
+        *,
+        max_tokens: int = 512,
+        temperature: float = 0.0,
+        json_schema: dict | None = None,
+        deadline_s: float | None = None,
+    ) -> list[ChatResult]:
+        """Answers in input order; at most ``max_concurrency`` requests in flight.
+
+        Fails fast: the first request that fails for good raises its :class:`~llm.base.ChatError` at once;
+        requests not yet sent are never sent and those in flight are not retried (their threads end with
+        their current HTTP attempt). ``deadline_s`` (default ``batch_deadline_s``) bounds the whole batch:
+        each call's budget is cut to what is left of it, and a batch still unanswered at the deadline
+        raises a ChatError saying how many answers had arrived.
+        """
+        if not batch:
+            return []
+        deadline_s = self.batch_deadline_s if deadline_s is None else deadline_s
+        t0 = time.monotonic()
+        deadline = None if deadline_s is None else t0 + deadline_s
+        abort = threading.Event()
+        results: list[ChatResult | None] = [None] * len(batch)
+
+        def one(messages: Messages) -> ChatResult:
+            budget = self.total_budget_s
+            if deadline is not None:
+                budget = min(budget, deadline - time.monotonic())
+            try:
+                return self._chat(messages, max_tokens, temperature, json_schema, budget, abort)
+            except ChatError:
+                abort.set()  # before this future completes: no later request of the batch goes out
+                raise
+
+        def deadline_error(cause: str | None, attempts: int = 0) -> ChatError:
+            done = sum(r is not None for r in results)
+            what = f"batch deadline of {deadline_s:g}s reached with {done} of {len(batch)} answers"
+            return ChatError(self.backend, what + (f" (last: {cause})" if cause else ""), attempts=attempts,
+                             elapsed_s=time.monotonic() - t0)
+
+        def past_deadline() -> bool:
+            return deadline is not None and time.monotonic() >= deadline - 0.05
+
+        workers = min(self.max_concurrency, len(batch))
+        if workers == 1:
+            for i, m in enumerate(batch):
+                try:
+                    results[i] = one(m)
+                except ChatError as e:
+                    raise (deadline_error(e.cause, e.attempts) if past_deadline() else e) from None
+            return results  # type: ignore[return-value]
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"chat-{self.backend}")
+        try:
+            futures = {pool.submit(one, m): i for i, m in enumerate(batch)}
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            for f in as_completed(futures, timeout=timeout):
+                results[futures[f]] = f.result()
+        except FutureTimeout:
+            abort.set()
+            raise deadline_error(None) from None
+        except ChatError as e:
+            raise (deadline_error(e.cause, e.attempts) if past_deadline() else e) from None
+        finally:
+            # never wait for the stragglers: cancel what has not started, let in-flight attempts end alone
+            pool.shutdown(wait=False, cancel_futures=True)
+        return results  # type: ignore[return-value]
+
+    def _chat(self, messages, max_tokens, temperature, json_schema, budget_s: float,
+              abort: threading.Event | None = None) -> ChatResult:
+        """One call within ``budget_s`` seconds; ``abort`` (a batch's) stops it before its next attempt."""
         start = time.monotonic()
         attempts = 0
         last_cause = ""
 
         def attempt() -> ChatResult:
             nonlocal attempts, last_cause
+            if abort is not None and abort.is_set():
+                raise _Cancelled("cancelled: another request of the batch failed")
             attempts += 1
             try:
-                return self._attempt(messages, max_tokens, temperature, json_schema, start)
+                return self._attempt(messages, max_tokens, temperature, json_schema, start, budget_s)
             except _Retryable as e:
-                if e.cause.startswith("time budget"):  # nothing was sent: not an attempt
+                if e.unsent:  # nothing was sent: not an attempt
                     attempts -= 1
                     if last_cause:
                         raise _Retryable(f"{last_cause}; then the {e.cause}") from None
                 last_cause = e.cause
                 raise
 
+        def retry_after_past_budget(state: RetryCallState) -> bool:
+            """Give up at once, with the server's cause, when it asks us to wait past the budget."""
+            exc = state.outcome.exception() if state.outcome else None
+            ra = getattr(exc, "retry_after", None)
+            return ra is not None and state.seconds_since_start + ra > budget_s
+
         retrying = Retrying(
             retry=retry_if_exception(lambda e: isinstance(e, _Retryable)),
-            stop=stop_after_attempt(self.max_attempts) | stop_after_delay(self.total_budget_s) | self._retry_after_past_budget,
-            wait=self._wait,
+            stop=stop_after_attempt(self.max_attempts) | stop_after_delay(max(0.0, budget_s)) | retry_after_past_budget,
+            wait=lambda state: self._wait(state, budget_s),
+            # a batch that failed wakes its back-off sleepers at once
+            sleep=time.sleep if abort is None else abort.wait,
             before_sleep=self._before_sleep,
             reraise=True,
         )
         try:
             result = retrying(attempt)
         except (_Retryable, _Fatal) as e:
-            with self._lock:
-                self.stats.failures += 1
+            if not isinstance(e, _Cancelled):  # the batch's failure is counted once, by its own call
+                with self._lock:
+                    self.stats.failures += 1
             raise ChatError(
                 self.backend, self._redact(e.cause), attempts=attempts, elapsed_s=time.monotonic() - start
             ) from None
@@ -158,24 +272,6 @@ class OpenAIChat:
             self.stats.add(result)
         return result
 
-    def chat_batch(
-        self,
-        batch: list[Messages],
-        *,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-        json_schema: dict | None = None,
-    ) -> list[ChatResult]:
-        """Answers in input order; at most ``max_concurrency`` requests in flight. The first failure raises."""
-        if not batch:
-            return []
-        kw = dict(max_tokens=max_tokens, temperature=temperature, json_schema=json_schema)
-        if len(batch) == 1 or self.max_concurrency == 1:
-            return [self.chat(m, **kw) for m in batch]
-        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(batch))) as pool:
-            futures = [pool.submit(self.chat, m, **kw) for m in batch]
-            return [f.result() for f in futures]
-
     def close(self) -> None:
         self._client.close()
 
@@ -187,20 +283,22 @@ class OpenAIChat:
 
     # -- one HTTP attempt -------------------------------------------------------------------------
 
-    def _attempt(self, messages, max_tokens, temperature, json_schema, start) -> ChatResult:
-        left = self.total_budget_s - (time.monotonic() - start)
+    def _attempt(self, messages, max_tokens, temperature, json_schema, start, budget_s) -> ChatResult:
+        left = budget_s - (time.monotonic() - start)
         if left <= 0:
-            raise _Retryable(f"time budget of {self.total_budget_s:.0f}s spent")
-        use_schema = json_schema is not None and self.supports_json_schema
-        msgs = messages if (json_schema is None or use_schema) else with_schema_in_prompt(messages, json_schema)
+            raise _Retryable(f"time budget of {budget_s:.3g}s spent", unsent=True)
+        mode = self.schema_mode if json_schema is not None else None
+        msgs = messages if mode in (None, "json_schema") else with_schema_in_prompt(messages, json_schema)
         body: dict = {"model": self.model, "messages": msgs, self.max_tokens_param: max_tokens}
         if self.send_temperature:
             body["temperature"] = temperature
-        if use_schema:
+        if mode == "json_schema":
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": _schema_name(json_schema), "schema": json_schema},
             }
+        elif mode == "json_object":
+            body["response_format"] = {"type": "json_object"}
         t0 = time.monotonic()
         try:
             resp = self._client.chat.completions.create(**body, timeout=min(self.timeout_s, left))
@@ -210,13 +308,17 @@ class OpenAIChat:
             raise _Retryable(f"connection error ({_root_cause(e)})") from None
         except openai.APIStatusError as e:
             status = e.status_code
+            if status in (401, 403):
+                # the body often echoes the key, masked or not: say nothing of it
+                access = "" if status == 401 else f", and that the key may use model {self.model!r}"
+                raise _Fatal(f"HTTP {status}: authentication failed ({status}); {AUTH_HINT}{access}") from None
             detail = _error_detail(e)
             if status in RETRYABLE_STATUS or status >= 500:
                 what = "rate limited" if status == 429 else "server error"
                 raise _Retryable(f"HTTP {status} {what}: {detail}", _retry_after(e.response)) from None
-            if status == 400 and self._adapt(detail, json_schema is not None):
+            if status in (400, 422) and self._adapt(detail, body, mode):
                 # the server told us what it does not accept: retry at once with the adapted request
-                return self._attempt(messages, max_tokens, temperature, json_schema, start)
+                return self._attempt(messages, max_tokens, temperature, json_schema, start, budget_s)
             raise _Fatal(f"HTTP {status}: {detail}") from None
         except (openai.APIResponseValidationError, json.JSONDecodeError, ValueError) as e:
             raise _Retryable(f"malformed response body ({type(e).__name__})") from None
@@ -243,40 +345,46 @@ class OpenAIChat:
             finish_reason=getattr(choice, "finish_reason", None),
         )
 
-    def _adapt(self, detail: str, asked_schema: bool) -> bool:
-        """Learn from a 400 what this server rejects; True when the request changed and is worth resending."""
+    def _adapt(self, detail: str, sent: dict, mode: str | None) -> bool:
+        """Learn from a 400/422 what this server rejects; True when the request changed and is worth
+        resending. ``sent`` is the body that was rejected and ``mode`` its schema mode: when another
+        thread of a batch already adapted to the same rejection, the answer is True without a change."""
         d = detail.lower()
+        asked_format = mode in ("json_schema", "json_object")
         with self._lock:
-            if asked_schema and self.supports_json_schema and ("response_format" in d or "json_schema" in d):
-                log.info("%s rejects response_format json_schema; using the schema in the prompt", self.backend)
-                self.supports_json_schema = False
-                self.stats.schema_fallbacks += 1
-                return True
-            if self.send_temperature and "temperature" in d:
+            if asked_format and any(w in d for w in _SCHEMA_WORDS):
+                return self._step_down_schema(mode)
+            if "temperature" in d and "temperature" in sent:
                 self.send_temperature = False
                 return True
-            if self.max_tokens_param == "max_tokens" and "max_completion_tokens" in d:
+            if "max_completion_tokens" in d and "max_tokens" in sent:
                 self.max_tokens_param = "max_completion_tokens"
                 return True
+            if asked_format and any(w in d for w in _UNSUPPORTED_WORDS):
+                return self._step_down_schema(mode)
         return False
+
+    def _step_down_schema(self, rejected: str) -> bool:
+        """json_schema -> json_object -> prompt, once per rejected mode (called under the lock)."""
+        if self.schema_mode == rejected:
+            self.schema_mode = SCHEMA_MODES[SCHEMA_MODES.index(rejected) + 1]
+            self.stats.schema_fallbacks += 1
+            log.info("%s rejects response_format %s; now using %s", self.backend, rejected,
+                     "json_object with the schema in the prompt" if self.schema_mode == "json_object"
+                     else "the schema in the prompt")
+        return True
 
     # -- tenacity hooks ---------------------------------------------------------------------------
 
-    def _wait(self, state: RetryCallState) -> float:
+    def _wait(self, state: RetryCallState, budget_s: float) -> float:
         n = state.attempt_number
         backoff = min(self.backoff_max_s, self.backoff_initial_s * 2 ** (n - 1))
         backoff *= 0.5 + 0.5 * _jitter()
         exc = state.outcome.exception() if state.outcome else None
         if isinstance(exc, _Retryable) and exc.retry_after is not None:
             backoff = exc.retry_after
-        left = self.total_budget_s - state.seconds_since_start
+        left = budget_s - state.seconds_since_start
         return max(0.0, min(backoff, left))
-
-    def _retry_after_past_budget(self, state: RetryCallState) -> bool:
-        """Give up at once, with the server's cause, when it asks us to wait past the budget."""
-        exc = state.outcome.exception() if state.outcome else None
-        ra = getattr(exc, "retry_after", None)
-        return ra is not None and state.seconds_since_start + ra > self.total_budget_s
 
     def _before_sleep(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
@@ -285,9 +393,30 @@ class OpenAIChat:
         log.warning("%s: attempt %d failed (%s); retrying in %.1fs", self.backend, state.attempt_number, cause, sleep)
 
     def _redact(self, text: str) -> str:
-        if self._secret and len(self._secret) >= 4:
-            text = text.replace(self._secret, "***")
-        return text
+        """``text`` without the key, any run of 8+ of its characters, or anything shaped like a key."""
+        secret = self._secret
+        if secret:
+            if len(secret) >= 8:
+                text = text.replace(secret, "***")
+                windows = {secret[i : i + 8] for i in range(len(secret) - 7)}
+                text = _TOKEN.sub(
+                    lambda m: "***" if any(m[0][i : i + 8] in windows for i in range(len(m[0]) - 7)) else m[0],
+                    text,
+                )
+            else:  # a short key: mask it where it stands as a token of its own, not inside other words
+                text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", text)
+        return _KEY_LIKE.sub("***", text)
+
+
+# tokens that could be (part of) a key, and shapes of keys whatever the key in use: OpenAI-style sk-/pk-/rk-,
+# Google's AIza..., bearer tokens, and a server's masked echo of a key ("sk-abc*****5678", "abcd****wxyz")
+_TOKEN = re.compile(r"[A-Za-z0-9_\-]{8,}")
+_KEY_LIKE = re.compile(
+    r"\b(?:sk|pk|rk)-[A-Za-z0-9_\-*.]{3,}"
+    r"|\bAIza[A-Za-z0-9_\-*]{8,}"
+    r"|(?i:bearer)\s+\S+"
+    r"|[A-Za-z0-9_\-]*\*{3,}[A-Za-z0-9_\-]+"
+)
 
 
 def _jitter() -> float:

@@ -10,12 +10,18 @@
 A checkpoint is a folder with full weights or a LoRA adapter (``adapter_config.json``), a short name
 (``smollm2-135m``) or a Hugging Face id; None means the embedded default policy.
 
-Keeping one server across stages (opt-in: ``keep_server=True`` or ``LLM_KEEP_SERVER=1``): instead of a
-40-90 s start per use, one vLLM server stays up between uses and follows the checkpoint: new full weights
-of the same architecture are loaded in place (``reload_weights``, about 0.6 s), a LoRA adapter is loaded
-under the requested name (about 60 ms). An incompatible request (another architecture, LoRA on a server
-started without it) replaces the server. The kept server is stopped at interpreter exit, on
-SIGINT/SIGTERM, or by :func:`stop_kept_server`.
+Keeping one server across stages (``keep_server=True``): instead of a 40-90 s start per use, one vLLM
+server stays up between uses and follows the checkpoint: new full weights of the same architecture are
+loaded in place (``reload_weights``, about 0.6 s), a LoRA adapter is loaded under the requested name
+(about 60 ms). An incompatible request (another architecture, LoRA on a server started without it)
+replaces the server. The kept server is stopped at interpreter exit, on SIGINT/SIGTERM, or by
+:func:`stop_kept_server`. The loop keeps it by default: its nodes pass ``Settings.keep_server``, which
+defaults to True. Only a caller that passes ``keep_server=None`` (this function's default) gets the
+environment's choice, ``LLM_KEEP_SERVER=1``, off when unset.
+
+The kept server's log is the ``log_dir`` of the call that started it, for its whole life: later users
+(other stages, the engineer) do not get their own log file. Each later use writes a ``=== ...`` line into
+that log naming the checkpoint it serves, and a one-line pointer to that log into its own ``log_dir``.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from llm.base import ChatModel
-from llm.models import DEFAULT_POLICY, resolve_model
+from llm.models import DEFAULT_POLICY, adapter_base, resolve_model
 
 BACKENDS = ("transformers", "vllm")
 _LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's --max-lora-rank accepts
@@ -48,6 +54,7 @@ def open_policy(
     (except a kept server, see the module docstring).
 
     ``base_model`` is only used for a LoRA adapter whose config does not name a loadable base.
+    ``keep_server``: True/False, or None to read ``LLM_KEEP_SERVER`` (off unless set to 1).
     """
     if backend not in BACKENDS:
         raise ValueError(f"policy backend {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -84,7 +91,7 @@ def open_checkpoint(
     if backend == "transformers":
         from llm.local import LocalEngine
 
-        engine = LocalEngine(path, batch_size=batch_size)
+        engine = LocalEngine(path, batch_size=batch_size, base_model=base_model)
         try:
             yield engine
         finally:
@@ -126,18 +133,6 @@ def adapter_config(path: str | os.PathLike) -> dict | None:
     return json.loads(f.read_text()) if f.exists() else None
 
 
-def adapter_base(path: Path, adapter: dict, fallback: str | os.PathLike | None) -> Path:
-    """The base model of an adapter: the one its config names when that resolves, else ``fallback``."""
-    named = adapter.get("base_model_name_or_path")
-    if named:
-        try:
-            return resolve_model(named)
-        except (ValueError, FileNotFoundError):
-            if fallback is None:
-                raise
-    return resolve_model(fallback or DEFAULT_POLICY)
-
-
 def _lora_rank(adapter: dict) -> int:
     rank = int(adapter.get("r") or 16)
     return max(16, next((r for r in _LORA_RANKS if r >= rank), rank))
@@ -171,13 +166,29 @@ def _kept_client(path, adapter, log_path, base_model, served_name, max_concurren
         server = VLLMServer(weights, log_path=log_path, enable_lora=True,
                             max_lora_rank=_lora_rank(adapter or {}), served_model_name="kept").start()
         _KEPT.update(server=server, weights=weights)
-    elif Path(_KEPT["weights"]) != weights:
-        server.reload_weights(weights)
-        _KEPT["weights"] = weights
+    else:
+        # the kept server logs to its first caller's file: mark where this use starts, and leave a pointer
+        # in the file this caller would have used
+        server.note(f"now serving {served_name if adapter is not None else server.model_name}: {path}")
+        _point_to(Path(log_path), server)
+        if Path(_KEPT["weights"]) != weights:
+            server.reload_weights(weights)
+            _KEPT["weights"] = weights
     if adapter is None:
         return server.client(max_concurrency=max_concurrency)
     server.load_lora(served_name, path)
     return server.client(model=served_name, max_concurrency=max_concurrency)
+
+
+def _point_to(log_path: Path, server) -> None:
+    if log_path.resolve() == server.log_path.resolve():
+        return
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "a") as f:
+            f.write(f"served by the kept vLLM server on {server.base_url}; its log is {server.log_path}\n")
+    except OSError:
+        pass  # a pointer is a courtesy, not a reason to fail the stage
 
 
 def stop_kept_server() -> None:

@@ -15,6 +15,12 @@ port, logs stdout+stderr to ``log_path`` and runs in its own process group, whic
 its parent dies without cleaning up (SIGKILL). A server that dies or is not healthy
 within ``startup_timeout_s`` raises :class:`VLLMStartError` with the tail of its log.
 
+Every started server is held (a strong reference) until ``stop()``, so one whose owner dropped it is
+still stopped at exit. SIGINT/SIGTERM handlers can only be installed from the main thread: they are
+installed by the first ``start()`` on the main thread (or by :func:`install_signal_handlers`); a server
+started from another thread before that is covered by atexit and, once any later main-thread start or
+call installs them, by the handlers too.
+
 The server runs with ``VLLM_SERVER_DEV_MODE=1`` (for ``/collective_rpc`` weight reload) and, with
 ``enable_lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: both are fine because it binds to 127.0.0.1.
 """
@@ -31,7 +37,6 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from pathlib import Path
 
 import httpx
@@ -281,6 +286,12 @@ class VLLMServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def note(self, text: str) -> None:
+        """Appends a ``=== text`` line to the server's log (e.g. where a new user of a kept server starts)."""
+        if self._log_file is not None and not self._log_file.closed:
+            self._log_file.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n".encode())
+            self._log_file.flush()
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             text = self.log_path.read_text(errors="replace")
@@ -339,9 +350,11 @@ class VLLMServer:
 
 # -- cleanup on exit and on signals ---------------------------------------------------------------
 
-_LIVE: weakref.WeakSet[VLLMServer] = weakref.WeakSet()
+# servers started and not yet stopped; strong references, so a server its owner dropped is still stopped
+_LIVE: dict[int, VLLMServer] = {}
+_ATEXIT_REGISTERED = False
 _HANDLERS_INSTALLED = False
-_GUARD = threading.Lock()
+_GUARD = threading.RLock()  # re-entrant: a signal handler may run stop_all() while the main thread holds it
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
@@ -376,26 +389,46 @@ def _die_with_parent() -> None:
 
 
 def _register(server: VLLMServer) -> None:
-    global _HANDLERS_INSTALLED
+    global _ATEXIT_REGISTERED
     with _GUARD:
-        _LIVE.add(server)
-        if _HANDLERS_INSTALLED:
-            return
-        _HANDLERS_INSTALLED = True
-        atexit.register(stop_all)
-        if threading.current_thread() is threading.main_thread():
+        _LIVE[id(server)] = server
+        if not _ATEXIT_REGISTERED:
+            atexit.register(stop_all)
+            _ATEXIT_REGISTERED = True
+    if not install_signal_handlers():
+        log.debug("vLLM server started off the main thread: SIGINT/SIGTERM clean-up waits for a main-thread start")
+
+
+def install_signal_handlers() -> bool:
+    """Chains SIGINT/SIGTERM handlers that stop every live server; True once they are installed.
+
+    Only the main thread may install signal handlers: from any other thread this does nothing and returns
+    False (the next call from the main thread, e.g. the next ``start()``, installs them). Idempotent."""
+    global _HANDLERS_INSTALLED
+    if threading.current_thread() is not threading.main_thread():
+        return _HANDLERS_INSTALLED
+    with _GUARD:
+        if not _HANDLERS_INSTALLED:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 _chain_handler(sig)
+            _HANDLERS_INSTALLED = True
+    return True
 
 
 def _unregister(server: VLLMServer) -> None:
     with _GUARD:
-        _LIVE.discard(server)
+        _LIVE.pop(id(server), None)
+
+
+def live_servers() -> list[VLLMServer]:
+    """The servers this process started and has not stopped yet."""
+    with _GUARD:
+        return list(_LIVE.values())
 
 
 def stop_all() -> None:
     """Stops every server this process started and has not stopped yet."""
-    for server in list(_LIVE):
+    for server in live_servers():
         try:
             server.stop(timeout_s=5.0)
         except Exception as e:  # noqa: BLE001 - keep stopping the others

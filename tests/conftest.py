@@ -6,6 +6,9 @@
   (``enable_lora=True``, fp32, eager). Its OpenAI root is ``vllm_server.base_url``, the model name
   ``vllm_server.model_name``, a client ``vllm_server.client()``. Fails when vLLM is not installed
   (skips with ALLOW_NO_VLLM=1).
+- ``vllm_installed`` (session): that same check alone, for tests that start their own vLLM server.
+  Take one of these fixtures rather than a ``skipif(not vllm_available())`` mark, which would skip
+  silently where vLLM is missing by accident.
   Do not stop it or reload other weights into it without restoring them: other tests share it.
 - ``fake_openai``: a fresh :class:`tests.fakeopenai.FakeOpenAI` (OpenAI protocol, scripted replies and faults).
 """
@@ -29,8 +32,8 @@ def embedded_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(embedded_model_path, tmp_path_factory):
-    from llm.vllm_server import VLLMServer, vllm_available
+def vllm_installed() -> None:
+    from llm.vllm_server import vllm_available
 
     if not vllm_available():
         # ./install.sh installs vLLM: its absence is a broken set-up, not a reason to pass silently.
@@ -39,6 +42,12 @@ def vllm_server(embedded_model_path, tmp_path_factory):
         if os.environ.get("ALLOW_NO_VLLM", "").lower() in ("1", "true", "yes"):
             pytest.skip(msg)
         pytest.fail(msg + "; set ALLOW_NO_VLLM=1 to skip these tests on purpose")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_installed, embedded_model_path, tmp_path_factory):
+    from llm.vllm_server import VLLMServer
+
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     with VLLMServer(embedded_model_path, log_path=log_path, enable_lora=True, served_model_name="smollm2") as server:
         yield server

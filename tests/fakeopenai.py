@@ -12,15 +12,17 @@ Each request takes the next scripted item; once the script is spent, ``default``
 a function ``request_body -> str`` for a scripted engineer that looks at the prompt). Items are a reply
 string, a :class:`Reply` (text plus token counts) or a :class:`Fault`:
 
-- ``Fault.rate_limit(retry_after)``: 429 with a ``Retry-After`` header (seconds);
+- ``Fault.rate_limit(retry_after, headers=None)``: 429 with a ``Retry-After`` header (seconds), or the
+  given headers instead (an HTTP-date ``Retry-After``, OpenAI's ``retry-after-ms``);
 - ``Fault.server_error(status=500)``: a 5xx with an OpenAI-style error body;
 - ``Fault.slow(delay_s, then="...")``: sleeps before answering (past the client's timeout);
 - ``Fault.drop()``: closes the connection without answering;
 - ``Fault.malformed()``: 200 with a body that is not valid JSON;
 - ``Fault.status(code, message)``: any other status with an error message.
 
-``reject_json_schema=True`` makes it answer 400 to every request carrying ``response_format`` of type
-``json_schema``, like servers without structured output.
+``reject_json_schema=True`` makes it answer ``reject_status`` (400) with ``reject_message`` to every request
+carrying ``response_format`` of type ``json_schema``, like servers without structured output;
+``reject_json_object=True`` does the same for type ``json_object`` (servers without JSON mode).
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ class Fault:
     delay_s: float = 0.0
     then: str = "late reply"
     message: str = "injected fault"
+    headers: dict | None = None  # sent instead of the Retry-After built from retry_after
 
     @classmethod
-    def rate_limit(cls, retry_after: float | None = 1.0) -> Fault:
-        return cls("rate_limit", status=429, retry_after=retry_after, message="Rate limit reached")
+    def rate_limit(cls, retry_after: float | None = 1.0, headers: dict | None = None) -> Fault:
+        return cls("rate_limit", status=429, retry_after=retry_after, message="Rate limit reached", headers=headers)
 
     @classmethod
     def server_error(cls, status: int = 500) -> Fault:
@@ -84,10 +87,22 @@ Default = str | Callable[[dict], str]
 class FakeOpenAI:
     """The server; a context manager that runs it in a daemon thread on a free port."""
 
-    def __init__(self, default: Default = "ok", *, model: str = "fake-model", reject_json_schema: bool = False):
+    def __init__(
+        self,
+        default: Default = "ok",
+        *,
+        model: str = "fake-model",
+        reject_json_schema: bool = False,
+        reject_json_object: bool = False,
+        reject_status: int = 400,
+        reject_message: str = "Invalid parameter: 'response_format' of type '{type}' is not supported.",
+    ):
         self.default = default
         self.model = model
         self.reject_json_schema = reject_json_schema
+        self.reject_json_object = reject_json_object
+        self.reject_status = reject_status
+        self.reject_message = reject_message  # "{type}" is replaced by the rejected type
         self.requests: list[dict] = []
         self._script: deque[Item] = deque()
         self._lock = threading.Lock()
@@ -209,9 +224,11 @@ def _make_handler(server: FakeOpenAI):
             if not self.path.endswith("/chat/completions"):
                 self._error(404, f"no route {self.path}")
                 return
-            rf = body.get("response_format") or {}
-            if server.reject_json_schema and rf.get("type") == "json_schema":
-                self._error(400, "Invalid parameter: 'response_format' of type 'json_schema' is not supported.")
+            kind = (body.get("response_format") or {}).get("type")
+            if (kind == "json_schema" and server.reject_json_schema) or (
+                kind == "json_object" and server.reject_json_object
+            ):
+                self._error(server.reject_status, server.reject_message.replace("{type}", kind))
                 return
             item = server._next(body)
             if isinstance(item, str):
@@ -221,7 +238,9 @@ def _make_handler(server: FakeOpenAI):
                 return
             f = item
             if f.kind in ("rate_limit", "server_error", "status"):
-                headers = {"Retry-After": f"{f.retry_after:g}"} if f.retry_after is not None else None
+                headers = f.headers
+                if headers is None and f.retry_after is not None:
+                    headers = {"Retry-After": f"{f.retry_after:g}"}
                 self._error(f.status, f.message, headers)
             elif f.kind == "slow":
                 time.sleep(f.delay_s)

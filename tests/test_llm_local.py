@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm.base import ChatModel
+from llm.base import ChatModel, extract_json
 from llm.local import LocalEngine
 
 pytestmark = pytest.mark.slow
@@ -39,15 +39,32 @@ def test_batch_keeps_order_and_left_padding_does_not_change_greedy_answers(engin
     assert all(r.completion_tokens <= 16 for r in batch)
 
 
+# two worked examples: the 135M model then answers in the same JSON shape, greedy
+FEW_SHOT = [
+    {"role": "user", "content": "Is fire hot?"},
+    {"role": "assistant", "content": '{"answer": true}'},
+    {"role": "user", "content": "Is ice hot?"},
+    {"role": "assistant", "content": '{"answer": false}'},
+    {"role": "user", "content": "Is the sky blue?"},
+]
+ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "boolean"}}, "required": ["answer"]}
+
+
 def test_sampling_and_schema_prompt(engine):
     r = engine.chat([{"role": "user", "content": "Tell me a word."}], max_tokens=8, temperature=1.0)
-    assert isinstance(r.text, str) and r.completion_tokens <= 8
-    r = engine.chat(
-        [{"role": "user", "content": "Is the sky blue?"}],
-        max_tokens=32,
-        json_schema={"type": "object", "properties": {"answer": {"type": "boolean"}}},
-    )
-    assert r.parsed is None or isinstance(r.parsed, dict | list | int | float | str | bool)
+    assert isinstance(r.text, str) and 0 < r.completion_tokens <= 8
+
+    plain = engine.chat(FEW_SHOT, max_tokens=32)
+    assert plain.parsed is None  # parsed only when JSON was asked for
+    assert isinstance(extract_json(plain.text), dict) and isinstance(extract_json(plain.text).get("answer"), bool)
+
+    # No constrained decoding in-process: the schema goes into the prompt and the reply's JSON is extracted.
+    # The 135M model tends to echo the schema instead of answering, so what is checked is the mechanism:
+    # the prompt grew by the schema, and parsed is the JSON object the reply starts with.
+    r = engine.chat(FEW_SHOT, max_tokens=32, json_schema=ANSWER_SCHEMA)
+    assert r.prompt_tokens > plain.prompt_tokens + 20
+    assert r.text.lstrip().startswith("{") and isinstance(r.parsed, dict)
+    assert r.parsed == extract_json(r.text)
 
 
 def test_open_policy_with_transformers(embedded_model_path, tmp_path):

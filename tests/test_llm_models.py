@@ -26,13 +26,97 @@ def test_local_folder_passes_through(tmp_path):
     assert resolve_model(str(tmp_path)) == tmp_path.resolve()
 
 
-def test_bad_names_say_what_is_allowed(tmp_path):
-    with pytest.raises(ValueError, match="unknown model 'nope'.*smollm2-135m"):
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    """snapshot_download without a network: known ids get a folder, others fail like the hub does."""
+    import huggingface_hub
+
+    asked: list[str] = []
+
+    def snapshot_download(repo_id, **kw):
+        asked.append(repo_id)
+        if repo_id not in ("gpt2", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+            raise OSError(f"404 Client Error: repository {repo_id} not found")
+        folder = tmp_path / "hub" / repo_id.replace("/", "--")
+        folder.mkdir(parents=True, exist_ok=True)
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    return asked
+
+
+def test_bad_names_say_what_is_allowed(tmp_path, fake_hub):
+    with pytest.raises(ValueError, match="unknown model 'nope'.*smollm2-135m.*repository nope not found"):
         resolve_model("nope")
+    assert fake_hub == ["nope"]
     f = tmp_path / "weights.bin"
     f.write_bytes(b"x")
     with pytest.raises(ValueError, match="is a file"):
         resolve_model(f)
+
+
+def test_hugging_face_ids_with_or_without_an_org(fake_hub, tmp_path):
+    assert resolve_model("gpt2") == tmp_path / "hub" / "gpt2"
+    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct").name == "HuggingFaceTB--SmolLM2-135M-Instruct"
+    assert fake_hub == ["gpt2", "HuggingFaceTB/SmolLM2-135M-Instruct"]
+
+
+def test_missing_local_paths_are_reported_without_asking_the_hub(fake_hub, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    for name in ("./stage_1", str(tmp_path / "absent"), "~/no-such-model-dir", "runs/stage_1", "a/b/c", "missing/"):
+        with pytest.raises(ValueError, match=r"model folder .* does not exist") as info:
+            resolve_model(name)
+        assert name.rstrip("/") in str(info.value) or name.startswith("~")
+    assert fake_hub == []
+
+
+def test_the_short_embedded_name_never_goes_to_the_hub(fake_hub, tmp_path, monkeypatch):
+    monkeypatch.setattr(models, "_gguf_to_safetensors", _fake_convert)
+    assert resolve_model(DEFAULT_POLICY, cache_dir=tmp_path) == tmp_path / "SmolLM2-135M-Instruct"
+    assert fake_hub == []
+
+
+def test_lora_base_falls_back_like_the_vllm_path(tmp_path, monkeypatch):
+    """LocalEngine picks an adapter's base as policy.adapter_base does: the named base when it resolves,
+    else ``base_model`` (an adapter trained elsewhere names a path that does not exist here)."""
+    import peft
+    import transformers
+
+    from llm import policy
+    from llm.local import LocalEngine
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"base_model_name_or_path": "/trainer/home/base-model"}')
+    loaded = []
+
+    class Dummy:
+        pad_token = "<pad>"
+        eos_token = "<eos>"
+
+        def to(self, device):
+            return self
+
+        def eval(self):
+            return self
+
+        def merge_and_unload(self):
+            return self
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda p, **k: loaded.append(p) or Dummy())
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda p, **k: loaded.append(p) or Dummy())
+    monkeypatch.setattr(peft.PeftModel, "from_pretrained", lambda m, p, **k: Dummy())
+
+    cfg = policy.adapter_config(adapter)
+    assert policy.adapter_base(adapter, cfg, base) == base.resolve()
+    LocalEngine(adapter, base_model=base, device="cpu")
+    assert loaded == [base.resolve(), base.resolve()]  # weights and tokenizer from the fallback base
+    with pytest.raises(ValueError, match="/trainer/home/base-model.*does not exist"):
+        LocalEngine(adapter, device="cpu")  # no fallback: the same clear error as the vLLM path
 
 
 def _fake_convert(gguf: Path, out: Path) -> None:

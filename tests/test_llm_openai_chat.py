@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import email.utils
 import json
+import logging
 import time
 
 import pytest
@@ -64,6 +66,27 @@ def test_retry_after_is_honoured(fake_openai):
     assert time.monotonic() - t0 >= 0.95 and r.attempts == 2
 
 
+def test_retry_after_as_an_http_date_is_honoured(fake_openai):
+    # whole seconds only: 3 s ahead, truncated, is 2-3 s from now
+    when = email.utils.formatdate(time.time() + 3, usegmt=True)
+    fake_openai.script(Fault.rate_limit(headers={"Retry-After": when}), "ok")
+    t0 = time.monotonic()
+    r = client(fake_openai).chat(HI)
+    elapsed = time.monotonic() - t0
+    assert r.text == "ok" and r.attempts == 2
+    assert 1.5 <= elapsed < 4.0, elapsed  # back-off alone would be ~0.01 s
+
+
+def test_retry_after_ms_wins_over_retry_after(fake_openai):
+    # OpenAI sends both; were Retry-After (30 s, past the 10 s budget) used, the call would fail at once
+    fake_openai.script(Fault.rate_limit(headers={"retry-after-ms": "700", "Retry-After": "30"}), "ok")
+    t0 = time.monotonic()
+    r = client(fake_openai).chat(HI)
+    elapsed = time.monotonic() - t0
+    assert r.text == "ok" and r.attempts == 2
+    assert 0.65 <= elapsed < 3.0, elapsed
+
+
 @pytest.mark.parametrize(
     "fault,cause",
     [
@@ -98,10 +121,50 @@ def test_retry_after_past_the_budget_fails_at_once_with_the_cause(fake_openai):
 
 
 def test_client_errors_are_not_retried(fake_openai):
-    fake_openai.script(Fault.status_code(401, "Incorrect API key provided"))
-    with pytest.raises(ChatError, match="HTTP 401: Incorrect API key provided") as info:
+    fake_openai.script(Fault.status_code(404, "The model `fake-model` does not exist"))
+    with pytest.raises(ChatError, match="HTTP 404: The model `fake-model` does not exist") as info:
         client(fake_openai).chat(HI)
     assert info.value.attempts == 1 and len(fake_openai.chat_requests) == 1
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_auth_failure_drops_the_body_that_echoes_the_key(fake_openai, caplog, status):
+    # OpenAI's 401 body echoes the key, masked by the server but still derived from it
+    body = "Incorrect API key provided: sk-abc*********5678. You can find your API key at https://x/keys."
+    fake_openai.script(Fault.status_code(status, body))
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(ChatError) as info:
+        client(fake_openai).chat(HI)
+    msg = str(info.value)
+    assert f"authentication failed ({status}); check ENGINEER_API_KEY / OPENAI_API_KEY / GEMINI_API_KEY" in msg
+    assert info.value.attempts == 1 and len(fake_openai.chat_requests) == 1
+    for text in (msg, repr(info.value), caplog.text):
+        assert "sk-abc" not in text and "5678" not in text and "Incorrect API key" not in text
+
+
+@pytest.mark.parametrize(
+    "api_key,body,gone",
+    [
+        # a key-shaped token the server masked, in a non-auth error
+        (KEY, "Project of key sk-proj-AbCd****WxYz has no access to fake-model", ["sk-proj", "AbCd", "WxYz"]),
+        # a fragment of the key in use (8+ characters of it)
+        (KEY, f"key {KEY[3:15]}... was revoked", [KEY[3:15]]),
+        # a Google-style key
+        (KEY, "API key AIzaSyA1b2C3d4E5f6G7h8I9j0 not valid", ["AIzaSy", "h8I9j0"]),
+        # a key too short for substring masking still goes where it stands alone
+        ("k1", "bad key k1 for fake-model", ["k1 "]),
+    ],
+    ids=["masked-sk", "fragment", "google", "short-key"],
+)
+def test_key_like_tokens_are_masked_in_any_error(api_key, body, gone):
+    with FakeOpenAI(default=Fault.status_code(404, body)) as srv:
+        chat = OpenAIChat(srv.base_url, "fake-model", api_key=api_key, backend="fake", timeout_s=1.0)
+        with pytest.raises(ChatError) as info:
+            chat.chat(HI)
+    msg = str(info.value)
+    assert "HTTP 404" in msg and "***" in msg
+    assert body.split()[0] in msg and body.split()[-1] in msg  # the rest of the message survives
+    assert [g for g in gone if g in msg] == []
 
 
 SCHEMA = {
@@ -120,18 +183,50 @@ def test_json_schema_goes_out_as_response_format(fake_openai):
     assert r.parsed == {"ok": True, "why": "fine"}
 
 
-def test_json_schema_falls_back_to_prompt_and_extraction_when_rejected():
-    with FakeOpenAI(default='Sure.\n```json\n{"ok": false, "why": "no"}\n```', reject_json_schema=True) as srv:
+def test_json_schema_falls_back_to_json_object_when_rejected():
+    with FakeOpenAI(default='{"ok": false, "why": "no"}', reject_json_schema=True) as srv:
         chat = client(srv)
         r = chat.chat(HI, json_schema=SCHEMA)
         assert r.parsed == {"ok": False, "why": "no"}
         first, second = srv.chat_requests
-        assert "response_format" in first["body"] and "response_format" not in second["body"]
+        assert first["body"]["response_format"]["type"] == "json_schema"
+        assert second["body"]["response_format"] == {"type": "json_object"}
         assert json.dumps(SCHEMA, sort_keys=True) in second["body"]["messages"][-1]["content"]
-        # learnt once: the next call goes straight to the prompt form
+        # learnt once: the next call goes straight to JSON mode
         chat.chat(HI, json_schema=SCHEMA)
-        assert len(srv.chat_requests) == 3 and "response_format" not in srv.chat_requests[2]["body"]
-        assert chat.stats.schema_fallbacks == 1
+        assert len(srv.chat_requests) == 3 and srv.chat_requests[2]["body"]["response_format"]["type"] == "json_object"
+        assert chat.stats.schema_fallbacks == 1 and not chat.supports_json_schema
+
+
+@pytest.mark.parametrize(
+    "status,message",
+    [
+        (422, "Unprocessable Entity: response_format of type {type} is not supported by this model"),
+        (400, "Invalid JSON payload received. Unknown name \"response_schema\" at 'generation_config'"),
+        (422, "structured outputs are not supported"),
+        (400, "Unsupported value for {type}"),
+    ],
+    ids=["422-response_format", "400-gemini-generation_config", "422-not-supported", "400-unsupported"],
+)
+def test_rejected_schema_and_json_mode_fall_back_to_the_prompt_and_extraction(status, message):
+    reply = 'Sure.\n```json\n{"ok": false, "why": "no"}\n```'
+    with FakeOpenAI(default=reply, reject_json_schema=True, reject_json_object=True, reject_status=status,
+                    reject_message=message) as srv:
+        chat = client(srv)
+        r = chat.chat(HI, json_schema=SCHEMA)
+        assert r.parsed == {"ok": False, "why": "no"} and r.attempts == 1
+        kinds = [(q["body"].get("response_format") or {}).get("type") for q in srv.chat_requests]
+        assert kinds == ["json_schema", "json_object", None]
+        assert json.dumps(SCHEMA, sort_keys=True) in srv.chat_requests[2]["body"]["messages"][-1]["content"]
+        assert chat.stats.schema_fallbacks == 2 and chat.schema_mode == "prompt"
+
+
+def test_an_unrelated_422_is_not_taken_for_a_schema_rejection(fake_openai):
+    fake_openai.script(Fault.status_code(422, "messages.0.content: field required"))
+    chat = client(fake_openai)
+    with pytest.raises(ChatError, match="HTTP 422: messages.0.content: field required"):
+        chat.chat(HI, json_schema=SCHEMA)
+    assert chat.supports_json_schema and len(fake_openai.chat_requests) == 1
 
 
 def test_rejected_temperature_and_max_tokens_are_adapted(fake_openai):
@@ -162,6 +257,49 @@ def test_chat_batch_keeps_order_and_bounds_concurrency():
         elapsed = time.monotonic() - t0
     assert [r.text for r in out] == [f"echo {i}" for i in range(8)]
     assert peak <= 4 and elapsed < 8 * 0.3 * 0.75  # overlapped, 4 at a time
+
+
+def test_chat_batch_fails_fast_and_sends_nothing_more():
+    """A fatal error on one request ends the batch at once; requests not yet started are never sent."""
+
+    def slow(body):
+        time.sleep(1.5)
+        return "late"
+
+    with FakeOpenAI(default=slow) as srv:
+        srv.script(Fault.status_code(401, "Incorrect API key provided: sk-abc*********5678"))
+        chat = client(srv, max_concurrency=2, timeout_s=5.0)
+        batch = [[{"role": "user", "content": str(i)}] for i in range(8)]
+        t0 = time.monotonic()
+        with pytest.raises(ChatError, match=r"authentication failed \(401\)"):
+            chat.chat_batch(batch)
+        assert time.monotonic() - t0 < 1.0  # not after the in-flight request's 1.5 s
+        time.sleep(2.0)  # the request in flight ends on its own; nothing follows it
+        assert len(srv.chat_requests) == 2
+    assert chat.stats.failures == 1
+
+
+def test_chat_batch_deadline_bounds_the_whole_batch():
+    def answer(body):
+        if body["messages"][-1]["content"].startswith("slow"):
+            time.sleep(3.0)
+        return "done"
+
+    with FakeOpenAI(default=answer) as srv:
+        chat = client(srv, max_concurrency=4, timeout_s=10.0, total_budget_s=30.0)
+        batch = [[{"role": "user", "content": c}] for c in ("fast", "fast", "slow", "slow")]
+        t0 = time.monotonic()
+        with pytest.raises(ChatError, match="batch deadline of 1s reached with 2 of 4 answers"):
+            chat.chat_batch(batch, deadline_s=1.0)
+        assert time.monotonic() - t0 < 1.8
+        # the constructor's default, on the one-at-a-time path too
+        chat = client(srv, max_concurrency=1, timeout_s=10.0, total_budget_s=30.0, batch_deadline_s=0.5)
+        t0 = time.monotonic()
+        with pytest.raises(ChatError, match="batch deadline of 0.5s reached with 1 of 3 answers"):
+            chat.chat_batch([[{"role": "user", "content": c}] for c in ("fast", "slow", "fast")])
+        assert time.monotonic() - t0 < 1.3
+        # a batch that fits answers normally
+        assert [r.text for r in chat.chat_batch([[{"role": "user", "content": "fast"}]] * 2)] == ["done"] * 2
 
 
 def test_extract_json_variants():

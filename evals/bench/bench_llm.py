@@ -4,12 +4,14 @@
     python -m evals.bench.bench_llm --only local --n 16   # one backend, fewer prompts
     python -m evals.bench.bench_llm --json bench.json     # also write the figures
 
-Prompts are ``env.render_prompt`` of the first instances of ``env.load_split("val")``; when the split is
-not built, instances from ``env.generate(uniform_config(), n, seed=0)``; when env/ is unusable, plain text
-prompts (the output says which). Generation is greedy with ``max_tokens`` per answer on both backends:
-fp32 weights (vLLM ``--dtype float32``, ``--enforce-eager``), all prompts submitted at once (vLLM:
-``--concurrency`` requests in flight; in-process: ``--batch-size`` prompts per ``generate``; 16 each). vLLM's
-start-up and one warm-up request are timed apart and not counted in its answers per second.
+Prompts are ``env.render_prompt`` of ``n`` instances taken at an even stride across the whole
+``env.load_split("val")`` (it is sorted by grid size, so the first ``n`` would be the small grids only); when
+the split is not built, instances from ``env.generate(uniform_config(), n, seed=0)``; when env/ is unusable,
+plain text prompts (the output says which). Generation is greedy with ``max_tokens`` per answer on both
+backends: fp32 weights (vLLM ``--dtype float32``, ``--enforce-eager``), all prompts submitted at once (vLLM:
+``--concurrency`` requests in flight; in-process: ``--batch-size`` prompts per ``generate``; 16 each).
+Start-up (server start / weight loading) and the same warm-up on both (``--warmup`` prompts of the batch,
+8 tokens each, as one batch) are timed apart and not counted in answers per second.
 """
 
 from __future__ import annotations
@@ -28,8 +30,14 @@ def validation_prompts(n: int) -> tuple[list[str], str]:
         from env import load_split, render_prompt
 
         try:
-            instances = load_split("val")[:n]
-            source = "env.load_split('val')"
+            split = load_split("val")
+            if not split:
+                raise ValueError("empty split")
+            # an even stride over the whole split: every grid size, not just the first ones
+            instances = [split[i * len(split) // n] for i in range(min(n, len(split)))]
+            sizes = sorted({getattr(i, "size", "?") for i in instances}, key=lambda v: (type(v).__name__, v))
+            source = (f"env.load_split('val'), {len(instances)} of {len(split)} at a stride of "
+                      f"{len(split) / max(1, len(instances)):.2f} (sizes {', '.join(map(str, sizes))})")
         except Exception as e:  # noqa: BLE001 - a missing or stale split: generate instead
             from env import generate, uniform_config
 
@@ -60,30 +68,41 @@ def run(chat, batch, max_tokens: int) -> dict:
     }
 
 
-def bench_vllm(model, batch, max_tokens: int, concurrency: int, log_dir: Path) -> dict:
+def warm_up(chat, batch, n: int) -> float:
+    """The same warm-up on every backend: the first ``n`` prompts as one batch, 8 tokens each; seconds."""
+    t0 = time.monotonic()
+    if n > 0:
+        chat.chat_batch(batch[:n], max_tokens=8, temperature=0.0)
+    return round(time.monotonic() - t0, 1)
+
+
+def bench_vllm(model, batch, max_tokens: int, concurrency: int, log_dir: Path, warmup: int) -> dict:
     from llm.vllm_server import VLLMServer
 
     t0 = time.monotonic()
     with VLLMServer(model, log_path=log_dir / "bench-vllm.log") as server:
         startup = time.monotonic() - t0
         chat = server.client(max_concurrency=concurrency)
-        chat.chat(batch[0], max_tokens=8)  # warm-up
+        warm = warm_up(chat, batch, warmup)
         res = run(chat, batch, max_tokens)
     res["startup_s"] = round(startup, 1)
+    res["warmup_s"] = warm
     return res
 
 
-def bench_local(model, batch, max_tokens: int, batch_size: int) -> dict:
+def bench_local(model, batch, max_tokens: int, batch_size: int, warmup: int) -> dict:
     from llm.local import LocalEngine
 
     t0 = time.monotonic()
     engine = LocalEngine(model, batch_size=batch_size)
     load = time.monotonic() - t0
     try:
+        warm = warm_up(engine, batch, warmup)
         res = run(engine, batch, max_tokens)
     finally:
         engine.close()
     res["startup_s"] = round(load, 1)
+    res["warmup_s"] = warm
     return res
 
 
@@ -93,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=128, help="tokens per answer at most")
     p.add_argument("--batch-size", type=int, default=16, help="in-process prompts per generate call")
     p.add_argument("--concurrency", type=int, default=16, help="vLLM requests in flight")
+    p.add_argument("--warmup", type=int, default=4, help="prompts of the same warm-up batch on each backend")
     p.add_argument("--log-dir", type=Path, default=Path("runs/bench"), help="vLLM server log goes here")
     p.add_argument("--only", choices=("vllm", "local"), help="bench one backend")
     p.add_argument("--model", default="smollm2-135m")
@@ -110,13 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"prompts": source, "n": len(batch), "max_tokens": args.max_tokens, "model": model.name}
     if args.only != "local":
         if vllm_available():
-            results["vllm"] = bench_vllm(model, batch, args.max_tokens, args.concurrency, args.log_dir)
+            results["vllm"] = bench_vllm(model, batch, args.max_tokens, args.concurrency, args.log_dir, args.warmup)
             print(f"vLLM server  : {_fmt(results['vllm'])}")
         else:
             print("vLLM server  : not installed, skipped")
     if args.only != "vllm":
-        results["local"] = bench_local(model, batch, args.max_tokens, args.batch_size)
+        results["local"] = bench_local(model, batch, args.max_tokens, args.batch_size, args.warmup)
         print(f"in-process   : {_fmt(results['local'])}")
+    for name, label in (("vllm", "vLLM server"), ("local", "in-process")):
+        if name in results:
+            print(f"answers/s {label:<12}: {results[name]['answers_per_s']:.3f}")
     if "vllm" in results and "local" in results:
         results["ratio_vllm_over_local"] = round(results["vllm"]["answers_per_s"] / results["local"]["answers_per_s"], 2)
         print(f"ratio vLLM / in-process answers per second: {results['ratio_vllm_over_local']}x")
@@ -128,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 def _fmt(r: dict) -> str:
     return (
         f"{r['answers_per_s']:.3f} answers/s ({r['answers']} in {r['seconds']:.1f}s, "
-        f"{r['tokens_per_s']:.0f} tok/s; start-up {r['startup_s']:.0f}s, not counted)"
+        f"{r['tokens_per_s']:.0f} tok/s; start-up {r['startup_s']:.0f}s and warm-up {r['warmup_s']:.0f}s not counted)"
     )
 
 
