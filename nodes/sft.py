@@ -11,6 +11,9 @@ on 2 CPU cores, 20 steps on the stage's mixed 3..10 maps or on 3..5 maps taught 
 (0/24 valid on val-mini 3..5, with endless repetition or wrong agent counts), while 30 steps on 3x3 gave
 valid plans on 3x3 and errors that name a real cause (hole, illegal move) instead of a parse error
 (`python -m evals.bench.bench_learning --sft-sizes 3`; figures in the issue-4 note).
+
+TensorBoard: transformers' own scalar names (`train/loss`, `train/learning_rate`, `train/grad_norm`, ...)
+in the run `<stage folder>/tb/sft/`, apart from GRPO's `tb/`. Only the main process writes (accelerate).
 """
 
 from __future__ import annotations
@@ -99,12 +102,14 @@ def warm_start(
         disable_tqdm=not progress,  # a step bar with ETA on the terminal
         dataset_num_proc=None,
     )
+    main = args.process_index == 0  # = trainer.is_world_process_zero(); only it writes files
     trainer = SFTTrainer(
         model=model,
         args=args,
         train_dataset=data,
         processing_class=tokenizer,
-        callbacks=[_tb_callback(Path(out_dir) / "tb" / "sft")],
+        # transformers' names (train/loss, ...) in a TensorBoard run of their own, beside GRPO's tb/
+        callbacks=[_tb_callback(Path(out_dir) / "tb" / "sft", main=main)],
     )
     if not progress:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -122,8 +127,9 @@ def warm_start(
         "loss_last": losses[-1] if losses else float(result.training_loss),
         "examples": len(data),
     }
-    shutil.rmtree(Path(out_dir) / "sft", ignore_errors=True)
-    if progress:
+    if main:
+        shutil.rmtree(Path(out_dir) / "sft", ignore_errors=True)  # SFTTrainer's output_dir: nothing we keep
+    if progress and main:
         first = losses[0] if losses else out["loss"]
         log.info(
             "SFT warm start: %d steps in %.1f s, loss %.3f -> %.3f",

@@ -15,9 +15,14 @@ Outputs in the stage folder (`run_dir/stage_<k>/`):
   completions all got the same reward, i.e. no learning signal; valid rate of sampled completions; steps;
   seconds; seconds per step; `train/outside_loop_share` = share of the stage's wall time spent outside TRL's
   own training loops).
-- `tb/`: TensorBoard logs: TRL's scalars under `train/...` (`train/reward`, `train/loss`,
-  `train/frac_reward_zero_std`, ...) plus ours (`train/valid_rate`, `train/optimal_rate`,
-  `train/zero_std_groups`, `train/w_acc`, `train/w_len`, `train/completion_tokens`); SFT under `sft/...`.
+- `tb/`: TensorBoard logs: TRL's per-step scalars under `train/...` (`train/reward`, `train/reward_std`,
+  `train/loss`, `train/frac_reward_zero_std`, ...) plus ours (`train/valid_rate`, `train/optimal_rate`,
+  `train/zero_std_groups`, `train/w_acc`, `train/w_len`, `train/completion_tokens`), and one point per stage
+  for every number in `metrics.json` under `stage/<name>` (`stage/train/reward_mean`, `stage/sft/loss`, ...).
+  The SFT warm start logs transformers' own names (`train/loss`, `train/learning_rate`, ...) to the
+  separate TensorBoard run `tb/sft/`, so its curves never mix with GRPO's.
+  With several processes (accelerate), only the main process writes the checkpoint, `metrics.json` and `tb/`;
+  the reward statistics in `metrics.json` are then the main process's share of the completions.
 
 Presets (`TRAIN_PRESETS`): `smoke` (CI, seconds), `cpu` (embedded 135M model on a laptop, warm start on),
 `paper` (Qwen3-4B, 4,000 instances per stage, 2 epochs, LoRA, vLLM generation, for a GPU).
@@ -27,12 +32,18 @@ uses TRL's colocated vLLM (`vllm_mode="colocate"`) or a separate `trl vllm-serve
 TRL's colocated vLLM does not sync weights on vLLM's CPU backend (VLLM-CPU.md); we do not patch it, because
 its ~40 s engine start-up per stage outweighs the ~3.5 s/step it saves over a few-minute CPU stage.
 
-Multi-GPU / multi-node goes through TRL's own engine (`accelerate`), with the module CLI:
-    accelerate launch --num_processes 8 -m nodes.train_stage --preset paper \
+`use_vllm=True` without CUDA is refused at stage start (`check_generation_backend`), before any model loads.
+
+Multi-GPU / multi-node goes through TRL's own engine (`accelerate`), with the module CLI and the configs in
+`configs/accelerate/` (copies of TRL's `trl/accelerate_configs/`, documented there):
+    accelerate launch --config_file configs/accelerate/multi_gpu.yaml -m nodes.train_stage --preset paper \
         --train-path runs/R/stage_0/train.jsonl --init Qwen/Qwen3-4B --out runs/R/stage_0
+    # full fine-tunes too big for one GPU's memory: configs/accelerate/deepspeed_zero2.yaml (pip install deepspeed)
+    # fewer GPUs: add --num_processes N (overrides the config's 8)
     # multi-node: add --num_machines N --machine_rank i --main_process_ip HOST --main_process_port 29500
     # generation in a separate vLLM server: `CUDA_VISIBLE_DEVICES=7 trl vllm-serve --model Qwen/Qwen3-4B`
     # then --num_processes 7 and TRAIN__VLLM_MODE=server (every TrainConfig field reads TRAIN__<NAME>).
+    # later stages: --init runs/R/stage_<k-1>/checkpoint (a missing folder is an error, never the base model)
 """
 
 from __future__ import annotations
@@ -301,11 +312,16 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: str = "float32", trainabl
         if is_lora:
             from peft import PeftModel
 
-            base = (meta or {}).get("base_model") or json.loads((path / "adapter_config.json").read_text())[
-                "base_model_name_or_path"
-            ]
-            if not Path(base).exists():
+            peft_base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            base = (meta or {}).get("base_model") or peft_base
+            if not base or not Path(base).exists():
                 raise CheckpointError(f"checkpoint {path}: its base model {base} does not exist")
+            if peft_base and Path(peft_base).exists() and Path(peft_base).resolve() != Path(base).resolve():
+                # an adapter loaded onto other weights than it was trained on would silently drop training
+                raise CheckpointError(
+                    f"checkpoint {path}: {META_FILE} names base model {base} but adapter_config.json names "
+                    f"{peft_base}; the adapter was trained on one of them only. Re-run the stage that wrote it"
+                )
             model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
             model = PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
         else:
@@ -322,16 +338,20 @@ def load_checkpoint(path: str | os.PathLike, *, dtype: str = "float32", trainabl
 def _save_checkpoint(trainer, out: Path, meta: dict) -> Path:
     """Save model (or adapter) + tokenizer + meta into `out` atomically (temp folder, then rename)."""
     tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
+    main = trainer.is_world_process_zero()
+    if main and tmp.exists():
         shutil.rmtree(tmp)
+    trainer.accelerator.wait_for_everyone()  # no-op in one process
+    # every process calls save_model (DeepSpeed / FSDP gather shards there); only process zero writes files
     trainer.save_model(str(tmp))  # full weights, or the adapter only for a PeftModel; + processing_class
-    if trainer.accelerator.is_main_process:
+    if main:
         for junk in ("training_args.bin",):
             (tmp / junk).unlink(missing_ok=True)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
+    trainer.accelerator.wait_for_everyone()  # other processes return only once the folder is in place
     return out
 
 
@@ -385,8 +405,11 @@ class MapfReward:
 
     TRL calls it with `prompts`, `completions`, `completion_ids` and every dataset column as a list aligned
     with the completions (here `instance`, `instance_id`). Each completion is scored against the instance
-    JSON in its own row, never against a position in the batch. The batch is scored with the weights in
-    force before it, then `RewardState.update` takes the batch's token counts (one update per batch).
+    JSON in its own row, never against a position in the batch. When `prompts` are given, each must be the
+    instance's own prompt (`env.render_prompt`, as the last user message); a row whose prompt shows another
+    map raises `ValueError`, since its completion answered a different instance. The batch is scored with
+    the weights in force before it, then `RewardState.update` takes the batch's token counts (one update
+    per batch).
     Per-batch statistics go to TRL's `log_metric` (-> TensorBoard `train/<name>`) and to `self.history`.
     """
 
@@ -399,6 +422,7 @@ class MapfReward:
         self.state = RewardState.model_validate(reward_state) if reward_state else RewardState()
         self.history: list[dict] = []
         self._cache: dict[str, Any] = {}
+        self._prompts: dict[str, str] = {}
 
     def _instance(self, raw):
         from env import Instance
@@ -409,6 +433,30 @@ class MapfReward:
         if inst is None:
             inst = self._cache[raw] = Instance.from_json(raw)
         return inst
+
+    def _check_prompt(self, row: int, raw, inst, prompt) -> None:
+        """Raise `ValueError` unless `prompt` (chat messages or text) is `inst`'s rendered prompt."""
+        from env import render_prompt
+
+        want = self._prompts.get(raw) if isinstance(raw, str) else None
+        if want is None:
+            want = render_prompt(inst)
+            if isinstance(raw, str):
+                self._prompts[raw] = want
+        if isinstance(prompt, str):
+            ok, got = want in prompt, prompt
+        else:
+            users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+            got = users[-1] if users else ""
+            ok = got == want
+        if not ok:
+            got = str(got)
+            at = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), len(got))
+            raise ValueError(
+                f"reward 'mapf': row {row}: its prompt is not the prompt of its instance {inst.id} (they differ "
+                f"from character {at}: {got[at:at + 40]!r} vs {want[at:at + 40]!r}); the dataset's 'prompt' "
+                "and 'instance' columns are misaligned. Build rows with nodes.train_stage.build_dataset"
+            )
 
     def _n_tokens(self, text: str, ids) -> int:
         if ids is not None:
@@ -426,10 +474,14 @@ class MapfReward:
             raise ValueError("reward 'mapf' needs the dataset column 'instance' (the instance JSON)")
         if len(instance) != len(completions):
             raise ValueError(f"reward 'mapf': {len(completions)} completions but {len(instance)} instances")
+        if prompts is not None and len(prompts) != len(completions):
+            raise ValueError(f"reward 'mapf': {len(completions)} completions but {len(prompts)} prompts")
         weights = tuple(self.state.weights())
         rewards, n_tokens, valid, optimal, keys = [], [], [], [], []
         for i, (raw, comp) in enumerate(zip(instance, completions, strict=True)):
             inst = self._instance(raw)
+            if prompts is not None:
+                self._check_prompt(i, raw, inst, prompts[i])
             text = completion_text(comp)
             n = self._n_tokens(text, completion_ids[i] if completion_ids is not None else None)
             verdict = verify(inst, text)
@@ -537,12 +589,38 @@ def freeze_lower_layers(model, n_top: int) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def _tb_callback(log_dir: Path):
-    from torch.utils.tensorboard import SummaryWriter
+def _tb_callback(log_dir: Path, main: bool = True):
+    """transformers' TensorBoard callback writing to `log_dir`; `main=False` (not process zero): no writer,
+    so no empty event file either (the callback itself logs on process zero only)."""
     from transformers.integrations import TensorBoardCallback
+
+    if not main:
+        return TensorBoardCallback()
+    from torch.utils.tensorboard import SummaryWriter
 
     log_dir.mkdir(parents=True, exist_ok=True)
     return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
+
+
+def check_generation_backend(cfg: TrainConfig) -> None:
+    """Raise `ValueError` when `cfg` asks for vLLM generation on a machine without CUDA.
+
+    TRL's vLLM paths cannot push the trained weights into vLLM's CPU backend (VLLM-CPU.md): colocated, the
+    CPU backend prepacks each Linear and empties `layer.weight`, so the first weight sync crashes after the
+    model and engine have loaded; `trl vllm-serve`'s weight transfer needs CUDA.
+    """
+    if not cfg.use_vllm:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"use_vllm=True (vllm_mode={cfg.vllm_mode}) needs a CUDA GPU, and this machine has none: TRL cannot "
+            "sync trained weights into vLLM's CPU backend (colocate: it empties each Linear's weight when it "
+            "prepacks, so the first sync crashes; server: the weight transfer needs CUDA). Set use_vllm=False "
+            "(TRAIN__USE_VLLM=false, or --set train.use_vllm=false) to generate with transformers, or use the "
+            "cpu / smoke preset"
+        )
 
 
 def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = True):
@@ -617,6 +695,7 @@ def run_stage(
     """
     t_start = time.perf_counter()
     loop_s = 0.0
+    check_generation_backend(cfg)  # before any work: a CPU machine cannot run TRL's vLLM path
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     train_path = Path(train_path)
@@ -644,10 +723,18 @@ def run_stage(
     model, tok = load_checkpoint(init, dtype=dtype, trainable=True)
     from peft import PeftModel
 
+    if isinstance(model, PeftModel) and not (meta_in or {}).get("base_model"):
+        # a bare adapter folder (no trainer_meta.json): its base is the one load_checkpoint used
+        base_model = str(Path(model.peft_config[model.active_adapter].base_model_name_or_path).resolve())
     if not isinstance(model, PeftModel) and wants_lora(cfg.lora, sum(p.numel() for p in model.parameters())):
         from peft import get_peft_model
 
         model = get_peft_model(model, _lora_config(cfg))
+        # The new adapter sits on the weights of `init` itself (the base model, or a previous stage's full
+        # fine-tune): those are what the next load must put it on, not the run's original base model.
+        base_model = str(init.resolve())
+        for pc in model.peft_config.values():
+            pc.base_model_name_or_path = base_model
     is_lora = isinstance(model, PeftModel)
     if cfg.train_layers and not is_lora:
         freeze_lower_layers(model, cfg.train_layers)
@@ -658,7 +745,6 @@ def run_stage(
     do_sft = warm_start if warm_start is not None else (cfg.sft_warm_start and meta_in is None)
     if do_sft:
         from nodes.sft import warm_start as sft_warm_start
-
         from nodes.sft import warm_start_instances
 
         sft_data = warm_start_instances(cfg.sft_sizes, cfg.sft_instances, seed) if cfg.sft_sizes else instances
@@ -673,13 +759,14 @@ def run_stage(
         )
     reward = MapfReward(tok, reward_state)
     args = grpo_config(cfg, out_dir, seed, progress=progress)
+    main = args.process_index == 0  # = trainer.is_world_process_zero(); only it writes files
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[reward],
         args=args,
         train_dataset=dataset,
         processing_class=tok,
-        callbacks=[_tb_callback(out_dir / "tb")],
+        callbacks=[_tb_callback(out_dir / "tb", main=main)],
     )
     if not progress:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -704,7 +791,8 @@ def run_stage(
         "train_config": cfg.model_dump(mode="json"),
     }
     ckpt = _save_checkpoint(trainer, out_dir / "checkpoint", meta)
-    shutil.rmtree(out_dir / "trl", ignore_errors=True)  # TRL's output_dir: nothing we keep
+    if main:
+        shutil.rmtree(out_dir / "trl", ignore_errors=True)  # TRL's output_dir: nothing we keep
 
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     trl_zero = [h["frac_reward_zero_std"] for h in trainer.state.log_history if "frac_reward_zero_std" in h]
@@ -728,9 +816,10 @@ def run_stage(
             "train/device": "cuda" if torch.cuda.is_available() else "cpu",
         }
     )
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
-    _tb_scalars(out_dir / "tb", metrics)
-    if progress:
+    if main:
+        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+        _tb_scalars(out_dir / "tb", metrics)
+    if progress and main:
         log.info(
             "stage trained: %d steps, %.1f s/step, reward %.3f, valid %.2f, zero-std groups %.2f -> %s",
             steps,
@@ -755,7 +844,8 @@ def _tb_scalars(log_dir: Path, metrics: dict) -> None:
 
 
 def train_stage(state: dict, runtime) -> dict:
-    """Graph node: GRPO on `state["train_path"]` from `state["checkpoint"]` (None: the base policy model).
+    """Graph node: GRPO on `state["train_path"]` from `state["checkpoint"]` (stage 0 only: None = the base
+    policy model; a later stage without a checkpoint raises `CheckpointError`, never restarts from the base).
 
     Returns {"checkpoint", "reward_state", "train_metrics"}. Stage folder: `run_dir / f"stage_{k}"`.
     """
@@ -765,6 +855,12 @@ def train_stage(state: dict, runtime) -> dict:
     stage = int(state["stage"])
     out_dir = Path(runtime.context.run_dir) / f"stage_{stage}"
     prev = state.get("checkpoint")
+    if not prev and stage > 0:
+        raise CheckpointError(
+            f"stage {stage}: the state holds no checkpoint (checkpoint={prev!r}), so stage {stage - 1}'s training "
+            "is lost; only stage 0 starts from the base model. Resume the run from a state saved after stage "
+            f"{stage - 1} trained, or start a new run"
+        )
     init = Path(prev) if prev else resolve_model(settings.policy_model)
     result = run_stage(
         train_path=Path(state["train_path"]),
@@ -788,6 +884,33 @@ def train_stage(state: dict, runtime) -> dict:
     }
 
 
+def init_from_arg(text: str) -> Path:
+    """The folder named by `--init`: an existing folder, else a model name for `llm.models.resolve_model`.
+
+    Text that looks like a local path (absolute, `./`, `~`, two or more `/`, or `a/b` where `a` is a local
+    folder, e.g. `runs/x/stage_0/checkpoint`) but does not exist raises `CheckpointError`, rather than going
+    to the Hugging Face hub as an `org/name` id would.
+    """
+    path = Path(text).expanduser()
+    if path.exists():
+        return path
+    head = text.split("/", 1)[0]
+    looks_local = (
+        text.startswith((".", "/", "~"))
+        or text.count("/") >= 2
+        or (os.sep != "/" and os.sep in text)
+        or ("/" in text and Path(head).expanduser().is_dir())
+    )
+    if looks_local:
+        raise CheckpointError(
+            f"--init {text}: no such checkpoint folder ({path.resolve()}); pass the previous stage's "
+            "checkpoint folder (runs/<run>/stage_<k>/checkpoint), a base model folder, or a model name"
+        )
+    from llm.models import resolve_model
+
+    return resolve_model(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     """CLI for one stage, e.g. under `accelerate launch -m nodes.train_stage ...` on GPUs."""
     p = argparse.ArgumentParser(description="Train one GRPO stage on a MAPF-FrozenLake .jsonl")
@@ -803,9 +926,11 @@ def main(argv: list[str] | None = None) -> None:
         if var.startswith("TRAIN__") and value:
             raw[var[7:].lower()] = value
     cfg = TrainConfig.model_validate(raw)
-    from llm.models import resolve_model
-
-    init = Path(a.init) if Path(a.init).exists() else resolve_model(a.init)
+    try:
+        check_generation_backend(cfg)
+        init = init_from_arg(a.init)
+    except (ValueError, CheckpointError) as e:
+        p.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     ws = {"auto": None, "yes": True, "no": False}[a.warm_start]
     res = run_stage(

@@ -13,14 +13,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from env import SIZES, EnvConfig, generate, plan_text, uniform_config, verify, write_jsonl
+from env import SIZES, EnvConfig, Instance, generate, plan_text, uniform_config, verify, write_jsonl
 from nodes.train_stage import (
     META_FILE,
     TRAIN_PRESETS,
     CheckpointError,
     MapfReward,
     TrainConfig,
+    build_dataset,
+    check_generation_backend,
+    init_from_arg,
     load_checkpoint,
+    main,
+    prompt_messages,
     run_stage,
     train_stage,
 )
@@ -56,12 +61,21 @@ def test_presets_validate_and_describe_every_field():
 def test_warm_start_instances_are_fresh_solvable_and_of_the_asked_sizes():
     from nodes.sft import warm_start_instances
 
+    def key(x):  # what the model sees: the map and the agents' starts and goals
+        return (tuple(x.grid), str(x.starts), str(x.goals))
+
     a = warm_start_instances([3, 4], 20, seed=5)
     assert len(a) == 20 and {x.size for x in a} == {3, 4} and all(x.num_agents == 2 for x in a)
     assert [x.id for x in a] == [x.id for x in warm_start_instances([3, 4], 20, seed=5)]  # deterministic
     assert all(verify(x, plan_text(x.plan)).optimal for x in a)  # the SFT targets are optimal plans
-    stage = generate(_only_size(3), 20, seed=5).instances  # the stage's own draw with the same seed
-    assert {tuple(x.grid) + (str(x.starts),) for x in stage} != {tuple(x.grid) + (str(x.starts),) for x in a}
+    # A stage drawing the very same sizes and knobs with the same seed gets other instances: the warm start
+    # has a seed of its own. (Drawn with the stage's seed, the two lists would be equal element by element.)
+    same_knobs = EnvConfig.model_validate(
+        {"sizes": {s: {"data_ratio": 0.5 * (s in (3, 4)), "hole_ratio": 0.2, "wait_ratio": 0.5} for s in SIZES}}
+    )
+    stage = generate(same_knobs, 20, seed=5).instances
+    assert sorted(x.size for x in stage) == sorted(x.size for x in a)  # same knobs: same mix of sizes
+    assert sum(key(x) == key(y) for x, y in zip(stage, a, strict=True)) < len(a) // 2
 
 
 def test_reward_wrapper_scores_each_completion_against_its_own_instance():
@@ -78,7 +92,7 @@ def test_reward_wrapper_scores_each_completion_against_its_own_instance():
         random.Random(seed).shuffle(shuffled)
         reward = MapfReward(None, None)
         out = reward(
-            prompts=[[{"role": "user", "content": "unused"}]] * len(shuffled),  # order must not matter
+            prompts=[prompt_messages(inst) for inst, _ in shuffled],  # each row's own prompt, as TRL passes it
             completions=[[{"role": "assistant", "content": t}] for _, t in shuffled],
             completion_ids=[[0] * 50 for _ in shuffled],
             instance=[inst.to_json() for inst, _ in shuffled],
@@ -92,6 +106,44 @@ def test_reward_wrapper_scores_each_completion_against_its_own_instance():
         completions=[t for _, t in rows], completion_ids=None, instance=[x.to_json() for x in rotated]
     )
     assert sum(r > 0 for r in out) == 0
+    # ... and when the prompts are passed too, a prompt that shows another map than its row's instance is
+    # a misaligned batch: an error naming the row, never a silent score against the wrong map.
+    with pytest.raises(ValueError, match=r"row 0: its prompt is not the prompt of its instance .* misaligned"):
+        MapfReward(None, None)(
+            prompts=[prompt_messages(inst) for inst, _ in rows],
+            completions=[t for _, t in rows],
+            instance=[x.to_json() for x in rotated],
+        )
+    with pytest.raises(ValueError, match="6 completions but 5 prompts"):
+        MapfReward(None, None)(
+            prompts=[prompt_messages(inst) for inst, _ in rows[:5]],
+            completions=[t for _, t in rows],
+            instance=[inst.to_json() for inst, _ in rows],
+        )
+
+
+def test_dataset_rows_pass_the_reward_prompt_check_in_any_order(base_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(base_model)
+    insts = generate(uniform_config(), 12, seed=8).instances
+    data, dropped = build_dataset(insts, tok, max_prompt_length=4096)
+    assert dropped == 0 and len(data) == len(insts)
+    rows = [data[i] for i in range(len(data))]
+    random.Random(0).shuffle(rows)  # as TRL's sampler would
+    # The prompt TRL hands the reward is the row's `prompt` column: it renders exactly the row's instance.
+    out = MapfReward(tok, None)(
+        prompts=[r["prompt"] for r in rows],
+        completions=[plan_text(Instance.from_json(r["instance"]).plan) for r in rows],
+        instance=[r["instance"] for r in rows],
+    )
+    assert all(x > 0 for x in out)  # optimal plans against their own instances
+    with pytest.raises(ValueError, match="misaligned"):
+        MapfReward(tok, None)(
+            prompts=[r["prompt"] for r in rows[1:] + rows[:1]],
+            completions=["no plan"] * len(rows),
+            instance=[r["instance"] for r in rows],
+        )
 
 
 def test_reward_wrapper_groups_and_state():
@@ -125,6 +177,10 @@ def test_missing_or_corrupt_previous_checkpoint_is_a_clear_error(tmp_path, base_
         train_stage(
             {"stage": 1, "train_path": str(train), "checkpoint": str(missing), "reward_state": {}}, runtime
         )
+    # ... nor when the state holds no checkpoint at all after stage 0 (only stage 0 starts from the base).
+    for empty in (None, ""):
+        with pytest.raises(CheckpointError, match=r"stage 2: the state holds no checkpoint .* stage 1's training"):
+            train_stage({"stage": 2, "train_path": str(train), "checkpoint": empty, "reward_state": {}}, runtime)
 
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
@@ -147,6 +203,98 @@ def test_missing_or_corrupt_previous_checkpoint_is_a_clear_error(tmp_path, base_
     with pytest.raises(CheckpointError, match="unreadable"):
         load_checkpoint(lora)
     assert not (tmp_path / "stage_1" / "checkpoint").exists()
+
+
+def test_cli_init_that_looks_like_a_missing_folder_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    for text in ("runs/x/stage_0/checkpoint", "runs/x", "./stage_0/checkpoint", str(tmp_path / "nope"), "~/no/such"):
+        with pytest.raises(CheckpointError, match=r"no such checkpoint folder"):
+            init_from_arg(text)
+    # An `org/name` id (no local folder `org`) and the embedded model's short name still go to resolve_model.
+    asked = []
+    monkeypatch.setattr("llm.models.resolve_model", lambda name: asked.append(name) or tmp_path)
+    assert init_from_arg("Qwen/Qwen3-4B") == tmp_path and init_from_arg("smollm2-135m") == tmp_path
+    assert asked == ["Qwen/Qwen3-4B", "smollm2-135m"]
+    assert init_from_arg("runs") == Path("runs")  # an existing folder is used as it is
+
+    args = ["--train-path", "t.jsonl", "--out", "stage_1", "--preset", "smoke"]
+    with pytest.raises(SystemExit):
+        main([*args, "--init", "runs/x/stage_0/checkpoint"])
+    err = capsys.readouterr().err
+    assert "--init runs/x/stage_0/checkpoint: no such checkpoint folder" in err and "Hugging Face" not in err
+    assert not (tmp_path / "stage_1").exists()
+
+
+def test_vllm_without_cuda_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    paper = TrainConfig.model_validate(TRAIN_PRESETS["paper"])
+    check_generation_backend(paper.model_copy(update={"use_vllm": False}))  # transformers generation: fine
+    why = r"use_vllm=True \(vllm_mode=colocate\) needs a CUDA GPU.*vLLM's CPU backend.*Set use_vllm=False"
+    with pytest.raises(ValueError, match=why):
+        check_generation_backend(paper)
+    # run_stage refuses it first, before the (here missing) training set and checkpoint are even looked at
+    with pytest.raises(ValueError, match=why):
+        run_stage(
+            train_path=tmp_path / "missing.jsonl",
+            init_checkpoint=tmp_path / "missing",
+            out_dir=tmp_path / "stage_0",
+            cfg=paper,
+            seed=0,
+            reward_state=None,
+        )
+    assert not (tmp_path / "stage_0").exists()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["--train-path", "t.jsonl", "--init", "Qwen/Qwen3-4B", "--out", "s0", "--preset", "paper"])
+    assert "needs a CUDA GPU" in capsys.readouterr().err  # before any hub download of --init
+
+
+def test_only_process_zero_writes_checkpoint_and_tb(tmp_path):
+    from nodes.train_stage import _save_checkpoint, _tb_callback
+
+    class Trainer:  # the two Trainer/accelerate calls _save_checkpoint makes, in one process of several
+        def __init__(self, zero: bool):
+            self.zero, self.waits = zero, 0
+            self.accelerator = SimpleNamespace(wait_for_everyone=self._wait)
+
+        def _wait(self):
+            self.waits += 1
+
+        def is_world_process_zero(self):
+            return self.zero
+
+        def save_model(self, folder):  # transformers writes on process zero only
+            if self.zero:
+                Path(folder).mkdir()
+                (Path(folder) / "model.safetensors").write_text("w")
+
+    out = tmp_path / "checkpoint"
+    stale = out.with_name("checkpoint.tmp")
+    stale.mkdir()
+    other = Trainer(zero=False)
+    assert _save_checkpoint(other, out, {"is_lora": False}) == out
+    assert stale.exists() and not out.exists() and other.waits == 2  # touched nothing, met the barriers
+    zero = Trainer(zero=True)
+    _save_checkpoint(zero, out, {"is_lora": False})
+    assert json.loads((out / META_FILE).read_text()) == {"is_lora": False} and not stale.exists()
+    assert _tb_callback(tmp_path / "tb_other", main=False).tb_writer is None
+    assert not (tmp_path / "tb_other").exists()
+
+
+def test_accelerate_configs_load_and_are_documented():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    import nodes.train_stage as ts
+
+    root = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
+    kinds = {f.name: str(load_config_from_file(str(f)).distributed_type) for f in sorted(root.glob("*.yaml"))}
+    assert kinds == {"deepspeed_zero2.yaml": "DistributedType.DEEPSPEED", "multi_gpu.yaml": "DistributedType.MULTI_GPU"}
+    for name in kinds:
+        assert f"configs/accelerate/{name}" in ts.__doc__
+        assert "accelerate launch --config_file configs/accelerate/" in (root / name).read_text()
 
 
 @pytest.mark.slow
@@ -195,7 +343,34 @@ def test_smoke_stage_trains_writes_and_resumes(tmp_path, base_model):
     assert 0.0 <= metrics["train/zero_std_groups"] <= 1.0
     assert metrics["sft/steps"] == cfg.sft_steps
     assert metrics["sft/examples"] == cfg.sft_instances  # fresh 3x3 warm-start instances, not the stage's 8
-    assert any((tmp_path / "stage_0" / "tb").rglob("events.out.tfevents.*"))
+    # TensorBoard holds the stable names the docstring promises (TRL's, ours, per-stage summaries, SFT's).
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def scalar_tags(folder: Path) -> set[str]:
+        acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        acc.Reload()
+        return set(acc.Tags()["scalars"])
+
+    grpo_tags = scalar_tags(tmp_path / "stage_0" / "tb")
+    for tag in (
+        "train/reward",
+        "train/reward_std",
+        "train/loss",
+        "train/frac_reward_zero_std",
+        "train/zero_std_groups",
+        "train/valid_rate",
+        "train/optimal_rate",
+        "train/w_acc",
+        "train/w_len",
+        "train/completion_tokens",
+        "stage/train/reward_mean",
+        "stage/train/zero_std_groups",
+        "stage/train/outside_loop_share",
+        "stage/sft/loss",
+    ):
+        assert tag in grpo_tags, (tag, sorted(grpo_tags))
+    assert "train/loss" in scalar_tags(tmp_path / "stage_0" / "tb" / "sft")
+    del model, start, after, before
 
     # Stage 1 continues from stage 0's checkpoint and its saved reward state (LoRA on top of it).
     lora_cfg = cfg.model_copy(update={"lora": True, "lora_r": 4, "lora_alpha": 8, "max_steps": 1})
@@ -208,12 +383,47 @@ def test_smoke_stage_trains_writes_and_resumes(tmp_path, base_model):
         reward_state=None,
     )
     assert res["reward_state"]["updates"] == update["reward_state"]["updates"] + 1
-    lmeta = json.loads((Path(res["checkpoint"]) / META_FILE).read_text())
-    assert lmeta["is_lora"] and (Path(res["checkpoint"]) / "adapter_model.safetensors").exists()
-    lmodel, _ = load_checkpoint(res["checkpoint"])
+    lora_dir = Path(res["checkpoint"])
+    lmeta = json.loads((lora_dir / META_FILE).read_text())
+    assert lmeta["is_lora"] and (lora_dir / "adapter_model.safetensors").exists()
+    # The adapter was trained on stage 0's fine-tuned weights, so both records name that folder ...
+    assert lmeta["base_model"] == str(ckpt.resolve())
+    adapter_cfg = json.loads((lora_dir / "adapter_config.json").read_text())
+    assert Path(adapter_cfg["base_model_name_or_path"]).resolve() == ckpt.resolve()
     from peft import PeftModel
 
+    lmodel, tok = load_checkpoint(lora_dir)
     assert isinstance(lmodel, PeftModel)
+    # ... and the reload computes what the adapter on stage 0's weights computes, not the adapter on the
+    # original base model (which would silently drop stage 0's training).
+    on_stage0 = PeftModel.from_pretrained(load_checkpoint(ckpt)[0], str(lora_dir))
+    on_base = PeftModel.from_pretrained(load_checkpoint(base_model)[0], str(lora_dir))
+    ids = tok(["<answer>\nAgent 0: (0,0) (0,1)\nAgent 1: (1,1) (1,0)\n</answer>"], return_tensors="pt")
+    with torch.no_grad():
+        got, want, wrong = (m.eval()(**ids).logits for m in (lmodel, on_stage0, on_base))
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got, wrong, atol=1e-3)
+
+
+def _answer_nll(model, tok, instances) -> float:
+    """Mean negative log-likelihood per answer token of the solver's plans after their chat prompts."""
+    import torch
+
+    from nodes.sft import format_answer
+
+    model.eval()
+    total = count = 0.0
+    with torch.no_grad():
+        for inst in instances:
+            prompt = tok.apply_chat_template(prompt_messages(inst), add_generation_prompt=True, tokenize=False)
+            p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            a_ids = tok(format_answer(inst), add_special_tokens=False)["input_ids"]
+            ids = torch.tensor([p_ids + a_ids])
+            labels = torch.tensor([[-100] * len(p_ids) + a_ids])
+            total += float(model(input_ids=ids, labels=labels).loss) * len(a_ids)
+            count += len(a_ids)
+    model.train()
+    return total / count
 
 
 @pytest.mark.slow
@@ -235,7 +445,11 @@ def test_warm_start_on_3x3_gives_valid_plans_on_held_out_3x3(tmp_path):
     cfg = TrainConfig(
         sft_steps=12, sft_lr=3e-4, sft_batch_size=4, max_prompt_length=600, max_completion_length=100
     )
+    nll_before = _answer_nll(model, tok, train[:6])
     out = warm_start(model, tok, train, cfg=cfg, out_dir=tmp_path / "ws", seed=0, progress=False)
-    assert out["steps"] == 12 and out["loss_last"] < out["loss"] * 2
+    assert out["steps"] == 12
+    # The warm start taught the training plans: their per-token negative log-likelihood at least halves.
+    nll_after = _answer_nll(model, tok, train[:6])
+    assert nll_after < 0.5 * nll_before, (nll_before, nll_after)
     result = greedy_valid_rate(model, tok, held_out, max_new_tokens=72)
     assert result["valid_rate"] > 0, result
