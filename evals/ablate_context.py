@@ -6,7 +6,8 @@ Variants (PAPER.md): V1=F, V2=F+G, V3=F+G+H (with stage 0), V4=F+G+H (without), 
 Each variant runs `python -m graph.run --engineer <engineer> --context <V>` once per seed in its own run
 folder `<runs_dir>/<V>-s<seed>`; `baselines:` adds other engineers (e.g. `fixed`) as extra rows so the
 gap can be measured against a curriculum that does not redesign. Same seeds, budgets, resume rules,
-statistics, tables and plots as `evals.compare_engineers` (both use `evals.common`).
+statistics, tables, plots and stage-0 sharing (`share_stage0`) as `evals.compare_engineers` (both use
+`evals.common`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class AblateConfig(LoopConfig):
     engineer: str = Field("self", description="the engineer whose context is varied")
     engineer_model: str | None = Field(None, description="model id for an API engineer")
     engineer_base_url: str | None = Field(None, description="base URL of a custom endpoint")
+    engineer_api_key_env: str | None = Field(
+        None, description="environment variable holding the endpoint's key (its runs see it as ENGINEER_API_KEY)"
+    )
     variants: list[str] = Field(default_factory=lambda: list(VARIANTS), min_length=1, description="V1..V6")
     baselines: list[str] = Field(default_factory=list, description="extra engineers run as rows (e.g. fixed)")
 
@@ -37,7 +41,7 @@ def arms_of(cfg: AblateConfig) -> list[Arm]:
     if bad:
         raise EvalConfigError(f"variants: {bad} unknown; allowed: {', '.join(VARIANTS)}")
     arms = [Arm(label=v, engineer=cfg.engineer, context=v, engineer_model=cfg.engineer_model,
-                engineer_base_url=cfg.engineer_base_url) for v in cfg.variants]
+                engineer_base_url=cfg.engineer_base_url, api_key_env=cfg.engineer_api_key_env) for v in cfg.variants]
     arms += [Arm(label=b, engineer=b) for b in cfg.baselines if b not in cfg.variants]
     return arms
 

@@ -10,6 +10,16 @@ Results are computed from per-instance verdict files only: after a pair finishes
 `<out>/verdicts/<arm>-s<seed>/`, and every table and plot is rebuilt from that folder alone, so a reader
 of the committed results can recompute each number (`--tables-only`).
 
+Stage-0 sharing (`share_stage0`, on by default): stage 0 (apply -> train_stage -> evaluate of the seed's
+random stage-0 config) does not depend on the engineer, so it is trained once per seed. The first pair of a
+seed to run is the *donor* and runs in full; every later new pair of that seed starts with
+`graph.run --stage0-from <donor run folder>`, which copies the donor's finished stage 0 and continues from
+summarize_failures with its own engineer. Every arm of a seed then starts its designed stages from the same
+stage-0 checkpoint and validation verdicts (a stronger paired design, and one stage-0 training per seed
+instead of one per pair). Any run folder of that seed in `runs_dir` that has finished stage 0 with the same
+stage-0 settings can be the donor; with none (e.g. the seed's other pairs were run in another sitting and
+only their verdicts are kept) the pair runs in full.
+
 Statistics: per seed, the valid / optimal rate of a subset (3, 4 or 5 agents; wait ratio 0.25 / 0.50 /
 0.75; all) pools every instance of that subset over all sizes (the paper's "aggregate over sizes"). Over
 seeds we report the mean and a two-sided 95% Student-t interval (mean +- t_{0.975, n-1} * sd / sqrt(n)),
@@ -19,6 +29,7 @@ and the gap to the baseline arm as the mean of the per-seed paired differences w
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -39,6 +50,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CLASSIC_ENGINEERS = ("fixed", "random", "learnability", "threshold")
 SIZES = tuple(range(3, 11))
 METRICS = ("valid", "optimal")
+EXIT_BAD_SETTINGS = 2  # graph.run's status for a refused setting (and argparse's for an unknown flag)
+# The paper's columns, always shown (an empty one as "–" with n=0, never dropped silently).
+PAPER_SUBSETS = ("agents_3", "agents_4", "agents_5", "wait_0.25", "wait_0.50", "wait_0.75", "all")
 
 
 class EvalConfigError(ValueError):
@@ -62,6 +76,10 @@ class LoopConfig(BaseModel):
         default_factory=dict, description="settings passed identically to every run as --set KEY=VALUE"
     )
     timeout_s: float | None = Field(None, gt=0, description="wall-clock limit of one graph.run call (None: none)")
+    share_stage0: bool = Field(
+        True, description="train each seed's engineer-independent stage 0 once: the seed's first run is the "
+        "donor, later new runs of that seed start with graph.run --stage0-from <donor> (false: every run in full)"
+    )
 
     def resolved_runs_dir(self) -> Path:
         return repo_path(self.runs_dir) if self.runs_dir else REPO_ROOT / "runs" / "evals" / Path(self.out).name
@@ -127,6 +145,7 @@ class Arm:
     context: str | None = None
     engineer_model: str | None = None
     engineer_base_url: str | None = None
+    api_key_env: str | None = None  # variable holding this endpoint's key; its child sees it as ENGINEER_API_KEY
 
     @property
     def is_api(self) -> bool:
@@ -159,7 +178,9 @@ class Pair:
             values[k] = _flag_value(v)
         return values
 
-    def command(self, preset: str, overrides: Mapping[str, Any], resume: bool = False) -> list[str]:
+    def command(self, preset: str, overrides: Mapping[str, Any], resume: bool = False,
+                stage0_from: Path | None = None) -> list[str]:
+        """The graph.run command: a new run (forking stage 0 from `stage0_from` when given) or `--resume`."""
         if resume:
             return [sys.executable, "-m", "graph.run", "--resume", str(self.run_dir)]
         cmd = [sys.executable, "-m", "graph.run", "--preset", preset, "--engineer", self.arm.engineer,
@@ -172,6 +193,8 @@ class Pair:
             cmd += ["--engineer-base-url", self.arm.engineer_base_url]
         for k, v in overrides.items():
             cmd += ["--set", f"{k}={_flag_value(v)}"]
+        if stage0_from is not None:
+            cmd += ["--stage0-from", str(stage0_from)]
         return cmd
 
     def status(self) -> str:
@@ -221,11 +244,14 @@ def short_command(cmd: Sequence[str]) -> str:
 def check_api_engineer(arm: Arm, env: Mapping[str, str]) -> str | None:
     """None when the arm's engineer can run here, else the reason it cannot (missing key, unknown name).
 
-    Uses `llm.engineers.check_engineer_env`, the check graph.run itself makes before starting.
+    Uses `llm.engineers.check_engineer_env`, the check graph.run itself makes before starting, on the
+    environment the arm's child would get (`child_env`). An arm with `api_key_env` needs that variable set.
     """
     if arm.engineer in CLASSIC_ENGINEERS:
         return None
-    env = dict(env)
+    if arm.api_key_env and not env.get(arm.api_key_env):
+        return f"engineer {arm.label!r} needs an API key: set {arm.api_key_env}"
+    env = child_env(arm, env)
     if arm.engineer_model:  # the flags graph.run gets, as the variables llm.engineers reads
         env["ENGINEER_MODEL"] = arm.engineer_model
     if arm.engineer_base_url:
@@ -239,6 +265,16 @@ def check_api_engineer(arm: Arm, env: Mapping[str, str]) -> str | None:
     except EngineerConfigError as e:
         return str(e).splitlines()[0]
     return None
+
+
+def child_env(arm: Arm, env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the arm's graph.run: `env`, with the arm's own key variable (`api_key_env`) as
+    ENGINEER_API_KEY, so each custom endpoint gets its own key. Only the child's environment holds it:
+    it is never put on a command line, in a log, in timings.json or in a run folder."""
+    out = dict(env)
+    if arm.api_key_env and env.get(arm.api_key_env):
+        out["ENGINEER_API_KEY"] = env[arm.api_key_env]
+    return out
 
 
 def _fallback_key_check(arm: Arm, env: Mapping[str, str]) -> str | None:
@@ -268,9 +304,9 @@ def check_settings(pair: Pair, preset: str, overrides: Mapping[str, Any], env: M
 
 
 def settings_drift(pair: Pair, preset: str, overrides: Mapping[str, Any], env: Mapping[str, str],
-                   saved_path: Path | None = None) -> list[str]:
-    """Fields where an existing run's settings.json (default: the run folder's) differs from what this
-    config would start."""
+                   saved_path: Path | None = None, keys: Callable[[str], bool] | None = None) -> list[str]:
+    """Fields (those `keys` selects, default all) where an existing run's settings.json (default: the run
+    folder's) differs from what this config would start."""
     from nodes.context import Settings, build_settings
 
     try:
@@ -278,16 +314,89 @@ def settings_drift(pair: Pair, preset: str, overrides: Mapping[str, Any], env: M
         planned = build_settings(pair.cli_values(preset, overrides), env).model_dump(mode="json")
     except Exception:  # noqa: BLE001 - an unreadable settings.json is reported by graph.run itself
         return []
-    out = []
+    diffs = []
     for key in sorted(set(saved) | set(planned)):
         if key == "run_dir":
             continue
         a, b = saved.get(key), planned.get(key)
         if key == "train" and isinstance(a, dict) and isinstance(b, dict):
-            out += [f"train.{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            diffs += [(f"train.{k}", a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
         elif a != b:
-            out.append(f"{key}: {a!r} -> {b!r}")
+            diffs.append((key, a, b))
+    return [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if keys is None or keys(k)]
+
+
+# ----------------------------------------------------------------------------- stage-0 sharing
+
+
+# Settings a donor and its fork may differ in (graph/stage0.py's MAY_DIFFER, copied here so that a dry run
+# needs no graph import): the engineer side, the context and the run's bookkeeping. Every other setting
+# (seed, preset, stages, policy, train.*, eval/final splits, limits, ...) must be equal, or graph.run refuses.
+STAGE0_MAY_DIFFER = frozenset({
+    "engineer", "engineer_model", "engineer_base_url", "engineer_max_tokens", "engineer_max_attempts",
+    "engineer_temperature", "engineer_structured", "feasibility_n",
+    "context", "context_details", "evidence_examples", "evidence_chars", "prompts_dir",
+    "run_dir", "approve", "keep_server",
+})
+
+
+def stage0_setting(key: str) -> bool:
+    """Whether a donor must have the same value of setting `key` (`train.<name>` for training ones)."""
+    return key.split(".", 1)[0] not in _may_differ()
+
+
+@functools.cache
+def _may_differ() -> frozenset[str]:
+    try:
+        from graph.stage0 import MAY_DIFFER
+    except Exception:  # noqa: BLE001 - graph.run without --stage0-from support (or mid-edit): our copy
+        return STAGE0_MAY_DIFFER
+    return frozenset(MAY_DIFFER)
+
+
+def stage0_finished(run_dir: Path) -> bool:
+    """Whether a run folder is past stage 0's evaluate, by files that only later nodes write: stage 0's
+    verdicts plus stage_0/summary.md (summarize_failures), a stage_1/ folder, or final/. Arm-agnostic: any
+    engineer's run can be a donor. (graph.run --stage0-from checks the donor's graph.sqlite itself.)"""
+    d = Path(run_dir)
+    if not (d / "settings.json").is_file() or not (d / "stage_0" / "eval.jsonl").is_file():
+        return False
+    return (d / "stage_0" / "summary.md").is_file() or (d / "stage_1").is_dir() or (d / "final").is_dir()
+
+
+def donor_candidates(pair: Pair, pairs: Sequence[Pair], runs_dirs: Iterable[Path]) -> list[Path]:
+    """Folders that may give `pair` its stage 0, best first: the grid's pairs of the same seed in run order
+    (the first one is the seed's donor), then any other `*-s<seed>` run folder in the runs folders."""
+    out = [p.run_dir for p in pairs if p.seed == pair.seed and p.run_dir != pair.run_dir]
+    for d in runs_dirs:
+        if d.is_dir():
+            out += sorted(c for c in d.glob(f"*-s{pair.seed}") if c.is_dir() and c not in out and c != pair.run_dir)
     return out
+
+
+def stage0_donor(folder: Path) -> str | None:
+    """The donor a run (or its collected verdicts) took stage 0 from (its `stage0_from.json`), or None."""
+    info = _read_json(Path(folder) / "stage0_from.json")
+    if isinstance(info, dict) and info.get("donor"):
+        return _rel(Path(str(info["donor"])))
+    return None
+
+
+def find_donor(pair: Pair, candidates: Iterable[Path], preset: str, overrides: Mapping[str, Any],
+               env: Mapping[str, str]) -> Path | None:
+    """The first candidate that has finished stage 0 with this pair's stage-0 settings, or None. Runs that
+    trained their own stage 0 come before runs that forked it (the same stage 0, one copy fewer)."""
+    from nodes.context import build_settings
+
+    try:
+        if build_settings(pair.cli_values(preset, overrides), env).stages < 2:
+            return None  # nothing to share: stage 0 is the whole run's training
+    except Exception:  # noqa: BLE001 - bad settings are reported by check_settings
+        return None
+    ok = [c for c in candidates if stage0_finished(c) and not settings_drift(
+        pair, preset, overrides, env, saved_path=c / "settings.json", keys=stage0_setting)]
+    own = [c for c in ok if not (c / "stage0_from.json").is_file()]
+    return (own or ok or [None])[0]
 
 
 # ----------------------------------------------------------------------------- running the grid
@@ -326,11 +435,14 @@ def run_grid(
     dry_run: bool = False,
     timeout_s: float | None = None,
     env: Mapping[str, str] | None = None,
+    share_stage0: bool = False,
 ) -> GridResult:
     """Check everything, then run every pair that is not finished (sequentially; resume partial ones).
 
     Arms whose API engineer cannot run (no key) are skipped with a line; a pair whose settings are bad
-    is reported and left out, before anything expensive starts. Per-pair wall times go to
+    is reported and left out, before anything expensive starts. With `share_stage0`, a new pair starts
+    from the stage 0 of a donor run of its seed (`find_donor`, checked just before it starts) and runs in
+    full when there is none. Per-pair wall times, the machine and the stage-0 donor go to
     `<out>/timings.json`; each child's output to `<out>/logs/<pair>.log`.
     """
     from tqdm import tqdm
@@ -380,9 +492,29 @@ def run_grid(
                 continue
         todo.append((pair, status == "partial"))
 
+    runs_dirs = sorted({p.run_dir.parent for p in pairs})
+
+    def donor_of(pair: Pair) -> Path | None:
+        return find_donor(pair, donor_candidates(pair, pairs, runs_dirs), preset, overrides, env)
+
+    planned_donor: dict[int, Pair] = {}  # seed -> the first pair planned to run in full (dry-run display)
     for pair, resume in todo:
-        log(f"[plan] {pair.name}: {'resume' if resume else 'run'}: "
-            f"{short_command(pair.command(preset, overrides, resume=resume))}")
+        donor = donor_of(pair) if share_stage0 and not resume else None
+        cmd = short_command(pair.command(preset, overrides, resume=resume, stage0_from=donor))
+        if resume:
+            how = "resume"
+        elif not share_stage0:
+            how = "run"
+        elif donor is not None:
+            how = f"run, stage 0 from {_rel(donor)}"
+        elif pair.seed in planned_donor:
+            first = planned_donor[pair.seed]
+            how = f"run, stage 0 from {first.name} once it has finished stage 0 (adds --stage0-from {_rel(first.run_dir)})"
+        else:
+            how = f"run in full (stage-0 donor of seed {pair.seed})"
+        if share_stage0 and donor is None and pair.seed not in planned_donor:
+            planned_donor[pair.seed] = pair
+        log(f"[plan] {pair.name}: {how}: {cmd}")
     if dry_run:
         log(f"[dry-run] {len(todo)} run(s) planned, {len(result.finished)} finished, "
             f"{len(result.skipped)} arm(s) skipped, {len(result.failed)} bad; nothing was started")
@@ -390,27 +522,61 @@ def run_grid(
 
     timings_path = out / "timings.json"
     timings = _read_json(timings_path) or {}
+    here = machine()
     bar = tqdm(todo, desc="runs", unit="run", file=sys.stderr, disable=not todo)
     for pair, resume in bar:
         bar.set_postfix_str(pair.name)
-        cmd = pair.command(preset, overrides, resume=resume)
+        donor = donor_of(pair) if share_stage0 and not resume else None
+        cmd = pair.command(preset, overrides, resume=resume, stage0_from=donor)
+        log_path = out / "logs" / f"{pair.name}.log"
         log(f"[start] {pair.name}: {short_command(cmd)}")
         result.ran.append(pair.name)
-        rc, wall = _run_child(cmd, out / "logs" / f"{pair.name}.log", pair.name, timeout_s, env)
+        penv = child_env(pair.arm, env)
+        rc, wall = _run_child(cmd, log_path, pair.name, timeout_s, penv)
+        if donor is not None and rc == EXIT_BAD_SETTINGS and pair.status() == "new":
+            # graph.run refused the donor (or does not know --stage0-from yet): stage 0 in full instead
+            log(f"[warn] {pair.name}: graph.run refused --stage0-from {_rel(donor)} (exit {rc}: "
+                f"{_last_line(log_path)}); running its stage 0 in full")
+            donor = None
+            cmd = pair.command(preset, overrides, resume=False)
+            log(f"[start] {pair.name}: {short_command(cmd)}")
+            rc, wall2 = _run_child(cmd, log_path, pair.name, timeout_s, penv)
+            wall += wall2
         t = timings.setdefault(pair.name, {"wall_s": 0.0, "calls": 0})
         t["wall_s"] = round(t["wall_s"] + wall, 1)
         t["calls"] += 1
         t["last_rc"] = rc
+        t["machine"] = here  # where this pair ran (the last call's machine when it ran on several)
+        if here not in t.setdefault("machines", []):
+            t["machines"].append(here)
+        t["stage0_from"] = stage0_donor(pair.run_dir) or (_rel(donor) if donor is not None else None)
+        t["stage0_shared"] = t["stage0_from"] is not None
         timings_path.write_text(json.dumps(timings, indent=2) + "\n")
         if rc == 0 and pair.status() == "finished":
             log(f"[done] {pair.name}: {wall:.0f}s")
             result.finished.append(pair)
             collect_verdicts(pair, out)  # at once, so an interrupted grid keeps every finished pair's table rows
         else:
-            msg = f"graph.run exited with {rc} after {wall:.0f}s; see {out / 'logs' / (pair.name + '.log')}"
+            msg = f"graph.run exited with {rc} after {wall:.0f}s; see {log_path}"
             log(f"[fail] {pair.name}: {msg}; rerun the same command to resume it")
             result.failed[pair.name] = msg
     return result
+
+
+def _rel(p: Path) -> str:
+    """A path relative to the repository when it is inside it (what timings.json and the plan show)."""
+    try:
+        return str(Path(p).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(p)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
 
 
 def _run_child(cmd: list[str], log_path: Path, name: str, timeout_s: float | None,
@@ -445,7 +611,8 @@ def _run_child(cmd: list[str], log_path: Path, name: str, timeout_s: float | Non
 
 
 def machine() -> str:
-    """One line describing this machine (CPU model, cores, memory), for the results' timings."""
+    """One line describing this machine (CPU model, cores, memory, NVIDIA GPUs), for the results' timings;
+    `run_grid` records it per pair in timings.json when the pair runs."""
     import platform
 
     cpu = platform.processor() or platform.machine()
@@ -462,7 +629,14 @@ def machine() -> str:
         mem = f", {kb / 2**20:.0f} GiB"
     except (OSError, StopIteration, ValueError):
         pass
-    return f"{cpu}, {os.cpu_count()} cores{mem}, {platform.system()}, Python {platform.python_version()}"
+    gpus = []
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        try:
+            gpus += [ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("Model:")]
+        except OSError:
+            pass
+    gpu = f", GPU {' + '.join(gpus)}" if gpus else ""
+    return f"{cpu}, {os.cpu_count()} cores{mem}{gpu}, {platform.system()}, Python {platform.python_version()}"
 
 
 # ----------------------------------------------------------------------------- verdict files
@@ -493,7 +667,7 @@ def stage_numbers(folder: Path) -> list[int]:
 def collect_verdicts(pair: Pair, out: Path) -> Path:
     """Copy a finished pair's verdict files to `<out>/verdicts/<pair>/` (small; no checkpoints); return it."""
     dest = out / "verdicts" / pair.name
-    files = ["settings.json", "final/eval.jsonl"]
+    files = ["settings.json", "final/eval.jsonl", "stage0_from.json"]
     for k in stage_numbers(pair.run_dir):
         files += [f"stage_{k}/eval.jsonl", f"stage_{k}/config.json"]
     for rel in files:
@@ -593,8 +767,9 @@ def subset_counts(rows: Iterable[dict]) -> dict[str, dict[str, int]]:
     return out
 
 
-def subset_order(keys: Iterable[str]) -> list[str]:
-    keys = set(keys)
+def subset_order(keys: Iterable[str], paper: bool = False) -> list[str]:
+    """Table order of subset keys; `paper` adds the paper's columns (PAPER_SUBSETS) even when empty."""
+    keys = set(keys) | (set(PAPER_SUBSETS) if paper else set())
     agents = sorted((k for k in keys if k.startswith("agents_") and "/" not in k), key=lambda k: int(k[7:]))
     waits = sorted((k for k in keys if k.startswith("wait_")), key=lambda k: float(k[5:]))
     cross = sorted((k for k in keys if "/" in k), key=lambda k: (int(k.split("/")[0][7:]), float(k.split("/")[1][5:])))
@@ -607,7 +782,7 @@ def summarize(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[str]
     for (label, seed), folder in sorted(verdicts.items()):
         per_seed.setdefault(label, {})[seed] = subset_counts(read_jsonl(folder / "final" / "eval.jsonl"))
     arms = [a for a in arm_order if a in per_seed] + sorted(a for a in per_seed if a not in arm_order)
-    subsets = subset_order(k for seeds in per_seed.values() for c in seeds.values() for k in c)
+    subsets = subset_order((k for seeds in per_seed.values() for c in seeds.values() for k in c), paper=True)
     table: dict[str, Any] = {"arms": arms, "subsets": subsets, "baseline": baseline, "rows": {}}
     for label in arms:
         seeds = per_seed[label]
@@ -703,15 +878,18 @@ def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None,
         lines.append("")
     elif base:
         lines += [f"No gap columns: the baseline `{base}` has no finished run.", ""]
-    ninst = {}
+    ninst: dict[str, set[int]] = {c: set() for c in subsets if "/" not in c}
     for a in arms:
-        for c in subsets:
+        for c in ninst:
             for n in (table["rows"][a].get(c, {}).get("valid", {}).get("n_instances") or {}).values():
-                ninst.setdefault(c, set()).add(n)
-    if ninst:
-        desc = ", ".join(f"{subset_title(c)}: {'/'.join(str(n) for n in sorted(v))}"
-                         for c, v in ninst.items() if "/" not in c)
+                ninst[c].add(n)
+    if ninst and arms:
+        desc = ", ".join(f"{subset_title(c)}: n={'/'.join(str(n) for n in sorted(v)) if v else 0}"
+                         for c, v in ninst.items())
         lines += [f"Instances per seed and subset: {desc}.", ""]
+        empty = [subset_title(c) for c, v in ninst.items() if not v or v == {0}]
+        if empty:
+            lines += [f"No benchmark instances (n=0, shown as –) in: {', '.join(empty)}.", ""]
     for note in notes:
         lines.append(f"- {note}")
     if notes:
@@ -863,6 +1041,36 @@ def write_plots(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[st
 # ----------------------------------------------------------------------------- one loop eval, end to end
 
 
+def timing_notes(timings: Mapping[str, Any], labels: Sequence[str], seeds: Sequence[int]) -> list[str]:
+    """'Wall time per run on <machine>: ...' per machine the finished pairs ran on (recorded at run time)."""
+    by_machine: dict[str, list[str]] = {}
+    for name, t in timings.items():
+        label, _, seed = name.rpartition("-s")
+        if label not in labels or not seed.isdigit() or int(seed) not in seeds or t.get("last_rc") != 0:
+            continue
+        where = t.get("machine") or "a machine that was not recorded"
+        if len(t.get("machines") or []) > 1:
+            where = " and ".join(t["machines"])
+        by_machine.setdefault(where, []).append(f"{name} {t['wall_s']:.0f}s")
+    return [f"Wall time per run on {m}: {', '.join(times)}." for m, times in by_machine.items()]
+
+
+def stage0_notes(verdicts: Mapping[tuple[str, int], Path], timings: Mapping[str, Any]) -> list[str]:
+    """Which pairs took stage 0 from a donor: from the collected `stage0_from.json` (recomputable from the
+    verdict files), else from timings.json."""
+    shared = {}
+    for (label, seed), folder in sorted(verdicts.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        donor = stage0_donor(folder) or (timings.get(f"{label}-s{seed}") or {}).get("stage0_from")
+        if donor:
+            shared[f"{label}-s{seed}"] = Path(donor).name
+    if not shared:
+        return []
+    pairs = ", ".join(f"{name} from {donor}" for name, donor in shared.items())
+    return [f"Stage 0 was trained once per seed and shared (paired design): every arm of a seed starts its "
+            f"designed stages from the same stage-0 checkpoint and validation verdicts ({pairs})."]
+
+
+
 def run_loop_eval(
     *,
     arms: Sequence[Arm],
@@ -888,7 +1096,7 @@ def run_loop_eval(
     grid = GridResult()
     if not tables_only:
         grid = run_grid(pairs, preset=cfg.preset, overrides=cfg.set, out=out, dry_run=dry_run,
-                        timeout_s=cfg.timeout_s, env=env)
+                        timeout_s=cfg.timeout_s, env=env, share_stage0=cfg.share_stage0)
         if dry_run:
             return 0
         for pair in grid.finished:
@@ -903,17 +1111,15 @@ def run_loop_eval(
     if missing and tables_only:
         notes.append(f"no verdict files for: {', '.join(missing)}")
     timings = _read_json(out / "timings.json") or {}
-    times = [f"{name} {t['wall_s']:.0f}s" for name, t in timings.items()
-             if name.rpartition("-s")[0] in labels and t.get("last_rc") == 0]
-    if times:
-        notes.append(f"Wall time per run on {machine()}: {', '.join(times)}.")
+    notes += timing_notes(timings, labels, cfg.seeds)
+    notes += stage0_notes(verdicts, timings)
     if not verdicts:
         print(f"no finished runs with verdict files under {out / 'verdicts'}; no table written", file=sys.stderr)
         return 1 if (grid.failed or missing) else 0
     table = summarize(verdicts, labels, cfg.baseline)
     write_tables(table, out, title=title, command=command, arm_header=arm_header, notes=notes,
                  extra={"preset": cfg.preset, "seeds": cfg.seeds, "set": cfg.set, "timings_s": timings,
-                        "machine": machine(),
+                        "tables_built_on": machine(),
                         "skipped": grid.skipped, "failed": grid.failed})
     plots = write_plots(verdicts, labels, out, arm_header=arm_header)
     print(f"wrote {out / 'table.md'}, table.csv, table.json" + (f", {', '.join(plots)}" if plots else ""),

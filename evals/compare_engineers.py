@@ -7,7 +7,12 @@ Every engineer in the config (`self`, `base`, `openai`, `gemini`, a custom OpenA
 run folder `<runs_dir>/<engineer>-s<seed>`. The same seed gives every engineer the same stage-0 config,
 data and training seed; the same preset and `set:` overrides give every engineer the same budget.
 
-- API engineers without a key are skipped with a visible `[skip]` line (and a note under the table).
+- API engineers without a key are skipped with a visible `[skip]` line (and a note under the table). Each
+  custom endpoint can name its own key variable (`api_key_env`); only that engineer's runs see it, as
+  ENGINEER_API_KEY, and it is never written to a log, timings.json or a run folder.
+- Stage 0 does not depend on the engineer, so by default (`share_stage0: true`) it is trained once per
+  seed: the seed's first run is the donor, the others start with `graph.run --stage0-from <donor>`
+  (see `evals.common`); `--dry-run` shows which run forks from which donor.
 - Finished pairs (final/metrics.json and report.md) are never redone; unfinished ones are continued with
   `graph.run --resume`. Rerunning the same command after a crash or Ctrl-C picks up where it stopped.
   A pair whose verdicts are already in `<out>/verdicts/` (committed from another machine or day) counts
@@ -43,6 +48,10 @@ class EngineerSpec(BaseModel):
     label: str | None = Field(None, description="name in the tables and run folders (default: name)")
     model: str | None = Field(None, description="model id for an API engineer (graph.run --engineer-model)")
     base_url: str | None = Field(None, description="base URL of a custom endpoint (--engineer-base-url)")
+    api_key_env: str | None = Field(
+        None, description="environment variable holding this endpoint's key; its runs see it as ENGINEER_API_KEY "
+        "(unset: the engineer is skipped with a visible line; None: ENGINEER_API_KEY and its fallbacks as usual)"
+    )
 
 
 class CompareConfig(LoopConfig):
@@ -58,7 +67,7 @@ def arms_of(cfg: CompareConfig) -> list[Arm]:
     for e in cfg.engineers:
         spec = EngineerSpec(name=e) if isinstance(e, str) else e
         arms.append(Arm(label=spec.label or spec.name, engineer=spec.name, context=cfg.context,
-                        engineer_model=spec.model, engineer_base_url=spec.base_url))
+                        engineer_model=spec.model, engineer_base_url=spec.base_url, api_key_env=spec.api_key_env))
     labels = [a.label for a in arms]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:

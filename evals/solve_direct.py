@@ -10,11 +10,14 @@ local checkpoint (`kind: local`, via `llm.policy.open_policy`).
 
 - Resumable: ids already in a model's eval.jsonl are not asked again; rerun the same command after a crash.
 - A model whose API key variable is unset is skipped with a visible `[skip]` line and a note in the table.
-- `--dry-run` checks the config, the split and the keys and prints what would be asked; no model is called.
+- `--dry-run` checks the config, the split and the keys and prints what would be asked; no model is called
+  and nothing is written (not even `out/`).
 - `--tables-only` rebuilds the tables from the eval.jsonl files alone.
 
-Outputs: `<out>/<name>/{eval.jsonl, metrics.json}` and `<out>/table.{md,csv,json}`: valid % / optimal % per
-agent count and wait subset, pooled over sizes, with a 95% Wilson interval (one run, so no seeds).
+Outputs: `<out>/<name>/{eval.jsonl, metrics.json}`, `<out>/timings.json` (wall time per model, with the
+machine it ran on) and `<out>/table.{md,csv,json}`: valid % / optimal % per agent count and wait subset
+(the paper's 3/4/5 agents and wait 0.25/0.50/0.75 always, an empty one as "– (n=0)"), pooled over sizes,
+with a 95% Wilson interval (one run, so no seeds), and the wall times.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from evals.common import (
     EventLog,
     config_command,
     load_config,
+    machine,
     read_jsonl,
     repo_path,
     subset_counts,
@@ -57,7 +61,10 @@ class ModelSpec(BaseModel):
     model: str | None = Field(None, description="kind openai: model id sent with each request")
     api_key_env: str | None = Field(None, description="kind openai: environment variable holding the key "
                                     "(None: no key, e.g. a local vLLM server)")
-    checkpoint: str | None = Field(None, description="kind local: short name, Hugging Face id or folder")
+    checkpoint: str | None = Field(None, description="kind local: short name, Hugging Face id or folder "
+                                   "(a relative folder is read from the repository root, like out)")
+    base_model: str | None = Field(None, description="kind local: base model of a LoRA adapter checkpoint whose "
+                                   "adapter config names no loadable base (short name, Hugging Face id or folder)")
     backend: Literal["transformers", "vllm"] = Field("transformers", description="kind local: how it generates")
     max_concurrency: int = Field(8, ge=1, description="kind openai: parallel requests")
     timeout_s: float = Field(120.0, gt=0, description="kind openai: limit of one HTTP attempt")
@@ -95,6 +102,16 @@ class SolveConfig(BaseModel):
     models: list[ModelSpec] = Field(min_length=1, description="the solvers scored, in table order")
 
 
+def local_weights(name: str | None) -> str | None:
+    """A `checkpoint` / `base_model` value as open_policy takes it: a relative path that names a folder or
+    file under the repository root becomes that absolute path (independent of the current directory);
+    anything else (a short name, a Hugging Face id) is passed through."""
+    if name is None or Path(name).is_absolute():
+        return name
+    at_root = repo_path(name)
+    return str(at_root) if at_root.exists() else name
+
+
 def _open(spec: ModelSpec, log_dir: Path, env: Mapping[str, str]):
     if spec.kind == "openai":
         from llm.openai_chat import OpenAIChat
@@ -104,7 +121,7 @@ def _open(spec: ModelSpec, log_dir: Path, env: Mapping[str, str]):
                           max_concurrency=spec.max_concurrency)
     from llm.policy import open_policy
 
-    return open_policy(spec.checkpoint, spec.backend, log_dir)
+    return open_policy(local_weights(spec.checkpoint), spec.backend, log_dir, base_model=local_weights(spec.base_model))
 
 
 def solve_model(spec: ModelSpec, instances: list[Any], cfg: SolveConfig, out: Path, log: EventLog,
@@ -141,8 +158,28 @@ def solve_model(spec: ModelSpec, instances: list[Any], cfg: SolveConfig, out: Pa
             added += len(batch)
             bar.update(len(batch))
         bar.close()
-    log(f"[done] {spec.name}: {added} answered in {time.monotonic() - t0:.0f}s")
+    wall = time.monotonic() - t0
+    record_timing(out, spec.name, wall, added)
+    log(f"[done] {spec.name}: {added} answered in {wall:.0f}s")
     return added
+
+
+def record_timing(out: Path, name: str, wall_s: float, answered: int) -> None:
+    """Add one call's wall time (model start-up included) and this machine to `<out>/timings.json`."""
+    path = out / "timings.json"
+    try:
+        timings = json.loads(path.read_text())
+    except (OSError, ValueError):
+        timings = {}
+    t = timings.setdefault(name, {"wall_s": 0.0, "calls": 0, "answered": 0})
+    t["wall_s"] = round(t["wall_s"] + wall_s, 1)
+    t["calls"] += 1
+    t["answered"] += answered
+    here = machine()
+    t["machine"] = here
+    if here not in t.setdefault("machines", []):
+        t["machines"].append(here)
+    path.write_text(json.dumps(timings, indent=2) + "\n")
 
 
 def _fmt(k: int, n: int) -> str:
@@ -167,7 +204,7 @@ def write_solve_tables(cfg: SolveConfig, out: Path, ids: set[str], command: str 
             notes.append(f"`{spec.name}` answered {len(rows)} of {len(ids)} instances so far (rerun to finish)")
         counts[spec.name] = subset_counts(rows)
         (out / spec.name / "metrics.json").write_text(json.dumps(compute_final_metrics(rows), indent=2) + "\n")
-    subsets = subset_order(k for c in counts.values() for k in c)
+    subsets = subset_order((k for c in counts.values() for k in c), paper=True)
     agents = [s for s in subsets if s.startswith("agents_") and "/" not in s] + (["all"] if "all" in subsets else [])
     waits = [s for s in subsets if s.startswith("wait_")]
     lines = [f"# Direct solvers on `{cfg.split}`" + (f" (first {cfg.limit})" if cfg.limit else ""), ""]
@@ -181,16 +218,26 @@ def write_solve_tables(cfg: SolveConfig, out: Path, ids: set[str], command: str 
         lines += [caption, "", "| model | " + " | ".join(subset_title(c) for c in cols) + " |",
                   "|---|" + "---|" * len(cols)]
         for name, c in counts.items():
-            cells = ["–" if s not in c else f"{_fmt(c[s]['valid'], c[s]['n'])} / {_fmt(c[s]['optimal'], c[s]['n'])}"
+            cells = ["– (n=0)" if s not in c else f"{_fmt(c[s]['valid'], c[s]['n'])} / {_fmt(c[s]['optimal'], c[s]['n'])}"
                      for s in cols]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
+    timings = _timings(out, [name for name in counts])
+    by_machine: dict[str, list[str]] = {}
+    for name, t in timings.items():
+        by_machine.setdefault(t.get("machine") or "a machine that was not recorded", []).append(
+            f"{name} {t['wall_s']:.0f}s for {t.get('answered', 0)} answer(s)")
+    notes = notes + [f"Wall time on {m}: {', '.join(v)}." for m, v in by_machine.items()]
     lines += [f"- {n}" for n in notes]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     rows_csv = []
     for name, c in counts.items():
         for s in subsets:
             for metric in ("valid", "optimal"):
+                if s not in c:  # an empty paper column: n=0, no rate
+                    rows_csv.append({"model": name, "subset": s, "metric": metric, "n": 0, "k": 0, "rate": None,
+                                     "wilson95_low": None, "wilson95_high": None})
+                    continue
                 lo, hi = wilson(c[s][metric], c[s]["n"])
                 rows_csv.append({"model": name, "subset": s, "metric": metric, "n": c[s]["n"], "k": c[s][metric],
                                  "rate": c[s][metric] / c[s]["n"], "wilson95_low": lo, "wilson95_high": hi})
@@ -198,9 +245,18 @@ def write_solve_tables(cfg: SolveConfig, out: Path, ids: set[str], command: str 
         w = csv.DictWriter(f, fieldnames=list(rows_csv[0]) if rows_csv else ["model"])
         w.writeheader()
         w.writerows(rows_csv)
-    payload = {"split": cfg.split, "limit": cfg.limit, "command": command, "counts": counts, "notes": notes}
+    payload = {"split": cfg.split, "limit": cfg.limit, "command": command, "counts": counts, "timings_s": timings,
+               "notes": notes}
     (out / "table.json").write_text(json.dumps(payload, indent=2) + "\n")
     return counts
+
+
+def _timings(out: Path, names: list[str]) -> dict[str, Any]:
+    try:
+        timings = json.loads((out / "timings.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {n: timings[n] for n in names if isinstance(timings.get(n), dict)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     if command is None:
         print(f"warning: {args.config} does not open with a comment holding the command that runs it",
               file=sys.stderr)
-    out.mkdir(parents=True, exist_ok=True)
+    if not args.dry_run:  # a dry run creates nothing
+        out.mkdir(parents=True, exist_ok=True)
     log = EventLog(None if args.dry_run else out / "events.log")
     notes: list[str] = []
     failed = False
@@ -249,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                 path = out / spec.name / "eval.jsonl"
                 done = {r["id"] for r in read_jsonl(path)} if path.is_file() else set()
                 n_todo = sum(1 for i in instances if i.id not in done)
-                where = spec.base_url if spec.kind == "openai" else f"{spec.checkpoint} ({spec.backend})"
+                where = (spec.base_url if spec.kind == "openai" else f"{local_weights(spec.checkpoint)} ({spec.backend}"
+                         + (f", base {local_weights(spec.base_model)})" if spec.base_model else ")"))
                 log(f"[plan] {spec.name}: {n_todo} of {len(instances)} {cfg.split} instances to ask via "
                     f"{spec.kind} {where}")
                 continue

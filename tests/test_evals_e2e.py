@@ -1,6 +1,7 @@
 """evals/ end to end on the real loop: compare_engineers and ablate_context on the smoke preset with the
 `fixed` and `self` engineers and two seeds, each `python -m graph.run` a real subprocess with the embedded
-model. Checks that the table is what the raw verdict files say and that a rerun redoes nothing.
+model. Checks that the table is what the raw verdict files say, that stage 0 is trained once per seed and
+shared (`graph.run --stage0-from`), and that a rerun redoes nothing.
 
 The smoke preset is shrunk further through the configs' `set:` (the same overrides for every run, as a
 user would) and the self-engineer answers in-process (ENGINEER_SERVING=transformers: no vLLM start-up;
@@ -63,6 +64,11 @@ def check_table_against_raw(out: Path, runs: Path, arms: list[str], seeds: list[
         if "/" in sub:
             continue
         keep = subset_filter(sub)
+        if row["n_seeds"] == "0":  # a paper column with no instances in this small benchmark: shown empty
+            assert row["mean"] == "" and not any(
+                keep(json.loads(line)) for s in seeds
+                for line in (runs / f"{arm}-s{s}" / "final" / "eval.jsonl").read_text().splitlines() if line)
+            continue
         rates = [rates_from_raw(runs / f"{arm}-s{s}", metric, keep) for s in seeds]
         assert float(row["mean"]) == pytest.approx(statistics.fmean(rates)), (arm, sub, metric)
         half = 12.7062 * statistics.stdev(rates) / math.sqrt(2)  # t_{0.975, 1} with two seeds
@@ -79,7 +85,7 @@ def compared(tmp_path_factory):
     cfg = tmp / "compare.yaml"
     cfg.write_text(
         f"# python -m evals.compare_engineers --config {cfg}\n"
-        f"preset: smoke\nengineers: [fixed, self]\nseeds: [0, 1]\nbaseline: fixed\n"
+        f"preset: smoke\nengineers: [fixed, self]\nseeds: [0, 1]\nbaseline: fixed\nshare_stage0: true\n"
         f"out: {tmp / 'out'}\nruns_dir: {tmp / 'runs'}\n{SHRINK}"
     )
     proc = evals_cmd("evals.compare_engineers", cfg)
@@ -96,16 +102,28 @@ def test_compare_engineers_smoke(compared):
         assert (out / "verdicts" / pair / "final" / "eval.jsonl").read_bytes() == (
             runs / pair / "final" / "eval.jsonl").read_bytes()
     check_table_against_raw(out, runs, ["fixed", "self"], [0, 1], "fixed")
-    # same seed, same stage-0 config for every engineer
+    # stage 0 trained once per seed: fixed (first in seed-major order) in full, self forked from it, so the
+    # two engineers of a seed share stage 0's config and its validation verdicts byte for byte
+    assert "refused --stage0-from" not in proc.stderr
     for s in (0, 1):
-        assert (runs / f"fixed-s{s}" / "stage_0" / "config.json").read_text() == (
-            runs / f"self-s{s}" / "stage_0" / "config.json").read_text()
+        start = {p: next(ln for ln in proc.stderr.splitlines() if ln.startswith(f"[start] {p}-s{s}:"))
+                 for p in ("fixed", "self")}
+        assert "--stage0-from" not in start["fixed"]
+        assert start["self"].endswith(f"--stage0-from {runs / f'fixed-s{s}'}")
+        for rel in ("stage_0/config.json", "stage_0/eval.jsonl"):
+            assert (runs / f"fixed-s{s}" / rel).read_bytes() == (runs / f"self-s{s}" / rel).read_bytes(), (s, rel)
+        donor = json.loads((runs / f"self-s{s}" / "stage0_from.json").read_text())["donor"]
+        assert Path(donor).resolve() == (runs / f"fixed-s{s}").resolve()
     md = (out / "table.md").read_text()
     assert "| fixed | 2 |" in md and "| self | 2 |" in md and "Gap to `fixed`" in md
     for png in ("validation_per_stage.png", "allocation.png"):
         assert (out / png).stat().st_size > 1000
+    assert "Stage 0 was trained once per seed and shared (paired design)" in md
     timings = json.loads((out / "timings.json").read_text())
     assert set(timings) == {"fixed-s0", "self-s0", "fixed-s1", "self-s1"}
+    assert [timings[p]["stage0_shared"] for p in ("fixed-s0", "self-s0", "fixed-s1", "self-s1")] == [
+        False, True, False, True]
+    assert all(t["machine"] and t["last_rc"] == 0 for t in timings.values())
 
     # A rerun redoes nothing: no graph.run is started and the run folders are untouched.
     before = snapshot(runs)
@@ -132,6 +150,9 @@ def test_ablate_context_smoke(compared):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "[skip] fixed-s0: finished" in proc.stderr and "WARNING" not in proc.stderr
     assert "[start] V1-s0:" in proc.stderr and "--context V1" in proc.stderr
+    for s in (0, 1):  # the V1 runs fork stage 0 from the comparison's finished fixed runs
+        start = next(ln for ln in proc.stderr.splitlines() if ln.startswith(f"[start] V1-s{s}:"))
+        assert start.endswith(f"--stage0-from {tmp / 'runs' / f'fixed-s{s}'}")
     settings = json.loads((tmp / "runs" / "V1-s1" / "settings.json").read_text())
     assert settings["context"] == "V1" and settings["engineer"] == "self" and settings["seed"] == 1
     check_table_against_raw(tmp / "ablate_out", tmp / "runs", ["V1", "fixed"], [0, 1], "fixed")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fakeopenai import FakeOpenAI
 
-from evals import solve_direct
+from evals import common, solve_direct
 
 LIMIT = 18
 
@@ -50,6 +50,7 @@ def test_optimal_plans_score_100(optimal_server, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert f"[plan] oracle: {LIMIT} of {LIMIT} test-mini instances" in err
     assert optimal_server.chat_requests == []  # the dry run called no model
+    assert not (tmp_path / "out").exists()  # and wrote nothing
 
     assert solve_direct.main(["--config", str(cfg)]) == 0
     err = capsys.readouterr().err
@@ -64,6 +65,9 @@ def test_optimal_plans_score_100(optimal_server, tmp_path, monkeypatch, capsys):
     assert not any(m == "keyless" for (m, _, _) in table)
     md = (tmp_path / "out" / "table.md").read_text()
     assert "| oracle | 100.0 [" in md and "`keyless` skipped: model 'keyless' needs an API key" in md
+    timing = json.loads((tmp_path / "out" / "timings.json").read_text())["oracle"]
+    assert timing["answered"] == LIMIT and timing["wall_s"] >= 0 and timing["machine"] == common.machine()
+    assert f"- Wall time on {common.machine()}: oracle " in md
 
     # Resumable: drop the last 5 answers; the rerun asks exactly those 5 again.
     path = tmp_path / "out" / "oracle" / "eval.jsonl"
@@ -86,3 +90,66 @@ def test_wrong_answers_are_scored_as_failures(tmp_path):
     rows = [json.loads(line) for line in open(tmp_path / "out" / "oracle" / "eval.jsonl")]
     assert rows and all(not r["valid"] and r["failure"] == "parse_error" for r in rows)
     assert "| oracle | 0.0 [0.0," in (tmp_path / "out" / "table.md").read_text()
+
+
+class EchoModel:
+    """A chat model that answers every prompt with nothing usable (no model is loaded)."""
+
+    def chat_batch(self, msgs, max_tokens, temperature):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(text="no plan", completion_tokens=2, latency_s=0.01, finish_reason="stop")
+                for _ in msgs]
+
+
+def test_local_checkpoint_paths_are_read_from_the_repo_root(tmp_path, monkeypatch):
+    """A relative `checkpoint` / `base_model` names a folder under the repository root (like `out`), whatever
+    the current directory; short names and Hugging Face ids pass through; base_model reaches open_policy."""
+    import contextlib
+
+    import llm.policy
+
+    opened = []
+
+    @contextlib.contextmanager
+    def fake_open_policy(checkpoint, backend="transformers", log_dir=None, *, base_model=None, **kw):
+        opened.append((checkpoint, backend, base_model))
+        yield EchoModel()
+
+    monkeypatch.setattr(llm.policy, "open_policy", fake_open_policy)
+    monkeypatch.chdir(tmp_path)  # not the repo root
+    cfg = tmp_path / "solve.yaml"
+    cfg.write_text(
+        f"# python -m evals.solve_direct --config {cfg}\nsplit: test-mini\nlimit: 4\nout: {tmp_path / 'out'}\n"
+        "models:\n"
+        "  - {name: adapter, kind: local, checkpoint: evals/configs, base_model: smollm2-135m}\n"
+        "  - {name: hub, kind: local, checkpoint: Qwen/Qwen3-4B}\n"
+    )
+    assert solve_direct.main(["--config", str(cfg)]) == 0
+    assert opened == [(str(common.REPO_ROOT / "evals" / "configs"), "transformers", "smollm2-135m"),
+                      ("Qwen/Qwen3-4B", "transformers", None)]
+    assert solve_direct.local_weights("evals/configs") == str(common.REPO_ROOT / "evals" / "configs")
+    assert solve_direct.local_weights("smollm2-135m") == "smollm2-135m"
+    assert solve_direct.local_weights(str(tmp_path)) == str(tmp_path)
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "adapter" / "eval.jsonl")]
+    assert len(rows) == 4 and not any(r["valid"] for r in rows)
+    assert set(json.loads((tmp_path / "out" / "timings.json").read_text())) == {"adapter", "hub"}
+
+
+@pytest.mark.slow
+def test_local_embedded_model_answers(tmp_path):
+    """`kind: local` on the real embedded model: two instances, 8-token answers (about a minute on a busy
+    2-core machine: the time is the model's load and two generations)."""
+    cfg = tmp_path / "solve.yaml"
+    cfg.write_text(
+        f"# python -m evals.solve_direct --config {cfg}\nsplit: test-mini\nlimit: 2\nmax_tokens: 8\n"
+        f"out: {tmp_path / 'out'}\nmodels:\n  - {{name: base, kind: local, checkpoint: smollm2-135m}}\n"
+    )
+    assert solve_direct.main(["--config", str(cfg)]) == 0
+    rows = [json.loads(line) for line in open(tmp_path / "out" / "base" / "eval.jsonl")]
+    assert len(rows) == 2 and all(isinstance(r["valid"], bool) and "failure" in r for r in rows)
+    assert all(0 < r["completion_tokens"] <= 8 for r in rows), rows
+    assert json.loads((tmp_path / "out" / "base" / "metrics.json").read_text())
+    timing = json.loads((tmp_path / "out" / "timings.json").read_text())["base"]
+    assert timing["answered"] == 2 and timing["wall_s"] > 0 and timing["machine"] == common.machine()
+    assert "| base | " in (tmp_path / "out" / "table.md").read_text()

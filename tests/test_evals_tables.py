@@ -228,3 +228,271 @@ def test_committed_verdicts_count_as_finished_without_run_folders(finished_grid,
     assert started == ["self-s2"]
     table = (tmp / "out" / "table.csv").read_text()
     assert table != first and "fixed" in table  # rebuilt from the five kept pairs
+
+
+# --------------------------------------------------------------------------- stage-0 sharing
+
+
+def run_dir_of(cmd: list[str]) -> Path:
+    return Path(cmd[cmd.index("--resume") + 1] if "--resume" in cmd else cmd[cmd.index("--run-dir") + 1])
+
+
+class FakeGraphRun:
+    """Stands in for `common._run_child`: records each command and makes the run folder a real graph.run
+    would leave (finished, or stopped after stage 0's training when `fail_stage0` names the pair)."""
+
+    def __init__(self, fail_stage0: tuple[str, ...] = (), refuse_fork: bool = False):
+        self.calls: list[tuple[str, list[str]]] = []
+        self.envs: dict[str, dict[str, str]] = {}
+        self.fail_stage0 = fail_stage0
+        self.refuse_fork = refuse_fork
+
+    def __call__(self, cmd, log_path, name, timeout_s, env):
+        self.calls.append((name, list(cmd)))
+        self.envs[name] = dict(env)
+        if self.refuse_fork and "--stage0-from" in cmd:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_path.write_text("graph.run: error: unrecognized arguments: --stage0-from\n")
+            return 2, 0.1
+        run_dir = run_dir_of(cmd)
+        engineer, seed = name.rpartition("-s")[0], int(name.rpartition("-s")[2])
+        if name in self.fail_stage0:  # stopped in stage 0: settings.json and stage 0's data, no verdicts
+            from nodes.context import build_settings
+
+            (run_dir / "stage_0").mkdir(parents=True)
+            build_settings({"preset": "smoke", "engineer": engineer, "seed": str(seed), "run_dir": str(run_dir)},
+                           {}).save(run_dir / "settings.json")
+            (run_dir / "stage_0" / "config.json").write_text("{}")
+            return 1, 2.0
+        if "--resume" in cmd:
+            import shutil
+
+            shutil.rmtree(run_dir)
+        make_finished_run(run_dir, seed, 0.2 if engineer == "self" else 0.0, engineer)
+        if "--stage0-from" in cmd:
+            (run_dir / "stage0_from.json").write_text(json.dumps({"donor": cmd[cmd.index("--stage0-from") + 1]}))
+        return 0, 3.0
+
+    def commands(self) -> dict[str, list[str]]:
+        return dict(self.calls)
+
+
+def test_stage0_is_shared_from_the_first_pair_of_each_seed(tmp_path, monkeypatch, capsys):
+    fake = FakeGraphRun()
+    monkeypatch.setattr(common, "_run_child", fake)
+    monkeypatch.setattr(common, "machine", lambda: "RUN-MACHINE, 2 cores")
+    cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0, 1])
+
+    assert compare_engineers.main(["--config", str(cfg), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert fake.calls == []
+    runs = tmp_path / "runs"
+    for s in (0, 1):
+        assert f"[plan] fixed-s{s}: run in full (stage-0 donor of seed {s})" in err
+        plan = next(ln for ln in err.splitlines() if ln.startswith(f"[plan] self-s{s}:"))
+        assert f"stage 0 from fixed-s{s} once it has finished stage 0 (adds --stage0-from {runs / f'fixed-s{s}'})" in plan
+    assert not runs.exists()
+
+    assert compare_engineers.main(["--config", str(cfg)]) == 0
+    cmds = fake.commands()
+    assert [n for n, _ in fake.calls] == ["fixed-s0", "self-s0", "fixed-s1", "self-s1"]  # seed-major
+    for s in (0, 1):
+        assert "--stage0-from" not in cmds[f"fixed-s{s}"]
+        cmd = cmds[f"self-s{s}"]
+        assert cmd[cmd.index("--stage0-from") + 1] == str(runs / f"fixed-s{s}")
+        assert cmd[cmd.index("--run-dir") + 1] == str(runs / f"self-s{s}")
+        assert cmd[cmd.index("--engineer") + 1] == "self" and cmd[cmd.index("--seed") + 1] == str(s)
+    timings = json.loads((tmp_path / "out" / "timings.json").read_text())
+    assert timings["fixed-s1"]["stage0_shared"] is False and timings["fixed-s1"]["stage0_from"] is None
+    assert timings["self-s1"]["stage0_shared"] is True and timings["self-s1"]["stage0_from"] == str(runs / "fixed-s1")
+    assert all(t["machine"] == "RUN-MACHINE, 2 cores" for t in timings.values())
+    # the donor is kept with the verdicts, so the note is rebuilt from them alone
+    assert (tmp_path / "out" / "verdicts" / "self-s0" / "stage0_from.json").is_file()
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "Stage 0 was trained once per seed and shared (paired design)" in md
+    assert "self-s0 from fixed-s0" in md and "self-s1 from fixed-s1" in md
+
+
+def test_no_stage0_sharing_when_off_or_without_a_finished_donor(tmp_path, monkeypatch):
+    # off: every pair runs in full
+    fake = FakeGraphRun()
+    monkeypatch.setattr(common, "_run_child", fake)
+    cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0, 1])
+    cfg.write_text(cfg.read_text() + "share_stage0: false\n")
+    assert compare_engineers.main(["--config", str(cfg)]) == 0
+    assert len(fake.calls) == 4 and not any("--stage0-from" in c for _, c in fake.calls)
+    assert "Stage 0 was trained once" not in (tmp_path / "out" / "table.md").read_text()
+
+    # on, but fixed-s0 stops inside stage 0: self-s0 has no donor and runs in full; seed 1 still shares
+    tmp = tmp_path / "b"
+    fake = FakeGraphRun(fail_stage0=("fixed-s0",))
+    monkeypatch.setattr(common, "_run_child", fake)
+    cfg = write_config(tmp_path / "b.yaml", tmp, ["fixed", "self"], [0, 1])
+    assert compare_engineers.main(["--config", str(cfg)]) == 1
+    cmds = fake.commands()
+    assert "--stage0-from" not in cmds["self-s0"]
+    assert cmds["self-s1"][cmds["self-s1"].index("--stage0-from") + 1] == str(tmp / "runs" / "fixed-s1")
+
+    # a donor folder with stage 0's verdicts but nothing after them (stopped inside evaluate) is no donor
+    (tmp / "runs" / "fixed-s0" / "stage_0" / "eval.jsonl").write_text('{"id": "v0", "valid": true}\n')
+    assert not common.stage0_finished(tmp / "runs" / "fixed-s0")
+    (tmp / "runs" / "fixed-s0" / "stage_0" / "summary.md").write_text("evidence\n")
+    assert common.stage0_finished(tmp / "runs" / "fixed-s0")
+
+
+def test_stage0_donor_must_match_stage0_settings_and_can_be_any_engineer(tmp_path, monkeypatch, capsys):
+    from nodes.context import build_settings
+
+    runs = tmp_path / "runs"
+    # a finished run of seed 0 outside the grid (another engineer) is a donor; one with other training is not
+    make_finished_run(runs / "base-s0", 0, 0.0, "base")
+    make_finished_run(runs / "learnability-s1", 1, 0.0, "learnability")
+    build_settings({"preset": "smoke", "engineer": "learnability", "seed": "1", "run_dir": str(runs / "learnability-s1"),
+                    "train.max_steps": "7"}, {}).save(runs / "learnability-s1" / "settings.json")
+    fake = FakeGraphRun()
+    monkeypatch.setattr(common, "_run_child", fake)
+    cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0, 1])
+    assert compare_engineers.main(["--config", str(cfg), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert f"[plan] fixed-s0: run, stage 0 from {runs / 'base-s0'}:" in err
+    assert "[plan] fixed-s1: run in full (stage-0 donor of seed 1)" in err
+    assert compare_engineers.main(["--config", str(cfg)]) == 0
+    cmds = fake.commands()
+    for name in ("fixed-s0", "self-s0"):
+        assert cmds[name][cmds[name].index("--stage0-from") + 1] == str(runs / "base-s0")
+    assert "--stage0-from" not in cmds["fixed-s1"]
+    assert cmds["self-s1"][cmds["self-s1"].index("--stage0-from") + 1] == str(runs / "fixed-s1")
+
+
+def test_refused_stage0_fork_falls_back_to_a_full_run(tmp_path, monkeypatch, capsys):
+    """graph.run exits 2 for a refused donor (or, before it has the flag, for an unknown one): the pair then
+    runs in full, visibly, instead of failing."""
+    fake = FakeGraphRun(refuse_fork=True)
+    monkeypatch.setattr(common, "_run_child", fake)
+    cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0])
+    assert compare_engineers.main(["--config", str(cfg)]) == 0
+    assert [n for n, _ in fake.calls] == ["fixed-s0", "self-s0", "self-s0"]
+    assert "--stage0-from" in fake.calls[1][1] and "--stage0-from" not in fake.calls[2][1]
+    err = capsys.readouterr().err
+    assert "[warn] self-s0: graph.run refused --stage0-from" in err and "unrecognized arguments" in err
+    t = json.loads((tmp_path / "out" / "timings.json").read_text())["self-s0"]
+    assert t["stage0_shared"] is False and t["last_rc"] == 0
+
+
+# --------------------------------------------------------------------------- audit gaps
+
+
+def test_half_finished_pair_is_resumed_and_finished_ones_skipped(tmp_path, monkeypatch, capsys):
+    runs = tmp_path / "runs"
+    for name, seed in (("fixed-s0", 0), ("fixed-s1", 1)):
+        make_finished_run(runs / name, seed, 0.0, "fixed")
+    make_finished_run(runs / "self-s0", 0, 0.2, "self")
+    import shutil
+
+    shutil.rmtree(runs / "self-s0" / "final")  # settings.json and stage folders, no final/: half finished
+    (runs / "self-s0" / "report.md").unlink()
+    assert common.Pair(common.Arm("self", "self"), 0, runs / "self-s0").status() == "partial"
+    fake = FakeGraphRun()
+    monkeypatch.setattr(common, "_run_child", fake)
+    cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0, 1])
+    assert compare_engineers.main(["--config", str(cfg)]) == 0
+    err = capsys.readouterr().err
+    assert "[skip] fixed-s0: finished" in err and "[skip] fixed-s1: finished" in err
+    assert [n for n, _ in fake.calls] == ["self-s0", "self-s1"]
+    cmds = fake.commands()
+    assert cmds["self-s0"][1:] == ["-m", "graph.run", "--resume", str(runs / "self-s0")]  # no fork on resume
+    assert "--stage0-from" in cmds["self-s1"] and "--resume" not in cmds["self-s1"]
+    assert len(common.verdict_folders(tmp_path / "out")) == 4
+
+
+def test_wall_time_names_the_machine_that_ran_each_pair(tmp_path, monkeypatch):
+    fake = FakeGraphRun()
+    monkeypatch.setattr(common, "_run_child", fake)
+    monkeypatch.setattr(common, "machine", lambda: "RUN-MACHINE, 2 cores")
+    cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0])
+    assert compare_engineers.main(["--config", str(cfg)]) == 0
+    timings_path = tmp_path / "out" / "timings.json"
+    timings = json.loads(timings_path.read_text())
+    timings["old-pair-s0"] = {"wall_s": 5.0, "calls": 1, "last_rc": 0}  # written by older code: no machine
+    timings_path.write_text(json.dumps(timings))
+    monkeypatch.setattr(common, "machine", lambda: "TABLE-MACHINE, 64 cores")
+    assert compare_engineers.main(["--config", str(cfg), "--tables-only"]) == 0
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "Wall time per run on RUN-MACHINE, 2 cores: fixed-s0 3s, self-s0 3s." in md
+    assert "TABLE-MACHINE" not in md
+    assert json.loads((tmp_path / "out" / "table.json").read_text())["tables_built_on"].startswith("TABLE-MACHINE")
+
+
+def test_paper_columns_are_always_shown(tmp_path):
+    """Verdicts with only 3 agents at wait 0.25: the 4/5-agent and wait 0.50/0.75 columns stay, empty."""
+    folder = tmp_path / "verdicts" / "fixed-s0"
+    (folder / "final").mkdir(parents=True)
+    rows = [{"id": f"i{j}", "size": 3, "tags": {"agents": 3, "wait": 0.25}, "valid": j < 2, "optimal": j < 1}
+            for j in range(4)]
+    (folder / "final" / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = common.summarize({("fixed", 0): folder}, ["fixed"], None)
+    assert table["subsets"] == ["agents_3", "agents_4", "agents_5", "wait_0.25", "wait_0.50", "wait_0.75",
+                                "agents_3/wait_0.25", "all"]
+    md = common.table_markdown(table, title="t", command=None)
+    header = next(ln for ln in md.splitlines() if ln.startswith("| engineer | seeds | 3 agents"))
+    assert header == "| engineer | seeds | 3 agents | 4 agents | 5 agents | all |"
+    assert "| fixed | 1 | 50.0 / 25.0 | – / – | – / – | 50.0 / 25.0 |" in md
+    assert "| engineer | seeds | wait 0.25 | wait 0.50 | wait 0.75 |" in md
+    assert "| fixed | 1 | 50.0 / 25.0 | – / – | – / – |" in md
+    assert "4 agents: n=0" in md and "wait 0.75: n=0" in md
+    assert "No benchmark instances (n=0, shown as –) in: 4 agents, 5 agents, wait 0.50, wait 0.75." in md
+    csv_rows = {(r["subset"], r["metric"]): r for r in common.table_rows(table)}
+    assert csv_rows[("agents_5", "valid")]["n_seeds"] == 0 and csv_rows[("agents_5", "valid")]["mean"] is None
+
+
+def test_custom_endpoint_gets_its_own_key_and_never_writes_it(tmp_path, monkeypatch, capsys):
+    secret = "sk-test-Zq81-never-written"
+    for var in ("ENGINEER_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY", "EVALS_TEST_UNSET_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("EVALS_TEST_KIMI_KEY", secret)
+    real_child = common._run_child
+    envs = {}
+
+    def child(cmd, log_path, name, timeout_s, env):
+        # the real runner (its log, its echo) on a stand-in command that only reports whether it got a key
+        envs[name] = dict(env)
+        script = "import os; k = os.environ.get('ENGINEER_API_KEY', ''); print('[child] key length', len(k))"
+        rc, wall = real_child([common.sys.executable, "-c", script], log_path, name, timeout_s, env)
+        label, _, seed = name.rpartition("-s")
+        make_finished_run(run_dir_of(cmd), int(seed), 0.0, label)
+        return rc, wall
+
+    monkeypatch.setattr(common, "_run_child", child)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        f"# python -m evals.compare_engineers --config {cfg}\npreset: smoke\nseeds: [0]\nbaseline: fixed\n"
+        f"out: {tmp_path / 'out'}\nruns_dir: {tmp_path / 'runs'}\nengineers:\n  - fixed\n"
+        "  - {name: kimi, base_url: 'http://127.0.0.1:9/v1', model: k2, api_key_env: EVALS_TEST_KIMI_KEY}\n"
+        "  - {name: other, base_url: 'http://127.0.0.1:9/v1', model: m, api_key_env: EVALS_TEST_UNSET_KEY}\n"
+    )
+    assert compare_engineers.main(["--config", str(cfg)]) == 0
+    err = capsys.readouterr().err
+    assert "[skip] engineer other: engineer 'other' needs an API key: set EVALS_TEST_UNSET_KEY" in err
+    assert envs["kimi-s0"]["ENGINEER_API_KEY"] == secret  # mapped for that child only
+    assert "ENGINEER_API_KEY" not in envs["fixed-s0"]
+    assert "key length 26" in (tmp_path / "out" / "logs" / "kimi-s0.log").read_text()
+    assert "key length 0" in (tmp_path / "out" / "logs" / "fixed-s0.log").read_text()
+    assert secret not in err
+    for folder in (tmp_path / "out", tmp_path / "runs"):
+        for p in folder.rglob("*"):
+            assert not p.is_file() or secret.encode() not in p.read_bytes(), p
+    assert "`other` skipped: engineer 'other' needs an API key: set EVALS_TEST_UNSET_KEY" in (
+        tmp_path / "out" / "table.md").read_text()
+
+
+def test_stage0_settings_that_must_match_a_donor(tmp_path):
+    """Mirrors graph.run --stage0-from: only engineer, context and run-folder settings may differ."""
+    for key in ("seed", "preset", "stages", "policy_model", "train.max_steps", "eval_limit", "final_limit"):
+        assert common.stage0_setting(key), key
+    for key in ("engineer", "engineer_model", "context", "evidence_chars", "run_dir", "approve"):
+        assert not common.stage0_setting(key), key
+    make_finished_run(tmp_path / "fixed-s0", 0, 0.0, "fixed")
+    pair = common.Pair(common.Arm("V1", "self", context="V1"), 0, tmp_path / "V1-s0")
+    assert common.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {}, {}) == tmp_path / "fixed-s0"
+    assert common.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {"final_limit": 3}, {}) is None
+    assert common.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {"stages": 1}, {}) is None  # nothing to share
