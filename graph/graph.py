@@ -54,10 +54,11 @@ def build_graph() -> StateGraph:
 
 
 def make_graph(checkpointer=None, interrupt_before: list[str] | None = None):
-    """Compiled graph; `langgraph.json` points LangGraph's tooling at `graph` below."""
+    """The compiled graph (graph.run passes a SqliteSaver; `interrupt_before=["apply"]` for --approve)."""
     return build_graph().compile(checkpointer=checkpointer, interrupt_before=interrupt_before or None)
 
 
 def studio_graph():
-    """Entry point named in langgraph.json, for LangGraph's own tooling (it brings its own checkpointer)."""
+    """The graph `langgraph.json` names (`./graph/graph.py:studio_graph`), for LangGraph's own tooling:
+    compiled without a checkpointer, because the LangGraph server brings its own."""
     return make_graph()

@@ -6,6 +6,7 @@ Examples:
     ENGINEER=openai OPENAI_API_KEY=... python -m graph.run --stages 3
     python -m graph.run --resume runs/<run-id>           # continue after a crash or Ctrl-C
     python -m graph.run --dry-run                        # validate, build, generate stage 0, ping engineer
+    python -m graph.run --stage0-from runs/<donor> --engineer random   # reuse the donor's trained stage 0
 
 Settings come from CLI flags over environment variables over the preset. Every value is checked before
 any work starts; a bad one prints one line naming it and what is allowed, and exits with status 2
@@ -91,6 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR where it stopped")
     p.add_argument("--dry-run", action="store_true",
                    help="validate settings, build the graph, generate stage-0 data, ping the engineer; no training")
+    p.add_argument("--stage0-from", metavar="DONOR_RUN_DIR",
+                   help="start a new run from DONOR_RUN_DIR's finished stage 0 (trained and evaluated once there, "
+                   "linked here); its settings must equal this run's except the engineer, context and run-folder "
+                   "ones (graph/stage0.py: MAY_DIFFER)")
     p.add_argument("--runs-root", default="runs", help="parent of new run folders (default: runs)")
     return p
 
@@ -105,10 +110,47 @@ def _cli_values(args: argparse.Namespace) -> dict[str, Any]:
     return cli
 
 
+def _check_policy_model(name: str) -> None:
+    """The embedded short name, an existing model folder, or something shaped like a hub id (`org/name`):
+    the same three forms `llm.models.resolve_model` accepts, checked without loading or downloading."""
+    from llm.models import EMBEDDED, is_model_dir
+
+    allowed = f"allowed: {', '.join(sorted(EMBEDDED))}, a model folder (config.json), or a Hugging Face id like Qwen/Qwen3-4B"
+    path = Path(name).expanduser()
+    if name in EMBEDDED:
+        return
+    if path.exists():
+        if not is_model_dir(path):
+            raise SettingsError(f"bad setting policy_model={name!r}: not a model folder (no config.json or "
+                                f"adapter_config.json); {allowed}")
+        return
+    if name.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+        raise SettingsError(f"bad setting policy_model={name!r}: no such folder; {allowed}")
+
+
+def _check_prompts_dir(prompts_dir: Path | None) -> None:
+    """An override folder must exist and hold at least one of prompts/' template files (it may override
+    only some; the others come from prompts/)."""
+    if prompts_dir is None:
+        return
+    from nodes.summarize_failures import PROMPTS_DIR
+
+    names = sorted(p.name for p in PROMPTS_DIR.glob("*.md"))
+    if not Path(prompts_dir).is_dir():
+        raise SettingsError(f"bad setting prompts_dir={str(prompts_dir)!r}: not a folder; it overrides files of "
+                            f"prompts/ ({', '.join(names)})")
+    if not any((Path(prompts_dir) / n).is_file() for n in names):
+        raise SettingsError(f"bad setting prompts_dir={str(prompts_dir)!r}: holds none of the template files "
+                            f"{', '.join(names)}; it would override nothing")
+
+
 def _check_before_work(settings: Settings) -> None:
-    """Checks that need other packages: engineer backend and keys, benchmark splits. One line on failure."""
+    """Checks that need other packages: policy model, prompts folder, engineer backend and keys, benchmark
+    splits. One line on failure."""
     from env import list_splits
 
+    _check_policy_model(settings.policy_model)
+    _check_prompts_dir(settings.prompts_dir)
     splits = list_splits()
     for name, split in (("eval_split", settings.eval_split), ("final_split", settings.final_split)):
         if split not in splits:
@@ -154,6 +196,12 @@ def _open_graph(run_dir: Path, settings: Settings):
     return graph, conn
 
 
+def recursion_limit(settings: Settings) -> int:
+    """Supersteps one stream() may take: per stage apply, train_stage, evaluate, summarize_failures and up to
+    engineer_max_attempts rounds of propose_config + validate_config; then final_evaluate and report."""
+    return settings.stages * (4 + 2 * settings.engineer_max_attempts) + 50
+
+
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -167,21 +215,80 @@ def _stage_line(stage: int, metrics: dict[str, Any]) -> str:
     return f"[stage {stage}] evaluated: valid {fmt(v)}, optimal {fmt(o)}"
 
 
-def _describe_update(node: str, update: dict[str, Any], state: dict[str, Any]) -> str | None:
+KNOB_NAMES = {"data_ratio": "data", "hole_ratio": "hole", "wait_ratio": "wait"}
+
+
+def diff_summary(diff: dict[str, dict[str, dict[str, Any]]], cap: int = 6) -> str:
+    """validation.json's `diff` in a few words: `5x5 data .12->.18, 7x7 wait .50->.25, +3 more`."""
+
+    def num(x: Any, digits: int) -> str:
+        if not isinstance(x, (int, float)):
+            return "?"
+        text = f"{float(x):.{digits}f}"
+        return text[1:] if text.startswith("0.") else text
+
+    def size_key(s: str) -> tuple[int, str]:
+        return (int(s), s) if str(s).isdigit() else (1 << 30, str(s))
+
+    items = []
+    for size in sorted(diff, key=size_key):
+        for knob, change in diff[size].items():
+            a, b = change.get("from"), change.get("to")
+            digits = 2 if num(a, 2) != num(b, 2) else 3
+            items.append(f"{size}x{size} {KNOB_NAMES.get(knob, knob)} {num(a, digits)}->{num(b, digits)}")
+    if not items:
+        return "no change"
+    more = len(items) - cap
+    return ", ".join(items[:cap]) + (f", +{more} more" if more > 0 else "")
+
+
+def _last_record(run_dir: Path | None, stage: int) -> dict[str, Any] | None:
+    if run_dir is None:
+        return None
+    try:
+        doc = json.loads((Path(run_dir) / f"stage_{stage}" / "validation.json").read_text())
+    except (OSError, ValueError):
+        return None
+    decisions = doc.get("decisions") or []
+    return decisions[-1] if decisions else None
+
+
+def _describe_start(node: str, state: dict[str, Any], settings: Settings) -> str | None:
+    """The line printed when a long node starts (its end prints the result line)."""
+    stage = int(state.get("stage") or 0)
+    if node == "apply":
+        k = stage + 1 if state.get("train_path") else stage
+        return f"[stage {k}] apply: generating {settings.train.instances_per_stage} training instances ..."
+    if node == "train_stage":
+        steps = settings.train.max_steps
+        return f"[stage {stage}] train_stage" + (f": {steps} GRPO steps" if steps > 0 else "") + " ..."
+    if node == "evaluate":
+        return f"[stage {stage}] evaluate on {settings.eval_split} ..."
+    if node == "summarize_failures":
+        return f"[stage {stage}] summarize_failures: context {settings.context} ..."
+    if node == "propose_config":
+        return f"[stage {stage}] propose_config: asking the {settings.engineer} engineer ..."
+    if node == "final_evaluate":
+        return f"[final] final_evaluate on {settings.final_split} ..."
+    return None
+
+
+def _describe_update(node: str, update: dict[str, Any], state: dict[str, Any],
+                     run_dir: Path | None = None) -> str | None:
     if not isinstance(update, dict):
         return None
     stage = update.get("stage", state.get("stage", 0))
     if node == "evaluate" and "metrics" in update:
         return _stage_line(stage, update["metrics"])
+    if node == "summarize_failures":
+        return f"[stage {stage}] failures summarized for the engineer ({len(update.get('context') or '')} chars)"
     if node == "validate_config":
         decision = update.get("decision", "?")
-        logged = (update.get("log") or [""])[-1]
-        m = re.search(r"\((\d+) size\(s\) changed\)", logged)
-        moved = f"({m.group(1)} size(s) changed)" if m else ""
+        if decision in ("accepted", "projected"):
+            record = _last_record(run_dir, stage) or {}
+            return f"[stage {stage}] engineer proposal: {decision} ({diff_summary(record.get('diff') or {})})"
         extra = "; ".join(update.get("feedback") or [])[:200]
-        moved = moved if decision in ("accepted", "projected") else ""
-        return (f"[stage {stage}] engineer proposal: {decision}" + (f" {moved}" if moved else "")
-                + (f" ({extra})" if extra and decision == "retry" else ""))
+        return f"[stage {stage}] engineer proposal: {decision}" + (f" ({extra})" if extra and decision == "retry" else "")
     if node == "propose_config":
         logged = (update.get("log") or [""])[-1]
         what = logged.split(": ", 1)[-1].split("; ", 1)[0]
@@ -202,16 +309,35 @@ def _describe_update(node: str, update: dict[str, Any], state: dict[str, Any]) -
     return None
 
 
-def _ask_approval(graph, cfg: dict[str, Any]) -> None:
-    """Interrupted before apply: let a person accept, edit or reject the validated proposal."""
+def _record_person(run_dir: Path, stage: int, record: dict[str, Any]) -> None:
+    """Append a person's decision to stage_k/validation.json (after the engineer's attempts) and make it final."""
+    path = Path(run_dir) / f"stage_{stage}" / "validation.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        doc = {"stage": stage, "decisions": []}
+    doc.setdefault("decisions", []).append({"by": "person", **record})
+    doc["final"] = record["decision"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+
+
+def _ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) -> None:
+    """Interrupted before apply: let a person accept, edit or reject the validated proposal.
+
+    An edited config goes through validate_config's own checks (strict validation, else projection, then
+    the generator's feasibility dry-run on the next stage's data seed); every answer is recorded in
+    stage_k/validation.json as a decision `by: person`."""
     snap = graph.get_state(cfg)
     values = snap.values
     if not values.get("accepted") or "config" not in values:
         return  # stage 0: nothing proposed yet
-    from env import EnvConfig
+    from nodes.apply import stage_seed
+    from nodes.validate_config import check_proposal, config_diff, feasibility
 
     accepted = values["accepted"]
-    _say(f"\nProposed config for stage {values.get('stage', 0) + 1} (decision: {values.get('decision')}):")
+    stage = int(values.get("stage", 0))
+    _say(f"\nProposed config for stage {stage + 1} (decision: {values.get('decision')}):")
     _say(json.dumps(accepted.get("sizes", accepted), indent=1)[:4000])
     if values.get("rationale"):
         _say(f"rationale: {values['rationale'][:1000]}")
@@ -222,27 +348,53 @@ def _ask_approval(graph, cfg: dict[str, Any]) -> None:
             raise RunError("--approve needs answers on standard input; none came (end of input)")
         answer = line.strip()
         if answer in ("a", "accept", ""):
+            _record_person(run_dir, stage, {"decision": "approved (person)", "accepted": accepted,
+                                            "reason": f"a person approved the engineer's {values.get('decision')} config",
+                                            "diff": config_diff(values["config"], accepted)})
             return
         if answer in ("k", "keep"):
-            graph.update_state(cfg, {"accepted": values["config"], "decision": "kept_previous (person)"})
+            kept = values["config"]
+            graph.update_state(cfg, {"accepted": kept, "decision": "kept_previous (person)"})
+            _record_person(run_dir, stage, {"decision": "kept_previous (person)", "accepted": kept,
+                                            "reason": "a person kept the current config", "diff": {}})
             return
         try:
-            edited = EnvConfig.model_validate(json.loads(Path(answer).read_text()))
-        except Exception as e:  # noqa: BLE001 - any bad file gets a line and another prompt
+            raw = json.loads(Path(answer).read_text())
+        except (OSError, ValueError) as e:
             _say(f"cannot use {answer!r}: {e}".splitlines()[0])
             continue
-        graph.update_state(cfg, {"accepted": edited.model_dump(mode="json"), "decision": "edited (person)"})
+        checked = check_proposal(raw, values["config"])
+        if checked["config"] is None:
+            _say(f"cannot use {answer!r}: {'; '.join(checked['errors'])}".splitlines()[0][:500])
+            continue
+        feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, stage + 1))
+        if not feas["ok"]:
+            _say(f"cannot use {answer!r}: infeasible: {'; '.join(feas['problems'])}"[:500])
+            continue
+        if checked["decision"] == "projected":
+            _say(f"{answer}: projected onto allowed values: {'; '.join(checked['notes'])}"[:500])
+        edited = checked["config"].model_dump(mode="json")
+        graph.update_state(cfg, {"accepted": edited, "decision": "edited (person)"})
+        _record_person(run_dir, stage, {
+            "decision": "edited (person)", "accepted": edited, "source": str(answer),
+            "reason": f"a person replaced the engineer's config ({checked['decision']} by validation)",
+            "errors": checked["errors"], "notes": checked["notes"], "diff": config_diff(values["config"], edited),
+            "feasibility": {k: v for k, v in feas.items() if k != "stats"},
+        })
         return
 
 
 def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]:
+    """Stream the graph to its end (or an error) with progress lines. A new run whose thread already holds
+    a state (seeded by --stage0-from) continues from it; `resume` continues where a run stopped."""
     graph, conn = _open_graph(run_dir, settings)
-    cfg = {"configurable": {"thread_id": run_dir.name}, "recursion_limit": 50 + 20 * settings.stages}
+    cfg = {"configurable": {"thread_id": run_dir.name}, "recursion_limit": recursion_limit(settings)}
     ctx = RunContext(settings=settings, run_dir=run_dir)
     try:
         inputs: dict[str, Any] | None = None
+        asked_for: int | None = None  # the stage whose proposal a person already answered before streaming
+        snap = graph.get_state(cfg)
         if resume:
-            snap = graph.get_state(cfg)
             if not snap.values:
                 inputs = {}
                 _say(f"[resume] {run_dir}: no checkpoint yet, starting from the beginning")
@@ -251,51 +403,95 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
                 return snap.values
             else:
                 _say(f"[resume] {run_dir}: continuing at stage {snap.values.get('stage', 0)}, node {snap.next[0]}")
+                decided = str(snap.values.get("decision") or "").endswith("(person)")
+                if settings.approve and tuple(snap.next) == ("apply",) and snap.values.get("accepted") and not decided:
+                    # died while waiting at the prompt: the interrupt is behind us, streaming would apply unasked
+                    _ask_approval(graph, cfg, settings, run_dir)
+                    asked_for = int(snap.values.get("stage", 0))
+        elif snap.values:
+            _say(f"[run] continuing after the shared stage 0 at node {snap.next[0] if snap.next else '-'}")
         else:
             inputs = {}
-        state: dict[str, Any] = dict(graph.get_state(cfg).values or {}) if resume else {}
-        t_start = t_last = time.monotonic()
+        state: dict[str, Any] = dict(graph.get_state(cfg).values or {})
+        t_start = time.monotonic()
+        started: dict[str, float] = {}
         while True:
-            for chunk in graph.stream(inputs, cfg, context=ctx, stream_mode="updates", durability="sync"):
+            for mode, chunk in graph.stream(inputs, cfg, context=ctx, stream_mode=["tasks", "updates"],
+                                            durability="sync"):
+                if mode == "tasks":
+                    if "input" in chunk:  # a task starts (its end comes as an update)
+                        started[chunk["name"]] = time.monotonic()
+                        line = _describe_start(chunk["name"], chunk["input"] or {}, settings)
+                        if line:
+                            _say(line)
+                    continue
                 for node, update in chunk.items():
                     if node.startswith("__"):
                         continue
                     if isinstance(update, dict):
                         state.update(update)
-                    line = _describe_update(node, update or {}, state)
+                    line = _describe_update(node, update or {}, state, run_dir)
                     now = time.monotonic()
                     if line:
-                        _say(f"{line}  [{node} {now - t_last:.0f}s, run {(now - t_start) / 60:.1f} min]")
-                    t_last = now
+                        took = now - started.get(node, now)
+                        _say(f"{line}  [{node} {took:.0f}s, run {(now - t_start) / 60:.1f} min]")
             inputs = None
             snap = graph.get_state(cfg)
             if not snap.next:
                 return snap.values
             if settings.approve and snap.next[0] == "apply":
-                _ask_approval(graph, cfg)
+                if asked_for != int(snap.values.get("stage", 0)):
+                    _ask_approval(graph, cfg, settings, run_dir)
+                asked_for = None
                 continue
             raise RunError(f"the run stopped before {snap.next}; resume with --resume {run_dir}")
     finally:
         conn.close()
 
 
-def dry_run(run_dir: Path, settings: Settings) -> None:
+PING_TIMEOUT_S = 30.0
+
+
+def _ping_engineer(settings: Settings, run_dir: Path) -> None:
+    """One short question to a model engineer: one attempt within PING_TIMEOUT_S for an HTTP endpoint (a dry
+    run should say at once that it does not answer, not retry for the run's budget). RunError on failure."""
+    from llm.engineers import check_engineer_env, open_engineer
+
+    msgs = [{"role": "user", "content": "Reply with the single word OK."}]
+    spec = check_engineer_env(settings.engineer, os.environ, model=settings.engineer_model,
+                              base_url=settings.engineer_base_url)
+    try:
+        if spec is not None and spec.backend == "http":
+            from llm.openai_chat import OpenAIChat
+
+            with OpenAIChat(spec.base_url, spec.model, api_key=spec.api_key, backend=spec.kind,
+                            timeout_s=PING_TIMEOUT_S, total_budget_s=PING_TIMEOUT_S, max_attempts=1) as eng:
+                reply = eng.chat(msgs, max_tokens=8)
+        else:
+            with open_engineer(settings.engineer, checkpoint=None, base_model=settings.policy_model, run_dir=run_dir,
+                               model=settings.engineer_model, base_url=settings.engineer_base_url) as eng:
+                reply = eng.chat(msgs, max_tokens=8)
+    except Exception as e:  # noqa: BLE001 - ChatError, a server that did not start, ...: one line either way
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RunError(f"[dry-run] engineer {settings.engineer!r} did not answer: {first[:400]}") from None
+    _say(f"[dry-run] engineer {settings.engineer!r} answered in {reply.latency_s:.1f}s: {reply.text.strip()[:60]!r}")
+
+
+def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
     from graph.graph import make_graph
     from nodes.apply import apply_config
 
     make_graph()
     _say("[dry-run] graph built")
-    update = apply_config({}, settings, run_dir)
-    _say(f"[dry-run] stage-0 data generated: {update['train_path']}")
+    if donor is not None:
+        _say(f"[dry-run] stage 0 would be shared from {donor.run_dir} (checkpoint {donor.checkpoint_id})")
+    else:
+        update = apply_config({}, settings, run_dir)
+        _say(f"[dry-run] stage-0 data generated: {update['train_path']}")
     if settings.is_classic_engineer:
         _say(f"[dry-run] engineer {settings.engineer!r} is a classic curriculum: nothing to ping")
         return
-    from llm.engineers import open_engineer
-
-    with open_engineer(settings.engineer, checkpoint=None, base_model=settings.policy_model, run_dir=run_dir,
-                       model=settings.engineer_model, base_url=settings.engineer_base_url) as eng:
-        reply = eng.chat([{"role": "user", "content": "Reply with the single word OK."}], max_tokens=8)
-    _say(f"[dry-run] engineer {settings.engineer!r} answered in {reply.latency_s:.1f}s: {reply.text.strip()[:60]!r}")
+    _ping_engineer(settings, run_dir)
 
 
 def _raise_interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -306,10 +502,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     created: Path | None = None
     run_dir: Path | None = None
+    donor = None
     # SIGTERM takes the same clean path as Ctrl-C: servers are stopped by their context managers.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         if args.resume:
+            if args.stage0_from:
+                raise SettingsError("--stage0-from starts a new run; it cannot be combined with --resume")
             run_dir = Path(args.resume)
             if not (run_dir / "settings.json").is_file():
                 raise SettingsError(f"--resume {str(run_dir)!r}: no settings.json there; is it a run folder?")
@@ -327,6 +526,10 @@ def main(argv: list[str] | None = None) -> int:
                 env["APPROVE"] = "true"
             settings = build_settings(_cli_values(args), env)
             _check_before_work(settings)
+            if args.stage0_from:
+                from graph.stage0 import check_donor
+
+                donor = check_donor(Path(args.stage0_from), settings)
             run_dir = _new_run_dir(settings, Path(args.runs_root))
             if not run_dir.exists():
                 created = run_dir
@@ -340,8 +543,18 @@ def main(argv: list[str] | None = None) -> int:
             settings.save(run_dir / "settings.json")
             _say(f"[run] {run_dir} (preset {settings.preset}, engineer {settings.engineer}, "
                  f"{settings.stages} stages, context {settings.context})")
+            if donor is not None and not args.dry_run:
+                from graph.stage0 import seed_from_donor
+
+                try:
+                    record = seed_from_donor(donor, run_dir, settings)
+                except (OSError, sqlite3.Error, RuntimeError, ValueError) as e:
+                    raise RunError(f"--stage0-from {str(donor.run_dir)!r}: could not share stage 0: {e}") from None
+                _say(f"[run] stage 0 shared from {donor.run_dir} (checkpoint {donor.checkpoint_id}; "
+                     f"{record['files']['linked']} files linked, {record['files']['copied']} copied): "
+                     "its apply, train_stage and evaluate are not run here")
         if args.dry_run:
-            dry_run(run_dir, settings)
+            dry_run(run_dir, settings, donor)
             return 0
         created = None  # from here on the folder holds finished work: never remove it
         run_graph(run_dir, settings, resume=bool(args.resume))
@@ -356,6 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted; resume with: python -m graph.run --resume {run_dir}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except RunError as e:
+        if created is not None:  # a failed dry run or fork set-up: nothing finished lives there yet
+            shutil.rmtree(created, ignore_errors=True)
         print(f"error: {e}", file=sys.stderr)
         return 1
 

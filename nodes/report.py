@@ -1,7 +1,7 @@
 """The report node: `report.md` and its plots, written from the run folder's files alone.
 
 Everything here is recomputed from what earlier nodes saved (stage_k/config.json, metrics.json,
-validation.json, final/metrics.json), so `python -m nodes.report RUN_DIR` rebuilds the same report
+validation.json, final/metrics.json, and settings.json / stage0_from.json of the run), so `python -m nodes.report RUN_DIR` rebuilds the same report
 for any run folder, finished or not.
 """
 
@@ -51,7 +51,12 @@ def collect(run_dir: Path) -> dict[str, Any]:
                 "env_stats": _read_json(d / "env_stats.json"),
             }
         )
-    return {"stages": stages, "final": _read_json(run_dir / "final" / "metrics.json")}
+    return {
+        "stages": stages,
+        "final": _read_json(run_dir / "final" / "metrics.json"),
+        "settings": _read_json(run_dir / "settings.json") or {},
+        "stage0_from": _read_json(run_dir / "stage0_from.json"),
+    }
 
 
 def _size_rate(metrics: dict[str, Any], kind: str, size: int) -> float | None:
@@ -115,8 +120,31 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
     return files
 
 
+def paper_table_md(final: dict[str, Any], label: str) -> str:
+    """The paper's headline table: one row per run, `valid / optimal` (%) per agent count (3, 4, 5)."""
+    agents = sorted({int(a) for a in (final.get("by_agents") or {})} | {3, 4, 5})
+    cells = []
+    for a in agents:
+        v, o = final.get(f"final/valid_rate/agents_{a}"), final.get(f"final/optimal_rate/agents_{a}")
+        ok = isinstance(v, (int, float)) and isinstance(o, (int, float))
+        cells.append(f"{100 * v:.2f} / {100 * o:.2f}" if ok else "–")
+    return "\n".join([
+        "| run | " + " | ".join(f"{a} agents" for a in agents) + " |",
+        "|---|" + "---|" * len(agents),
+        f"| {label} | " + " | ".join(cells) + " |",
+    ]) + "\n"
+
+
 def render(data: dict[str, Any], plots: list[str], title: str) -> str:
     lines = [f"# Run report: {title}", ""]
+    shared = data.get("stage0_from")
+    if shared:
+        lines += [
+            f"Stage 0 was shared from the donor run `{shared.get('donor')}` (its checkpoint "
+            f"`{shared.get('donor_checkpoint_id')}`): it was generated, trained and evaluated once there, not in "
+            "this run; its files in stage_0/ are the donor's bytes (hard links where possible). See stage0_from.json.",
+            "",
+        ]
     lines += [
         "## Validation per stage",
         "",
@@ -174,23 +202,33 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
                     f"{k.get('wait_ratio', 0):.3f} |"
                 )
         decisions = (s["validation"] or {}).get("decisions") or []
-        if decisions:
-            last = decisions[-1]
+        engineer = [d for d in decisions if d.get("by") != "person"]
+        person = [d for d in decisions if d.get("by") == "person"]
+        if engineer:
+            last = engineer[-1]
             lines += [
                 "",
                 f"Engineer proposal for stage {s['stage'] + 1}: **{last.get('decision', '?')}** after "
-                f"{len(decisions)} attempt(s) — {last.get('reason', '')}",
+                f"{len(engineer)} attempt(s) — {last.get('reason', '')}",
             ]
             if last.get("rationale"):
                 lines += ["", "> " + str(last["rationale"])[:2000].replace("\n", "\n> ")]
+        if person:
+            last = person[-1]
+            lines += ["", f"Person's decision (--approve): **{last.get('decision', '?')}** — {last.get('reason', '')}"]
         lines.append("")
     lines += ["## Final benchmark (held-out, more agents than in training)", ""]
     final = data["final"]
     if final:
+        settings = data.get("settings") or {}
+        label = f"{title} ({settings.get('policy_model', '?')}, {settings.get('engineer', '?')} engineer)"
         lines += [
             f"{final.get('final/n', '?')} instances: valid {_pct(final.get('final/valid_rate'))} %, "
             f"optimal {_pct(final.get('final/optimal_rate'))} %.",
             "",
+            "In the paper's format (valid % / optimal %, aggregate over sizes):",
+            "",
+            paper_table_md(final, label),
             final_table_md(final),
         ]
     else:

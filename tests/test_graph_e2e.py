@@ -1,5 +1,5 @@
-"""`python -m graph.run` end to end in a subprocess, with the real embedded model: a crash (SIGKILL) in
-the middle of stage 1 and a Ctrl-C (SIGINT) while the self-engineer's vLLM server runs, each resumed."""
+"""`python -m graph.run` end to end in a subprocess, with the real embedded model: a crash (SIGKILL) and a
+Ctrl-C (SIGINT, with the vLLM policy server up) in the middle of stage 1, each resumed."""
 
 from __future__ import annotations
 
@@ -110,7 +110,9 @@ def test_sigkill_in_stage_1_then_resume(tmp_path):
     assert train_stage_runs(run_dir) == [0, 1]  # stage 0 trained exactly once
 
 
-def test_sigint_stops_vllm_and_resumes(tmp_path):
+def test_sigint_in_stage_1_stops_vllm_and_resumes(tmp_path):
+    """Ctrl-C in the middle of stage 1, while the kept vLLM policy server (started by stage 0's evaluation)
+    is up: the process exits with 130, the server is gone, and --resume finishes without touching stage 0."""
     run_dir = tmp_path / "run"
     env = {"PRESET": "smoke", "ENGINEER": "self", "SEED": "2", "POLICY_BACKEND": "vllm"}
     proc = start_run(["--run-dir", str(run_dir), "--stages", "2"], env, tmp_path / "first.log")
@@ -122,9 +124,11 @@ def test_sigint_stops_vllm_and_resumes(tmp_path):
                 return []
             return [k for k in kids if "vllm" in " ".join(k.cmdline())]
 
-        wait_for(lambda: bool(vllm_children()), proc, 900, "a vLLM server to start")
+        # stage_1/train.jsonl appears when apply has built stage 1: training of stage 1 is next.
+        wait_for(lambda: (run_dir / "stage_1" / "train.jsonl").is_file() and bool(vllm_children()), proc, 1200,
+                 "stage 1 to start with a vLLM server up")
+        time.sleep(3)
         servers = vllm_children()
-        time.sleep(5)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(120) == 130, (tmp_path / "first.log").read_text()[-3000:]
         gone, alive = psutil.wait_procs(servers, timeout=30)
@@ -133,9 +137,17 @@ def test_sigint_stops_vllm_and_resumes(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert "--resume" in (tmp_path / "first.log").read_text()
+    assert not (run_dir / "report.md").exists()
+    before = snapshot(run_dir / "stage_0")  # after the exit: a stopping server may still log into stage_0
     resumed = start_run(["--resume", str(run_dir)], {}, tmp_path / "resume.log")
     assert resumed.wait(900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    log = (tmp_path / "resume.log").read_text()
+    assert "[stage 1] trained" in log and "[stage 0] trained" not in log, log[-2000:]
     check_finished_run(run_dir, stages=2)
+    after = snapshot(run_dir / "stage_0")
+    changed = [f for f in before if before[f] != after.get(f)]
+    assert not changed, f"stage 0 files changed on resume: {changed}"
+    assert train_stage_runs(run_dir) == [0, 1]  # stage 0 trained exactly once
 
 
 def test_approve_lets_a_person_replace_the_proposal(tmp_path):

@@ -65,15 +65,75 @@ def test_settings_roundtrip(tmp_path):
         ([], {"ENGINEER": "openai"}, "OPENAI_API_KEY"),
         (["--run-dir", "/proc/forbidden/run"], {"ENGINEER": "fixed"}, "/proc"),
         (["--resume", "no/such/run"], {}, "no/such/run"),
+        ([], {"ENGINEER": "fixed", "POLICY_MODEL": "/no/such/model"}, "policy_model='/no/such/model'"),
+        ([], {"ENGINEER": "fixed", "PROMPTS_DIR": "/nonexistent"}, "prompts_dir='/nonexistent'"),
     ],
 )
 def test_cli_errors_one_line_no_run_folder(tmp_path, args, env, needle):
+    if "--run-dir" not in args:
+        args = [*args, "--run-dir", str(tmp_path / "run")]
+    named = Path(args[args.index("--run-dir") + 1])
     r = run_cli(["--runs-root", str(tmp_path / "runs"), *args], {"PRESET": "smoke", **env}, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
     assert needle in lines[0]
-    assert not (tmp_path / "runs").exists()  # nothing left behind
+    assert not named.exists()  # the run folder it would have used is not left behind
+    assert not (tmp_path / "runs").exists()
+
+
+def test_policy_model_and_prompts_dir_checks(tmp_path):
+    from graph.run import _check_policy_model, _check_prompts_dir
+
+    model = tmp_path / "model"
+    model.mkdir()
+    with pytest.raises(SettingsError, match="not a model folder"):
+        _check_policy_model(str(model))  # a folder without config.json
+    (model / "config.json").write_text("{}")
+    for ok in ("smollm2-135m", "Qwen/Qwen3-4B", str(model)):
+        _check_policy_model(ok)
+    for bad in ("/no/such/model", "./missing", "no-such-short-name", "a/b/c"):
+        with pytest.raises(SettingsError, match="policy_model"):
+            _check_policy_model(bad)
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    with pytest.raises(SettingsError, match="override nothing"):
+        _check_prompts_dir(prompts)
+    (prompts / "module_F.md").write_text("F")
+    _check_prompts_dir(prompts)  # overriding one template is allowed: the others come from prompts/
+    with pytest.raises(SettingsError, match="not a folder"):
+        _check_prompts_dir(prompts / "module_F.md")
+
+
+@pytest.mark.parametrize("how", ["server_errors", "unreachable"])
+def test_dry_run_engineer_that_does_not_answer_is_one_line(tmp_path, how):
+    """--dry-run pings an endpoint once with a short timeout: one line, non-zero exit, no run folder."""
+    import socket
+    import time
+
+    from fakeopenai import FakeOpenAI, Fault
+
+    with FakeOpenAI() as srv:
+        srv.script(*[Fault.server_error() for _ in range(20)])
+        url = srv.base_url
+        if how == "unreachable":
+            with socket.socket() as sock:  # a port nobody listens on
+                sock.bind(("127.0.0.1", 0))
+                url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        run_dir = tmp_path / "run"
+        t0 = time.monotonic()
+        r = run_cli(["--dry-run", "--run-dir", str(run_dir)],
+                    {"PRESET": "smoke", "ENGINEER": "myendpoint", "ENGINEER_BASE_URL": url,
+                     "ENGINEER_MODEL": "fake-model"}, cwd=tmp_path)
+        took = time.monotonic() - t0
+        calls = len(srv.chat_requests)
+    assert r.returncode == 1, r.stderr
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "engineer 'myendpoint' did not answer" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert calls == (1 if how == "server_errors" else 0)  # one attempt, no retries
+    assert took < 60
+    assert not run_dir.exists()
 
 
 def test_help_documents_env_vars(tmp_path):
