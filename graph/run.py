@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--engineer-model", "engineer_model", metavar="MODEL")
     add("--engineer-base-url", "engineer_base_url", metavar="URL")
     add("--policy-model", "policy_model", metavar="MODEL")
-    add("--policy-backend", "policy_backend", choices=["transformers", "vllm"])
+    add("--policy-backend", "policy_backend", choices=["auto", "transformers", "vllm"])
     add("--context", "context", choices=list(CONTEXT_VARIANTS))
     add("--stages", "stages", metavar="N")
     add("--seed", "seed", metavar="S")

@@ -3,6 +3,7 @@
 ``open_policy(checkpoint, backend, log_dir)`` yields a :class:`~llm.base.ChatModel`:
 
 - ``backend="transformers"``: :class:`~llm.local.LocalEngine` in this process (works everywhere);
+- ``backend="auto"``: ``vllm`` when vLLM is installed, else ``transformers``;
 - ``backend="vllm"``: a :class:`~llm.vllm_server.VLLMServer` started on the checkpoint (a LoRA adapter is
   served on its base model with runtime LoRA loading) and an :class:`~llm.openai_chat.OpenAIChat` on it;
   the server is stopped on exit and its log kept in ``log_dir``.
@@ -56,8 +57,12 @@ def open_policy(
     ``base_model`` is only used for a LoRA adapter whose config does not name a loadable base.
     ``keep_server``: True/False, or None to read ``LLM_KEEP_SERVER`` (off unless set to 1).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"policy backend {backend!r} is not one of {', '.join(BACKENDS)}")
+    if backend not in BACKENDS + ("auto",):
+        raise ValueError(f"policy backend {backend!r} is not one of auto, {', '.join(BACKENDS)}")
+    if backend == "auto":  # Settings resolve it at start; a direct caller gets the same rule
+        from llm.vllm_server import vllm_available
+
+        backend = "vllm" if vllm_available() else "transformers"
     log_dir = Path(log_dir) if log_dir is not None else Path.cwd() / "logs"
     with open_checkpoint(
         checkpoint or DEFAULT_POLICY,

@@ -141,7 +141,7 @@ class TrainConfig(BaseModel):
     # --- SFT warm start (first stage only)
     sft_warm_start: bool = Field(True, description="SFT on solver-optimal plans before the first GRPO stage")
     sft_epochs: float = Field(2.0, gt=0, description="SFT passes over the warm-start examples")
-    sft_steps: int = Field(30, ge=-1, description="SFT optimiser steps; -1 or 0: use sft_epochs")
+    sft_steps: int = Field(20, ge=-1, description="SFT optimiser steps; -1 or 0: use sft_epochs")
     sft_lr: float = Field(3e-4, gt=0, description="SFT learning rate")
     sft_batch_size: int = Field(4, ge=1, description="SFT examples per optimiser step")
     sft_sizes: list[int] | None = Field(
@@ -201,9 +201,10 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "train_layers": 2,
     },
     # Laptop default with the embedded SmolLM2-135M (= TrainConfig's defaults): 64 instances, SFT warm start
-    # on 64 fresh 3x3 instances (30 steps x 4 plans), then 5 GRPO steps of 2 groups x 4 completions of <= 128
-    # tokens, top 8 blocks trained. Sized so that `python -m graph.run` (3 stages) finishes in under 30 min on
-    # 2 cores: ~36-50 s per GRPO step, ~10.5 s per 3x3 SFT step measured there (issue 4 and 6 notes).
+    # on 64 fresh 3x3 instances (20 steps x 4 plans), then 5 GRPO steps of 2 groups x 4 completions of <= 128
+    # tokens, top 8 blocks trained. Sized so that `python -m graph.run` (3 stages, evaluations on vLLM) finishes
+    # in under 30 min on 2 cores. Measured 2026-11-23 on an idle 2-core AMD EPYC: 14-17 s per 3x3 SFT step,
+    # 61-84 s per GRPO step; with 30 SFT steps and in-process evaluations the run took about 34 min (issue 6).
     "cpu": {},
     # The paper's scale on a GPU: Qwen3-4B, 4,000 instances, 2 epochs, LoRA, vLLM generation.
     "paper": {
