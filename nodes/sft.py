@@ -10,7 +10,9 @@ By default (`TrainConfig.sft_sizes = [3]`) the examples are fresh 3x3 instances 
 on 2 CPU cores, 20 steps on the stage's mixed 3..10 maps or on 3..5 maps taught the 135M model nothing measurable
 (0/24 valid on val-mini 3..5, with endless repetition or wrong agent counts), while 30 steps on 3x3 gave
 valid plans on 3x3 and errors that name a real cause (hole, illegal move) instead of a parse error
-(`python -m evals.bench.bench_learning --sft-sizes 3`; figures in the issue-4 note).
+(`python -m evals.bench.bench_learning --sft-sizes 3`; figures in the issue-4 note). The `cpu` preset takes 20
+steps (to fit the 30-minute default run); after them the timed default run scored 1 of 8 3x3 and 0 of 16 4x4/5x5
+val-mini instances valid (evals/results/default_run_cpu).
 
 TensorBoard: transformers' own scalar names (`train/loss`, `train/learning_rate`, `train/grad_norm`, ...)
 in the run `<stage folder>/tb/sft/`, apart from GRPO's `tb/`. Only the main process writes (accelerate).
