@@ -24,6 +24,9 @@ Statistics: per seed, the valid / optimal rate of a subset (3, 4 or 5 agents; wa
 0.75; all) pools every instance of that subset over all sizes (the paper's "aggregate over sizes"). Over
 seeds we report the mean and a two-sided 95% Student-t interval (mean +- t_{0.975, n-1} * sd / sqrt(n)),
 and the gap to the baseline arm as the mean of the per-seed paired differences with its own t-interval.
+Next to them: where the answers fail (the share of answers by first failing check, `failures.csv`), which
+separates arms whose valid rates are all zero, and a note naming the arms of a seed whose final answers are
+identical answer for answer (their stages changed nothing the benchmark sees).
 """
 
 from __future__ import annotations
@@ -802,7 +805,56 @@ def summarize(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[str]
                 cell[metric] = stat
             row[sub] = cell
         table["rows"][label] = row
+    table["failures"] = failure_shares(verdicts, arms)
     return table
+
+
+def failure_shares(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[str]) -> dict:
+    """Where the held-out answers fail: per arm, the share of final-benchmark answers by the first check they
+    fail (`valid` when none; the checker's order, env.verify.CHECK_ORDER), as the mean and 95% t-interval
+    over seeds. It separates arms whose valid rates are all zero (a policy that now writes every agent's
+    path but collides differs from one that still drops agents)."""
+    from env.verify import CHECK_ORDER
+
+    per: dict[str, dict[int, dict[str, float]]] = {}
+    for (label, seed), folder in sorted(verdicts.items()):
+        rows = read_jsonl(folder / "final" / "eval.jsonl")
+        if rows:
+            kinds = [("valid" if r.get("valid") else (r.get("failure") or "unknown")) for r in rows]
+            per.setdefault(label, {})[seed] = {k: kinds.count(k) / len(rows) for k in set(kinds)}
+    seen = {k for seeds in per.values() for shares in seeds.values() for k in shares}
+    kinds = ["valid", *(k for k in CHECK_ORDER if k in seen), *sorted(seen - set(CHECK_ORDER) - {"valid"})]
+    arms = [a for a in arm_order if a in per] + sorted(a for a in per if a not in arm_order)
+    rows: dict[str, Any] = {}
+    for a in arms:
+        seeds = sorted(per[a])
+        rows[a] = {"seeds": seeds}
+        for k in kinds:
+            stat = mean_ci([per[a][s].get(k, 0.0) for s in seeds])
+            stat["per_seed"] = {str(s): per[a][s].get(k, 0.0) for s in seeds}
+            rows[a][k] = stat
+    return {"kinds": kinds, "arms": arms, "rows": rows}
+
+
+def identical_answer_notes(verdicts: Mapping[tuple[str, int], Path]) -> list[str]:
+    """Arms of one seed whose final benchmark answers are the same, answer for answer (id, text and verdict):
+    the stages they designed changed nothing the benchmark sees, so their rows differ only by name."""
+    groups: dict[int, dict[str, list[str]]] = {}
+    for (label, seed), folder in sorted(verdicts.items()):
+        rows = read_jsonl(folder / "final" / "eval.jsonl")
+        if not rows:
+            continue
+        key = json.dumps([[r.get(k) for k in ("id", "text", "valid", "optimal", "failure")] for r in rows])
+        groups.setdefault(seed, {}).setdefault(key, []).append(label)
+    notes = []
+    for seed, by_answers in sorted(groups.items()):
+        for labels in by_answers.values():
+            if len(labels) > 1:
+                n = len(read_jsonl(verdicts[(labels[0], seed)] / "final" / "eval.jsonl"))
+                notes.append(f"Identical answers, seed {seed}: {', '.join(labels)} gave the same {n} final benchmark "
+                             "answers, text for text: the stages they designed changed nothing the benchmark sees, "
+                             "so their rows differ only by name.")
+    return notes
 
 
 # ----------------------------------------------------------------------------- tables
@@ -878,6 +930,16 @@ def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None,
         lines.append("")
     elif base:
         lines += [f"No gap columns: the baseline `{base}` has no finished run.", ""]
+    fails = table.get("failures") or {}
+    if fails.get("arms"):
+        lines += ["**Where the answers fail: share of held-out answers (%) by the first check they fail** "
+                  "(`valid`: none; the checker's order), mean ± 95% t half-width over seeds", ""]
+        lines.append(f"| {arm_header} | seeds | " + " | ".join(f"`{k}`" for k in fails["kinds"]) + " |")
+        lines.append("|---|---|" + "---|" * len(fails["kinds"]))
+        for a in fails["arms"]:
+            r = fails["rows"][a]
+            lines.append(f"| {a} | {len(r['seeds'])} | " + " | ".join(_cell(r[k]) for k in fails["kinds"]) + " |")
+        lines.append("")
     ninst: dict[str, set[int]] = {c: set() for c in subsets if "/" not in c}
     for a in arms:
         for c in ninst:
@@ -928,6 +990,16 @@ def write_tables(table: Mapping[str, Any], out: Path, *, title: str, command: st
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["arm"])
         w.writeheader()
         w.writerows(rows)
+    fails = table.get("failures") or {}
+    if fails.get("arms"):
+        with open(out / "failures.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["arm", "failure", "n_seeds", "mean", "ci95_half", "per_seed"])
+            w.writeheader()
+            for a in fails["arms"]:
+                for k in fails["kinds"]:
+                    st = fails["rows"][a][k]
+                    w.writerow({"arm": a, "failure": k, "n_seeds": st["n"], "mean": st["mean"],
+                                "ci95_half": st["half"], "per_seed": json.dumps(st["per_seed"])})
     payload = {"title": title, "command": command, **dict(extra or {}), "table": table}
     (out / "table.json").write_text(json.dumps(payload, indent=2) + "\n")
 
@@ -1113,6 +1185,7 @@ def run_loop_eval(
     timings = _read_json(out / "timings.json") or {}
     notes += timing_notes(timings, labels, cfg.seeds)
     notes += stage0_notes(verdicts, timings)
+    notes += identical_answer_notes(verdicts)
     if not verdicts:
         print(f"no finished runs with verdict files under {out / 'verdicts'}; no table written", file=sys.stderr)
         return 1 if (grid.failed or missing) else 0
@@ -1122,7 +1195,7 @@ def run_loop_eval(
                         "tables_built_on": machine(),
                         "skipped": grid.skipped, "failed": grid.failed})
     plots = write_plots(verdicts, labels, out, arm_header=arm_header)
-    print(f"wrote {out / 'table.md'}, table.csv, table.json" + (f", {', '.join(plots)}" if plots else ""),
+    print(f"wrote {out / 'table.md'}, table.csv, failures.csv, table.json" + (f", {', '.join(plots)}" if plots else ""),
           file=sys.stderr)
     print((out / "table.md").read_text())
     return 1 if grid.failed else 0

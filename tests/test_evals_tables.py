@@ -496,3 +496,53 @@ def test_stage0_settings_that_must_match_a_donor(tmp_path):
     assert common.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {}, {}) == tmp_path / "fixed-s0"
     assert common.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {"final_limit": 3}, {}) is None
     assert common.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {"stages": 1}, {}) is None  # nothing to share
+
+
+def test_failure_shares_and_identical_answers_from_raw_verdicts(tmp_path):
+    """The 'where the answers fail' table counts first failing checks from the raw rows, and arms of a seed
+    whose final answers are the same answer for answer are named in a note (and only those)."""
+    pattern = {  # (arm, seed) -> first failing check of each of its 6 answers (None: valid)
+        ("a", 0): ["parse_error", "agent_count", "agent_count", None, "conflict", "agent_count"],
+        ("a", 1): ["agent_count", "agent_count", "agent_count", "agent_count", "parse_error", "parse_error"],
+        ("b", 0): ["conflict", "conflict", None, None, "agent_count", "parse_error"],
+        ("b", 1): ["conflict", "conflict", "conflict", None, "agent_count", "agent_count"],
+        ("c", 0): ["parse_error", "agent_count", "agent_count", None, "conflict", "agent_count"],  # = a-s0
+    }
+    verdicts = {}
+    for (arm, seed), fails in pattern.items():
+        folder = tmp_path / f"{arm}-s{seed}"
+        (folder / "final").mkdir(parents=True)
+        with open(folder / "final" / "eval.jsonl", "w") as f:
+            for j, kind in enumerate(fails):
+                f.write(json.dumps({"id": f"i{j}", "tags": {"agents": 3, "wait": 0.25}, "text": f"{kind} {j}",
+                                    "valid": kind is None, "optimal": False, "failure": kind}) + "\n")
+        verdicts[(arm, seed)] = folder
+
+    table = common.summarize(verdicts, ["a", "b", "c"], "a")
+    fails = table["failures"]
+    # valid first, then the checker's order (parse_error < agent_count < conflict), only kinds that occur
+    assert fails["kinds"] == ["valid", "parse_error", "agent_count", "conflict"]
+    for arm in ("a", "b"):
+        for kind in fails["kinds"]:
+            shares = [sum(k == (None if kind == "valid" else kind) for k in pattern[(arm, s)]) / 6 for s in (0, 1)]
+            st = fails["rows"][arm][kind]
+            assert st["mean"] == pytest.approx(statistics.fmean(shares)), (arm, kind)
+            assert st["half"] == pytest.approx(common.t975(1) * statistics.stdev(shares) / math.sqrt(2)), (arm, kind)
+    assert fails["rows"]["c"]["agent_count"]["mean"] == pytest.approx(3 / 6) and fails["rows"]["c"]["valid"]["half"] is None
+
+    md = common.table_markdown(table, title="t", command=None)
+    # b, seed means: valid (2/6 + 1/6) / 2 = 25.0 %, conflict (2/6 + 3/6) / 2 = 41.7 %
+    section = md.split("**Where the answers fail")[1]
+    assert "| engineer | seeds | `valid` | `parse_error` | `agent_count` | `conflict` |" in section
+    b_row = next(ln for ln in section.splitlines() if ln.startswith("| b | 2 |"))
+    assert b_row.split("|")[3].strip().startswith("25.0 ±") and b_row.split("|")[6].strip().startswith("41.7 ±")
+    common.write_tables(table, tmp_path / "out", title="t", command=None)
+    rows = list(csv.DictReader(open(tmp_path / "out" / "failures.csv")))
+    assert len(rows) == 3 * 4 and {(r["arm"], r["failure"]) for r in rows} >= {("b", "conflict"), ("c", "valid")}
+
+    notes = common.identical_answer_notes(verdicts)
+    assert len(notes) == 1 and notes[0].startswith("Identical answers, seed 0: a, c gave the same 6 final")
+    # one answer's text differs: no longer identical
+    rows_c = (verdicts[("c", 0)] / "final" / "eval.jsonl").read_text().replace('"text": "None 3"', '"text": "x"')
+    (verdicts[("c", 0)] / "final" / "eval.jsonl").write_text(rows_c)
+    assert common.identical_answer_notes(verdicts) == []
