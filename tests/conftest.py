@@ -10,6 +10,10 @@
   Take one of these fixtures rather than a ``skipif(not vllm_available())`` mark, which would skip
   silently where vLLM is missing by accident.
   Do not stop it or reload other weights into it without restoring them: other tests share it.
+- ``smoke_grid`` (session): the smoke comparison grid of tests/smoke_grid.py (``fixed`` and ``self`` x seeds
+  0 and 1, a real ``evals.compare_engineers`` run): ``(folder, config, process)``. Its ``runs/fixed-s0`` and
+  ``runs/fixed-s1`` are the stage-0 donors of the loop tests that fork (pass ``smoke_grid.set_args()``).
+  Read-only for every test but its own (tests/test_evals_e2e.py checks that a rerun leaves it untouched).
 - ``fake_openai``: a fresh :class:`tests.fakeopenai.FakeOpenAI` (OpenAI protocol, scripted replies and faults).
 """
 
@@ -51,6 +55,13 @@ def vllm_server(vllm_installed, embedded_model_path, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     with VLLMServer(embedded_model_path, log_path=log_path, enable_lora=True, served_model_name="smollm2") as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def smoke_grid(tmp_path_factory):
+    from smoke_grid import run_grid
+
+    return run_grid(tmp_path_factory.mktemp("compare"))
 
 
 @pytest.fixture

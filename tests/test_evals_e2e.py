@@ -12,27 +12,14 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from smoke_grid import SHRINK, evals_cmd
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-# One engineer attempt: the in-process 135M engineer has no JSON-schema decoding and rarely fits a config in
-# its token limit; its retries (about a minute each on 2 cores) test nothing that tests/test_nodes_* do not.
-SHRINK = ("set: {eval_limit: 4, final_limit: 6, eval_max_tokens: 32, train.max_steps: 1, "
-          "engineer_max_attempts: 1, engineer_max_tokens: 128}\n")
-
-
-def evals_cmd(module: str, config: Path, *extra: str, timeout: float = 3600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "ENGINEER_SERVING": "transformers"})
-    return subprocess.run([sys.executable, "-m", module, "--config", str(config), *extra], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
@@ -79,18 +66,10 @@ def check_table_against_raw(out: Path, runs: Path, arms: list[str], seeds: list[
     assert {a for (a, _, _) in table} == set(arms)
 
 
-@pytest.fixture(scope="module")
-def compared(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("compare")
-    cfg = tmp / "compare.yaml"
-    cfg.write_text(
-        f"# python -m evals.compare_engineers --config {cfg}\n"
-        f"preset: smoke\nengineers: [fixed, self]\nseeds: [0, 1]\nbaseline: fixed\nshare_stage0: true\n"
-        f"out: {tmp / 'out'}\nruns_dir: {tmp / 'runs'}\n{SHRINK}"
-    )
-    proc = evals_cmd("evals.compare_engineers", cfg)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return tmp, cfg, proc
+@pytest.fixture
+def compared(smoke_grid):
+    """The session's smoke grid (conftest): also the stage-0 donor of the fork, approve and SIGKILL tests."""
+    return smoke_grid
 
 
 def test_compare_engineers_smoke(compared):

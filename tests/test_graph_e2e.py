@@ -1,5 +1,9 @@
 """`python -m graph.run` end to end in a subprocess, with the real embedded model: a crash (SIGKILL) and a
-Ctrl-C (SIGINT, with the vLLM policy server up) in the middle of stage 1, each resumed."""
+Ctrl-C (SIGINT, with the vLLM policy server up) in the middle of stage 1, each resumed, and --approve.
+
+The SIGKILL and approve runs take their stage 0 from the session's smoke grid (conftest ``smoke_grid``,
+`--stage0-from`): what they test happens after stage 0. SIGINT trains its own: its policy answers on vLLM,
+a setting a fork must share with its donor. All use the grid's shrink overrides (tests/smoke_grid.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from smoke_grid import set_args
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -83,14 +88,18 @@ def train_stage_runs(run_dir: Path) -> list[int]:
         conn.close()
 
 
-def test_sigkill_in_stage_1_then_resume(tmp_path):
-    run_dir = tmp_path / "run"
+def test_sigkill_in_stage_1_then_resume(tmp_path, smoke_grid):
+    """The self-engineer (on its own vLLM server) designs stage 1 from the grid's shared stage 0 (seed 1);
+    a SIGKILL while stage 1 trains, then --resume: stage 1 is redone, stage 0 (linked) is never written."""
+    run_dir, donor = tmp_path / "run", smoke_grid[0] / "runs" / "fixed-s1"
     env = {"PRESET": "smoke", "ENGINEER": "self", "SEED": "1"}
-    proc = start_run(["--run-dir", str(run_dir)], env, tmp_path / "first.log")
+    args = ["--run-dir", str(run_dir), "--stage0-from", str(donor), *set_args(engineer_max_attempts=1)]
+    donor_before = snapshot(donor / "stage_0")
+    proc = start_run(args, env, tmp_path / "first.log")
     try:
         # stage_1/train.jsonl appears when apply has built stage 1: training of stage 1 is next.
         wait_for(lambda: (run_dir / "stage_1" / "train.jsonl").is_file(), proc, 900, "stage 1 to start")
-        time.sleep(3)
+        time.sleep(1)  # stage 1 loads, builds its trainer and trains one step: several seconds at least
         before = snapshot(run_dir / "stage_0")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
@@ -107,7 +116,9 @@ def test_sigkill_in_stage_1_then_resume(tmp_path):
     after = snapshot(run_dir / "stage_0")
     changed = [f for f in before if before[f] != after.get(f)]
     assert not changed, f"stage 0 files changed on resume: {changed}"
-    assert train_stage_runs(run_dir) == [0, 1]  # stage 0 trained exactly once
+    assert train_stage_runs(run_dir) == [0, 1]  # the donor's stage 0 (marked shared) and stage 1, once each
+    assert "stage 0 shared from" in (tmp_path / "first.log").read_text()
+    assert snapshot(donor / "stage_0") == donor_before  # nothing wrote through the links into the donor
 
 
 def test_sigint_in_stage_1_stops_vllm_and_resumes(tmp_path):
@@ -115,7 +126,8 @@ def test_sigint_in_stage_1_stops_vllm_and_resumes(tmp_path):
     is up: the process exits with 130, the server is gone, and --resume finishes without touching stage 0."""
     run_dir = tmp_path / "run"
     env = {"PRESET": "smoke", "ENGINEER": "self", "SEED": "2", "POLICY_BACKEND": "vllm"}
-    proc = start_run(["--run-dir", str(run_dir), "--stages", "2"], env, tmp_path / "first.log")
+    args = ["--run-dir", str(run_dir), "--stages", "2", *set_args(engineer_max_attempts=1)]
+    proc = start_run(args, env, tmp_path / "first.log")
     try:
         def vllm_children() -> list[psutil.Process]:
             try:
@@ -127,7 +139,7 @@ def test_sigint_in_stage_1_stops_vllm_and_resumes(tmp_path):
         # stage_1/train.jsonl appears when apply has built stage 1: training of stage 1 is next.
         wait_for(lambda: (run_dir / "stage_1" / "train.jsonl").is_file() and bool(vllm_children()), proc, 1200,
                  "stage 1 to start with a vLLM server up")
-        time.sleep(3)
+        time.sleep(1)  # stage 1 loads, builds its trainer and trains one step: several seconds at least
         servers = vllm_children()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(120) == 130, (tmp_path / "first.log").read_text()[-3000:]
@@ -150,8 +162,9 @@ def test_sigint_in_stage_1_stops_vllm_and_resumes(tmp_path):
     assert train_stage_runs(run_dir) == [0, 1]  # stage 0 trained exactly once
 
 
-def test_approve_lets_a_person_replace_the_proposal(tmp_path):
-    """--approve pauses before apply; an edited config given on stdin is what stage 1 trains on."""
+def test_approve_lets_a_person_replace_the_proposal(tmp_path, smoke_grid):
+    """--approve pauses before apply; an edited config given on stdin is what stage 1 trains on. Stage 0 is
+    the grid's (seed 0), so the one question is the stage 0 -> 1 proposal."""
     from env import SIZES
 
     edited = {"sizes": {str(n): {"data_ratio": 1.0 if n == 3 else 0.0, "hole_ratio": 0.1, "wait_ratio": 0.5}
@@ -160,8 +173,8 @@ def test_approve_lets_a_person_replace_the_proposal(tmp_path):
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     env.update({"PYTHONPATH": str(ROOT), "PRESET": "smoke", "ENGINEER": "fixed"})
-    args = ["--run-dir", str(run_dir), "--approve", "--set", "train.max_steps=1", "--set", "eval_limit=3",
-            "--set", "final_limit=3"]
+    args = ["--run-dir", str(run_dir), "--approve", "--stage0-from", str(smoke_grid[0] / "runs" / "fixed-s0"),
+            *set_args()]
     proc = subprocess.run([sys.executable, "-m", "graph.run", *args], cwd=ROOT, env=env, timeout=900,
                           input=f"{tmp_path / 'edited.json'}\n", capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

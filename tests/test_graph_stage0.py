@@ -178,15 +178,14 @@ def test_stage0_from_dry_run_checks_the_donor(tmp_path):
 
 
 @pytest.mark.slow
-def test_fork_shares_stage_0_and_trains_only_later_stages(tmp_path):
+def test_fork_shares_stage_0_and_trains_only_later_stages(tmp_path, smoke_grid):
+    """A `random`-engineer fork of the session grid's finished `fixed-s0` run (conftest ``smoke_grid``)."""
+    from smoke_grid import set_args
     from test_graph_e2e import train_stage_runs
 
-    common = ["--seed", "3", "--set", "train.max_steps=1", "--set", "eval_limit=3", "--set", "final_limit=3"]
-    donor, fork = tmp_path / "donor", tmp_path / "fork"
-    r = run_cli(["--run-dir", str(donor), "--engineer", "fixed", *common], {"PRESET": "smoke"}, tmp_path, 1800)
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = run_cli(["--run-dir", str(fork), "--engineer", "random", "--stage0-from", str(donor), *common],
-                {"PRESET": "smoke"}, tmp_path, 1800)
+    donor, fork = smoke_grid[0] / "runs" / "fixed-s0", tmp_path / "fork"
+    r = run_cli(["--run-dir", str(fork), "--engineer", "random", "--seed", "0", "--stage0-from", str(donor),
+                 *set_args()], {"PRESET": "smoke"}, tmp_path, 1800)
     assert r.returncode == 0, r.stderr[-3000:]
     err = r.stderr
     assert "stage 0 shared from" in err

@@ -303,7 +303,7 @@ def test_smoke_stage_trains_writes_and_resumes(tmp_path, base_model):
 
     train = tmp_path / "train.jsonl"
     write_jsonl(train, generate(_only_size(3), 8, seed=11).instances)
-    cfg = TrainConfig.model_validate(TRAIN_PRESETS["smoke"])
+    cfg = TrainConfig.model_validate(TRAIN_PRESETS["smoke"]).model_copy(update={"max_steps": 1})
     runtime = SimpleNamespace(
         context=SimpleNamespace(
             settings=SimpleNamespace(train=cfg, policy_model=str(base_model), seed=7), run_dir=tmp_path

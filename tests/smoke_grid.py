@@ -1,0 +1,53 @@
+"""The smoke comparison grid that the slow end-to-end tests share (the ``smoke_grid`` fixture in conftest).
+
+One real `python -m evals.compare_engineers` run on the smoke preset, engineers `fixed` and `self`, seeds 0
+and 1, stage 0 shared per seed. Its finished `fixed-s0` / `fixed-s1` runs are also the stage-0 donors
+(`graph.run --stage0-from`) of the fork, approve and SIGKILL tests, so stage 0 is trained twice in the
+suite for these five tests instead of five times.
+
+SMOKE_SET holds the overrides that a fork must share with its donor (graph.stage0.MAY_DIFFER lists what may
+differ): every loop test that forks from the grid passes exactly these, so the donor check accepts it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# What stage 0 generates, trains and evaluates: equal for the grid and for every fork of it.
+SMOKE_SET = {"eval_limit": 4, "final_limit": 6, "eval_max_tokens": 32, "train.max_steps": 1}
+# One engineer attempt: the in-process 135M engineer has no JSON-schema decoding and rarely fits a config in
+# its token limit; its retries (about a minute each on 2 cores) test nothing that tests/test_nodes_* do not.
+ENGINEER_SET = {"engineer_max_attempts": 1, "engineer_max_tokens": 128}
+# The configs' `set:` line (the same overrides for every run of a grid, as a user would write them).
+SHRINK = "set: {" + ", ".join(f"{k}: {v}" for k, v in {**SMOKE_SET, **ENGINEER_SET}.items()) + "}\n"
+
+
+def set_args(**extra) -> list[str]:
+    """`--set key=value` flags for graph.run: SMOKE_SET plus `extra` (dots spelled `__`)."""
+    pairs = {**SMOKE_SET, **{k.replace("__", "."): v for k, v in extra.items()}}
+    return [a for k, v in pairs.items() for a in ("--set", f"{k}={v}")]
+
+
+def evals_cmd(module: str, config: Path, *extra: str, timeout: float = 3600) -> subprocess.CompletedProcess:
+    """`python -m <module> --config <config>`, no API keys, the self-engineer in-process."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "ENGINEER_SERVING": "transformers"})
+    return subprocess.run([sys.executable, "-m", module, "--config", str(config), *extra], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_grid(tmp: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    cfg = tmp / "compare.yaml"
+    cfg.write_text(
+        f"# python -m evals.compare_engineers --config {cfg}\n"
+        f"preset: smoke\nengineers: [fixed, self]\nseeds: [0, 1]\nbaseline: fixed\nshare_stage0: true\n"
+        f"out: {tmp / 'out'}\nruns_dir: {tmp / 'runs'}\n{SHRINK}"
+    )
+    proc = evals_cmd("evals.compare_engineers", cfg)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return tmp, cfg, proc
