@@ -69,6 +69,12 @@ def check_finished_run(run_dir: Path, stages: int) -> None:
     assert (run_dir / "rates.png").is_file() and (run_dir / "allocation.png").is_file()
 
 
+def stat_snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    """Size and modification time of every file below `folder`: a write (through a hard link too) changes them."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def train_stage_runs(run_dir: Path) -> list[int]:
     """Stages whose train_stage node finished, one entry per finished run of the node: each finished
     node's update is in the graph's checkpointed state (graph.sqlite), and train_stage logs one line."""
@@ -94,7 +100,7 @@ def test_sigkill_in_stage_1_then_resume(tmp_path, smoke_grid):
     run_dir, donor = tmp_path / "run", smoke_grid[0] / "runs" / "fixed-s1"
     env = {"PRESET": "smoke", "ENGINEER": "self", "SEED": "1"}
     args = ["--run-dir", str(run_dir), "--stage0-from", str(donor), *set_args(engineer_max_attempts=1)]
-    donor_before = snapshot(donor / "stage_0")
+    donor_before = stat_snapshot(donor / "stage_0")
     proc = start_run(args, env, tmp_path / "first.log")
     try:
         # stage_1/train.jsonl appears when apply has built stage 1: training of stage 1 is next.
@@ -118,7 +124,7 @@ def test_sigkill_in_stage_1_then_resume(tmp_path, smoke_grid):
     assert not changed, f"stage 0 files changed on resume: {changed}"
     assert train_stage_runs(run_dir) == [0, 1]  # the donor's stage 0 (marked shared) and stage 1, once each
     assert "stage 0 shared from" in (tmp_path / "first.log").read_text()
-    assert snapshot(donor / "stage_0") == donor_before  # nothing wrote through the links into the donor
+    assert stat_snapshot(donor / "stage_0") == donor_before  # nothing wrote through the links into the donor
 
 
 def test_sigint_in_stage_1_stops_vllm_and_resumes(tmp_path):
