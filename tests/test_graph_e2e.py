@@ -3,7 +3,8 @@ Ctrl-C (SIGINT, with the vLLM policy server up) in the middle of stage 1, each r
 
 The SIGKILL and approve runs take their stage 0 from the session's smoke grid (conftest ``smoke_grid``,
 `--stage0-from`): what they test happens after stage 0. SIGINT trains its own: its policy answers on vLLM,
-a setting a fork must share with its donor. All use the grid's shrink overrides (tests/smoke_grid.py)."""
+a setting a fork must share with its donor, and keeps the unshrunk smoke preset. SIGKILL and approve use the
+grid's shrink overrides (tests/smoke_grid.py)."""
 
 from __future__ import annotations
 
@@ -132,8 +133,7 @@ def test_sigint_in_stage_1_stops_vllm_and_resumes(tmp_path):
     is up: the process exits with 130, the server is gone, and --resume finishes without touching stage 0."""
     run_dir = tmp_path / "run"
     env = {"PRESET": "smoke", "ENGINEER": "self", "SEED": "2", "POLICY_BACKEND": "vllm"}
-    args = ["--run-dir", str(run_dir), "--stages", "2", *set_args(engineer_max_attempts=1)]
-    proc = start_run(args, env, tmp_path / "first.log")
+    proc = start_run(["--run-dir", str(run_dir), "--stages", "2"], env, tmp_path / "first.log")
     try:
         def vllm_children() -> list[psutil.Process]:
             try:
@@ -145,7 +145,7 @@ def test_sigint_in_stage_1_stops_vllm_and_resumes(tmp_path):
         # stage_1/train.jsonl appears when apply has built stage 1: training of stage 1 is next.
         wait_for(lambda: (run_dir / "stage_1" / "train.jsonl").is_file() and bool(vllm_children()), proc, 1200,
                  "stage 1 to start with a vLLM server up")
-        time.sleep(1)  # stage 1 loads, builds its trainer and trains one step: several seconds at least
+        time.sleep(3)
         servers = vllm_children()
         proc.send_signal(signal.SIGINT)
         assert proc.wait(120) == 130, (tmp_path / "first.log").read_text()[-3000:]
