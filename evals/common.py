@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -820,8 +821,8 @@ def failure_shares(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence
     for (label, seed), folder in sorted(verdicts.items()):
         rows = read_jsonl(folder / "final" / "eval.jsonl")
         if rows:
-            kinds = [("valid" if r.get("valid") else (r.get("failure") or "unknown")) for r in rows]
-            per.setdefault(label, {})[seed] = {k: kinds.count(k) / len(rows) for k in set(kinds)}
+            counts = Counter("valid" if r.get("valid") else (r.get("failure") or "unknown") for r in rows)
+            per.setdefault(label, {})[seed] = {k: c / len(rows) for k, c in counts.items()}
     seen = {k for seeds in per.values() for shares in seeds.values() for k in shares}
     kinds = ["valid", *(k for k in CHECK_ORDER if k in seen), *sorted(seen - set(CHECK_ORDER) - {"valid"})]
     arms = [a for a in arm_order if a in per] + sorted(a for a in per if a not in arm_order)
@@ -839,18 +840,17 @@ def failure_shares(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence
 def identical_answer_notes(verdicts: Mapping[tuple[str, int], Path]) -> list[str]:
     """Arms of one seed whose final benchmark answers are the same, answer for answer (id, text and verdict):
     the stages they designed changed nothing the benchmark sees, so their rows differ only by name."""
-    groups: dict[int, dict[str, list[str]]] = {}
+    groups: dict[int, dict[tuple[int, str], list[str]]] = {}
     for (label, seed), folder in sorted(verdicts.items()):
         rows = read_jsonl(folder / "final" / "eval.jsonl")
         if not rows:
             continue
         key = json.dumps([[r.get(k) for k in ("id", "text", "valid", "optimal", "failure")] for r in rows])
-        groups.setdefault(seed, {}).setdefault(key, []).append(label)
+        groups.setdefault(seed, {}).setdefault((len(rows), key), []).append(label)
     notes = []
     for seed, by_answers in sorted(groups.items()):
-        for labels in by_answers.values():
+        for (n, _), labels in by_answers.items():
             if len(labels) > 1:
-                n = len(read_jsonl(verdicts[(labels[0], seed)] / "final" / "eval.jsonl"))
                 notes.append(f"Identical answers, seed {seed}: {', '.join(labels)} gave the same {n} final benchmark "
                              "answers, text for text: the stages they designed changed nothing the benchmark sees, "
                              "so their rows differ only by name.")

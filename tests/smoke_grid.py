@@ -41,13 +41,17 @@ def evals_cmd(module: str, config: Path, *extra: str, timeout: float = 3600) -> 
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_config(module: str, cfg: Path, body: str) -> subprocess.CompletedProcess:
+    """Write an eval config (its command line first, SHRINK last) and run it; it must exit 0."""
+    cfg.write_text(f"# python -m {module} --config {cfg}\n{body}{SHRINK}")
+    proc = evals_cmd(module, cfg)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
 def run_grid(tmp: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
     cfg = tmp / "compare.yaml"
-    cfg.write_text(
-        f"# python -m evals.compare_engineers --config {cfg}\n"
-        f"preset: smoke\nengineers: [fixed, self]\nseeds: [0, 1]\nbaseline: fixed\nshare_stage0: true\n"
-        f"out: {tmp / 'out'}\nruns_dir: {tmp / 'runs'}\n{SHRINK}"
-    )
-    proc = evals_cmd("evals.compare_engineers", cfg)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_config("evals.compare_engineers", cfg,
+                      "preset: smoke\nengineers: [fixed, self]\nseeds: [0, 1]\nbaseline: fixed\nshare_stage0: true\n"
+                      f"out: {tmp / 'out'}\nruns_dir: {tmp / 'runs'}\n")
     return tmp, cfg, proc

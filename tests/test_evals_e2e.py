@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from smoke_grid import SHRINK, evals_cmd
+from smoke_grid import evals_cmd, run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -119,14 +119,9 @@ def test_ablate_context_smoke(compared):
     """V1 of the self-engineer next to the fixed baseline; the finished fixed runs of the comparison are
     reused (same settings, same folder), so only the V1 runs start."""
     tmp, _, _ = compared
-    cfg = tmp / "ablate.yaml"
-    cfg.write_text(
-        f"# python -m evals.ablate_context --config {cfg}\n"
-        f"preset: smoke\nengineer: self\nvariants: [V1]\nbaselines: [fixed]\nbaseline: fixed\nseeds: [0, 1]\n"
-        f"out: {tmp / 'ablate_out'}\nruns_dir: {tmp / 'runs'}\n{SHRINK}"
-    )
-    proc = evals_cmd("evals.ablate_context", cfg)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_config("evals.ablate_context", tmp / "ablate.yaml",
+                      "preset: smoke\nengineer: self\nvariants: [V1]\nbaselines: [fixed]\nbaseline: fixed\n"
+                      f"seeds: [0, 1]\nout: {tmp / 'ablate_out'}\nruns_dir: {tmp / 'runs'}\n")
     assert "[skip] fixed-s0: finished" in proc.stderr and "WARNING" not in proc.stderr
     assert "[start] V1-s0:" in proc.stderr and "--context V1" in proc.stderr
     for s in (0, 1):  # the V1 runs fork stage 0 from the comparison's finished fixed runs
