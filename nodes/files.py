@@ -1,0 +1,58 @@
+"""Atomic file writes for everything a run writes into its folder.
+
+Each writer puts the bytes into a temporary file in the target's own folder and renames it over the
+target (`os.replace`). Why: a reader (a resumed run, the report, a person) never sees half a file, and a
+file that is a hard link to another run's file (a fork's stage 0, graph/stage0.py) is replaced by a new
+inode instead of being modified in place, so the donor's bytes never change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` through a temporary file in the same folder and a rename; returns `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; run files are read by other tools and people
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """`write_bytes_atomic` for UTF-8 text."""
+    return write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def append_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """`path`'s current text (none when it does not exist) plus `text`, written atomically: an append that
+    never writes through a hard link."""
+    path = Path(path)
+    try:
+        old = path.read_bytes()
+    except FileNotFoundError:
+        old = b""
+    return write_bytes_atomic(path, old + text.encode("utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any, *, indent: int | None = 2, **kw: Any) -> Path:
+    """`obj` as JSON (indented, newline-terminated; `kw` go to `json.dumps`), written atomically."""
+    kw.setdefault("ensure_ascii", False)
+    return write_text_atomic(path, json.dumps(obj, indent=indent, **kw) + "\n")
