@@ -7,6 +7,7 @@ from typing import Literal
 
 from langgraph.graph import END, START, StateGraph
 
+from graph.runfolder import in_run_folder
 from graph.state import LoopState
 from nodes.apply import apply
 from nodes.context import RunContext
@@ -26,14 +27,15 @@ def route_after_evaluate(state: LoopState, runtime) -> Literal["summarize_failur
 
 def build_graph() -> StateGraph:
     g = StateGraph(LoopState, context_schema=RunContext)
-    g.add_node("apply", apply)
-    g.add_node("train_stage", train_stage)
-    g.add_node("evaluate", evaluate)
-    g.add_node("summarize_failures", summarize_failures)
-    g.add_node("propose_config", propose_config)
-    g.add_node("validate_config", validate_config)
-    g.add_node("final_evaluate", final_evaluate)
-    g.add_node("report", report)
+    # Every node sees state paths resolved in the run folder and returns them relative to it.
+    g.add_node("apply", in_run_folder(apply))
+    g.add_node("train_stage", in_run_folder(train_stage))
+    g.add_node("evaluate", in_run_folder(evaluate))
+    g.add_node("summarize_failures", in_run_folder(summarize_failures))
+    g.add_node("propose_config", in_run_folder(propose_config))
+    g.add_node("validate_config", in_run_folder(validate_config))
+    g.add_node("final_evaluate", in_run_folder(final_evaluate))
+    g.add_node("report", in_run_folder(report))
 
     # Stage 0: apply generates the training set of the random stage-0 config.
     g.add_edge(START, "apply")

@@ -28,7 +28,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from graph.runfolder import (
+    DB_FILE,
+    RunFolderError,
+    RunLock,
+    database_problem,
+    finished_stages,
+    resolve_in_run,
+    thread_id,
+)
+from nodes import stop
 from nodes.context import CONTEXT_VARIANTS, ENV_VARS, RunContext, Settings, SettingsError, build_settings
+from nodes.files import write_json_atomic
+from nodes.inert import for_terminal
 
 EXIT_BAD_SETTINGS = 2
 EXIT_INTERRUPTED = 130
@@ -203,7 +215,8 @@ def recursion_limit(settings: Settings) -> int:
 
 
 def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    """One progress line on stderr, with control characters removed: lines quote the engineer's text."""
+    print(for_terminal(msg), file=sys.stderr, flush=True)
 
 
 def _stage_line(stage: int, metrics: dict[str, Any]) -> str:
@@ -318,8 +331,7 @@ def _record_person(run_dir: Path, stage: int, record: dict[str, Any]) -> None:
         doc = {"stage": stage, "decisions": []}
     doc.setdefault("decisions", []).append({"by": "person", **record})
     doc["final"] = record["decision"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    write_json_atomic(path, doc)
 
 
 def _ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) -> None:
@@ -384,11 +396,68 @@ def _ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path)
         return
 
 
+LOADS_CHECKPOINT = ("train_stage", "evaluate", "final_evaluate")
+
+
+def _check_state_files(run_dir: Path, values: dict[str, Any], nxt: tuple[str, ...], settings: Settings) -> None:
+    """Before streaming a resumed run: the files its next node loads exist and are intact (a deleted or
+    damaged checkpoint is one line with a resume hint, not a traceback from deep inside a trainer)."""
+    from graph.runfolder import checkpoint_problem
+
+    stage = int(values.get("stage") or 0)
+    ckpt = values.get("checkpoint")
+    loads = set(LOADS_CHECKPOINT) | ({"propose_config"} if settings.engineer == "self" else set())
+    if ckpt and nxt and nxt[0] in loads:
+        problem = checkpoint_problem(Path(resolve_in_run(ckpt, run_dir)))
+        if problem:
+            raise RunFolderError(
+                f"{resolve_in_run(ckpt, run_dir)} (the policy after stage {stage}, which the run goes on from) is "
+                f"{problem}; put back the folder from a copy of this run, then resume with: "
+                f"python -m graph.run --resume {run_dir}"
+            )
+    train = values.get("train_path")
+    if train and nxt and nxt[0] == "train_stage" and not Path(resolve_in_run(train, run_dir)).is_file():
+        raise RunFolderError(
+            f"{resolve_in_run(train, run_dir)} (stage {stage}'s training set, which train_stage reads next) is "
+            f"missing; put it back (or its config.json, env_stats.json and train.jsonl from a copy of the run), "
+            f"then resume with: python -m graph.run --resume {run_dir}"
+        )
+
+
+def _refuse_lost_state(run_dir: Path, why: str, done: list[str]) -> RunFolderError:
+    db = run_dir / DB_FILE
+    if done:
+        return RunFolderError(
+            f"{db} is {why}, but {', '.join(done)} hold finished work that starting over would train again; "
+            f"nothing was changed. Put back graph.sqlite from a copy of this run and resume, or start a new run "
+            f"in another folder"
+        )
+    return RunFolderError(
+        f"{db} is {why}; no stage has finished yet, so nothing is lost by starting over: move it away "
+        f"(mv {db} {db}.bad) and resume with: python -m graph.run --resume {run_dir}"
+    )
+
+
+# what the run is doing, for the one-line error and the interrupt message
+_NOW: dict[str, Any] = {"node": None, "stage": None}
+
+
 def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]:
     """Stream the graph to its end (or an error) with progress lines. A new run whose thread already holds
-    a state (seeded by --stage0-from) continues from it; `resume` continues where a run stopped."""
+    a state (seeded by --stage0-from) continues from it; `resume` continues where a run stopped.
+
+    Raises `RunFolderError` (one line) when graph.sqlite is unreadable, or lost while stages have finished
+    (never starting over on top of them), or when the checkpoint the run goes on from is damaged; and
+    `nodes.stop.StageInterrupted` when a stop was requested (SIGINT/SIGTERM), after the last finished node's
+    state was saved."""
+    run_dir = Path(os.path.abspath(run_dir))
+    done = finished_stages(run_dir)
+    problem = database_problem(run_dir)
+    if problem is not None and (done or problem not in ("missing", "empty (0 bytes)")):
+        raise _refuse_lost_state(run_dir, problem, done)
+    thread = thread_id(run_dir, settings.run_id)
     graph, conn = _open_graph(run_dir, settings)
-    cfg = {"configurable": {"thread_id": run_dir.name}, "recursion_limit": recursion_limit(settings)}
+    cfg = {"configurable": {"thread_id": thread}, "recursion_limit": recursion_limit(settings)}
     ctx = RunContext(settings=settings, run_dir=run_dir)
     try:
         inputs: dict[str, Any] | None = None
@@ -396,12 +465,15 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
         snap = graph.get_state(cfg)
         if resume:
             if not snap.values:
+                if done:  # the thread is empty (or another run's), but this folder holds finished stages
+                    raise _refuse_lost_state(run_dir, f"without a state for run {thread!r}", done)
                 inputs = {}
                 _say(f"[resume] {run_dir}: no checkpoint yet, starting from the beginning")
             elif not snap.next:
                 _say(f"[resume] {run_dir}: the run already finished; see {run_dir / 'report.md'}")
                 return snap.values
             else:
+                _check_state_files(run_dir, snap.values, tuple(snap.next), settings)
                 _say(f"[resume] {run_dir}: continuing at stage {snap.values.get('stage', 0)}, node {snap.next[0]}")
                 decided = str(snap.values.get("decision") or "").endswith("(person)")
                 if settings.approve and tuple(snap.next) == ("apply",) and snap.values.get("accepted") and not decided:
@@ -415,12 +487,14 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
         state: dict[str, Any] = dict(graph.get_state(cfg).values or {})
         t_start = time.monotonic()
         started: dict[str, float] = {}
+        _SIGNALS["interruptible"] = False  # from here a first signal stops at the next step or node
         while True:
             for mode, chunk in graph.stream(inputs, cfg, context=ctx, stream_mode=["tasks", "updates"],
                                             durability="sync"):
                 if mode == "tasks":
                     if "input" in chunk:  # a task starts (its end comes as an update)
                         started[chunk["name"]] = time.monotonic()
+                        _NOW.update(node=chunk["name"], stage=(chunk["input"] or {}).get("stage"))
                         line = _describe_start(chunk["name"], chunk["input"] or {}, settings)
                         if line:
                             _say(line)
@@ -439,12 +513,20 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
             snap = graph.get_state(cfg)
             if not snap.next:
                 return snap.values
+            if stop.stop_requested():
+                raise stop.StageInterrupted(f"stopped before {snap.next[0]}")
             if settings.approve and snap.next[0] == "apply":
                 if asked_for != int(snap.values.get("stage", 0)):
                     _ask_approval(graph, cfg, settings, run_dir)
                 asked_for = None
                 continue
             raise RunError(f"the run stopped before {snap.next}; resume with --resume {run_dir}")
+    except sqlite3.DatabaseError as e:
+        raise RunFolderError(
+            f"{run_dir / DB_FILE} cannot be read ({e}); "
+            + ("put it back from a copy of this run" if done else f"move it away (mv {run_dir / DB_FILE} "
+               f"{run_dir / DB_FILE}.bad) and resume to start over; no stage had finished")
+        ) from None
     finally:
         conn.close()
 
@@ -494,8 +576,148 @@ def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
     _ping_engineer(settings, run_dir)
 
 
-def _raise_interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
-    raise KeyboardInterrupt
+# First SIGINT/SIGTERM: ask the run to stop at the next training step or node (nodes.stop), raise nothing
+# (a KeyboardInterrupt raised from a handler can land in a __del__, where Python ignores it, and training
+# goes on). Before the graph streams and at the --approve prompt nothing is in flight: the first signal
+# interrupts at once. A second signal kills the vLLM servers and every child process and exits.
+_SIGNALS: dict[str, Any] = {"count": 0, "interruptible": True, "run_dir": None}
+
+
+def _resume_hint() -> str:
+    run_dir = _SIGNALS.get("run_dir")
+    return f"resume with: python -m graph.run --resume {run_dir}" if run_dir else "nothing to resume"
+
+
+def _on_signal(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    name = signal.Signals(signum).name
+    _SIGNALS["count"] += 1
+    if _SIGNALS["count"] == 1 and _SIGNALS["interruptible"]:
+        raise KeyboardInterrupt
+    if _SIGNALS["count"] == 1:
+        stop.request_stop(name)
+        _write_now(f"\n[stop] {name}: stopping at the next training step or node boundary; the finished work is "
+                   f"kept ({name} again stops at once)\n")
+        return
+    _write_now(f"\n[stop] {name} again: stopping now; {_resume_hint()}\n")
+    _kill_children()
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _write_now(text: str) -> None:
+    try:  # os.write, not print: a handler may run while the main thread is inside a print to stderr
+        os.write(2, text.encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+def _kill_children() -> None:
+    """SIGKILL the vLLM servers (their groups and engine cores) and every other process below this one."""
+    from llm.vllm_server import descendants, kill_all
+
+    try:
+        kill_all()
+    except Exception:  # noqa: BLE001 - exiting anyway: kill what can be killed
+        pass
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _install_signal_handlers() -> None:
+    from llm.vllm_server import defer_signal_cleanup
+
+    _SIGNALS.update(count=0, interruptible=True, run_dir=None)
+    stop.reset()
+    defer_signal_cleanup()  # the servers' own handlers (chained on first start) leave the first signal to us
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _on_signal)
+
+
+def _env_given(settings: Settings, env: dict[str, str]) -> list[str]:
+    """Environment variables that would set a value other than the resumed run's (all ignored on resume)."""
+    saved = settings.model_dump(mode="json")
+
+    def same(a: Any, b: str) -> bool:
+        if a is None:
+            return b.strip().lower() in ("", "none", "null")
+        try:
+            return float(a) == float(b)
+        except (TypeError, ValueError):
+            return str(a).lower() == b.strip().lower()
+
+    out = []
+    for var, field in ENV_VARS.items():
+        value = env.get(var, "")
+        if value != "" and var not in ("APPROVE", "ENGINEER_BASE_URL") and not same(saved.get(field), value):
+            out.append(f"{var} (environment)")
+    for var, value in env.items():
+        if var.startswith("TRAIN__") and value != "" and not same(saved["train"].get(var[7:].lower()), value):
+            out.append(f"{var} (environment)")
+    return sorted(out)
+
+
+def _resume_settings(args: argparse.Namespace, run_dir: Path) -> Settings:
+    """settings.json of the run (+ --approve), with the full engineer URL when settings.json masked its
+    credentials; announces every flag and environment variable it ignores."""
+    from llm.redact import has_masked_credentials, mask_url
+
+    settings = Settings.load(run_dir / "settings.json")
+    given = _cli_values(args)
+    env = dict(os.environ)
+    if given.pop("approve", None) or env.get("APPROVE", "").lower() in ("1", "true", "yes"):
+        settings = settings.model_copy(update={"approve": True})
+    if has_masked_credentials(settings.engineer_base_url):
+        full = env.get("ENGINEER_BASE_URL", "")
+        if mask_url(full) != settings.engineer_base_url:
+            raise SettingsError(
+                f"settings.json keeps engineer_base_url={settings.engineer_base_url} with its credentials masked; "
+                "set ENGINEER_BASE_URL to the full URL to resume"
+            )
+        settings = settings.model_copy(update={"engineer_base_url": full})
+    elif env.get("ENGINEER_BASE_URL") and env["ENGINEER_BASE_URL"] != (settings.engineer_base_url or ""):
+        given["ENGINEER_BASE_URL (environment)"] = True
+    ignored = sorted(given) + _env_given(settings, env)
+    if ignored:
+        _say(f"[resume] ignoring {', '.join(ignored)}: a resumed run keeps its settings.json "
+             "(only --approve can be added)")
+    return settings
+
+
+def _check_model_cache(settings: Settings) -> None:
+    """The embedded policy is converted once into the model cache: a cache that cannot be written is found
+    now (and by --dry-run), not when stage 0 loads the model."""
+    from llm.models import check_cache_writable
+
+    try:
+        check_cache_writable(settings.policy_model)
+    except OSError as e:
+        raise SettingsError(str(e)) from None
+
+
+def _error_log(run_dir: Path | None, exc: BaseException) -> Path | None:
+    """The traceback of an unexpected error, kept in run_dir/logs/error.log (the terminal gets one line)."""
+    import traceback
+
+    if run_dir is None:
+        return None
+    path = Path(run_dir) / "logs" / "error.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {_NOW}\n")
+            f.write("".join(traceback.format_exception(exc)))
+    except OSError:
+        return None
+    return path
+
+
+def _where() -> str:
+    node, stage = _NOW.get("node"), _NOW.get("stage")
+    if node is None:
+        return ""
+    return f"{node}" + (f" of stage {stage}" if isinstance(stage, int) and node != "final_evaluate" else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -503,8 +725,9 @@ def main(argv: list[str] | None = None) -> int:
     created: Path | None = None
     run_dir: Path | None = None
     donor = None
-    # SIGTERM takes the same clean path as Ctrl-C: servers are stopped by their context managers.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    lock: RunLock | None = None
+    _install_signal_handlers()
+    _NOW.update(node=None, stage=None)
     try:
         if args.resume:
             if args.stage0_from:
@@ -512,20 +735,18 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = Path(args.resume)
             if not (run_dir / "settings.json").is_file():
                 raise SettingsError(f"--resume {str(run_dir)!r}: no settings.json there; is it a run folder?")
-            settings = Settings.load(run_dir / "settings.json")
-            given = _cli_values(args)
-            if given.pop("approve", None):
-                settings = settings.model_copy(update={"approve": True})
-            if given:
-                _say(f"[resume] ignoring {', '.join(sorted(given))}: a resumed run keeps its settings.json "
-                     "(only --approve can be added)")
+            lock = RunLock(run_dir).acquire()
+            _SIGNALS["run_dir"] = run_dir
+            settings = _resume_settings(args, run_dir)
             _check_before_work(settings)
+            _check_model_cache(settings)
         else:
             env = dict(os.environ)
             if env.get("APPROVE", "").lower() in ("1", "true", "yes"):
                 env["APPROVE"] = "true"
             settings = build_settings(_cli_values(args), env)
             _check_before_work(settings)
+            _check_model_cache(settings)
             if args.stage0_from:
                 from graph.stage0 import check_donor
 
@@ -539,7 +760,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise SettingsError(
                     f"bad setting run_dir={str(run_dir)!r}: cannot create it ({e.strerror})"
                 ) from None
-            settings = settings.model_copy(update={"run_dir": run_dir})
+            try:
+                lock = RunLock(run_dir).acquire()
+            except RunFolderError:
+                created = None  # another process is starting a run in this folder: its folder, not ours
+                raise
+            _SIGNALS["run_dir"] = run_dir
+            settings = settings.model_copy(update={"run_dir": run_dir, "run_id": run_dir.name})
             settings.save(run_dir / "settings.json")
             _say(f"[run] {run_dir} (preset {settings.preset}, engineer {settings.engineer}, "
                  f"{settings.stages} stages, context {settings.context})")
@@ -563,16 +790,58 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as e:
         if created is not None:
             shutil.rmtree(created, ignore_errors=True)
-        print(f"error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         return EXIT_BAD_SETTINGS
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; resume with: python -m graph.run --resume {run_dir}", file=sys.stderr)
+    except (KeyboardInterrupt, stop.StageInterrupted) as e:
+        how = stop.stop_reason() or "interrupted"
+        where = _where()
+        if created is not None:  # interrupted while setting up a new run: nothing finished lives there
+            shutil.rmtree(created, ignore_errors=True)
+            _say(f"\n[stop] {how}: nothing was started")
+        else:
+            _say(f"\n[stop] {how}" + (f" during {where}" if where and isinstance(e, stop.StageInterrupted) else "")
+                 + f": the finished work is saved; {_resume_hint()}")
         return EXIT_INTERRUPTED
+    except RunFolderError as e:
+        _say(f"error: {e}")
+        return 1
     except RunError as e:
         if created is not None:  # a failed dry run or fork set-up: nothing finished lives there yet
             shutil.rmtree(created, ignore_errors=True)
-        print(f"error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         return 1
+    except Exception as e:  # noqa: BLE001 - any other failure of a node: one line, the traceback in a file
+        if stop.stop_requested():  # a node that failed because it was being stopped
+            _say(f"\n[stop] {stop.stop_reason()}: the finished work is saved; {_resume_hint()}")
+            return EXIT_INTERRUPTED
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+            created = None
+        log = _error_log(run_dir, e)
+        first = (str(e).strip().splitlines() or [""])[0][:400]
+        where = _where()
+        _say(f"error: {where + ': ' if where else ''}{type(e).__name__}: {first}")
+        if run_dir is not None:
+            _say(f"the state is saved up to the last finished node; fix the cause, then resume with: "
+                 f"python -m graph.run --resume {run_dir}" + (f" (traceback: {log})" if log else ""))
+        return 1
+    finally:
+        if lock is not None:
+            _stop_servers()  # before the folder is free for another process
+            lock.release()
+
+
+def _stop_servers() -> None:
+    if "llm.vllm_server" not in sys.modules:
+        return
+    from llm.policy import stop_kept_server
+    from llm.vllm_server import stop_all
+
+    try:
+        stop_kept_server()
+        stop_all()
+    except Exception as e:  # noqa: BLE001 - exiting: atexit and the launcher's watchdog still stop them
+        _say(f"[warn] could not stop a vLLM server: {e}")
 
 
 if __name__ == "__main__":

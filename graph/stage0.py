@@ -30,7 +30,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from graph.runfolder import RunFolderError, relative_to_run, state_paths, thread_id
 from nodes.context import RunContext, Settings, SettingsError
+from nodes.files import write_json_atomic
 
 # Settings that may differ between a donor and a fork: they act only after stage 0's evaluation (who
 # designs the next stages and from what context) or on the run's bookkeeping, never on what stage 0
@@ -43,7 +45,7 @@ MAY_DIFFER = frozenset({
     # the context shown to the engineer (prompts/ holds only engineer templates; the policy prompt is env's)
     "context", "context_details", "evidence_examples", "evidence_chars", "prompts_dir",
     # run side: the folder, the person at the terminal, how the policy server is kept (not what it answers)
-    "run_dir", "approve", "keep_server",
+    "run_dir", "run_id", "approve", "keep_server",
 })
 
 # What apply, train_stage and evaluate write into stage_0 (the SFT warm start's tb/sft included). Engineer
@@ -120,14 +122,14 @@ def check_donor(donor_dir: Path, settings: Settings) -> Donor:
             f"{flag}: setting {name} differs: this run {mine!r}, donor {theirs!r}; stage 0 is shared only "
             "between runs whose settings are equal outside the engineer/context/run-folder ones"
         )
-    thread = donor_dir.resolve().name  # run_graph's thread id: the run folder's name
     try:
+        thread = thread_id(donor_dir, donor_settings.run_id)  # the donor's own thread, wherever it lives now
         graph, conn = _open(donor_dir / "graph.sqlite")
         try:
             history = list(graph.get_state_history({"configurable": {"thread_id": thread}}))
         finally:
             conn.close()
-    except sqlite3.Error as e:
+    except (sqlite3.Error, RunFolderError) as e:
         raise SettingsError(f"{flag}: cannot read its graph.sqlite ({e})") from None
     # newest first; the last match is the checkpoint evaluate itself wrote
     found = [s for s in history if s.values.get("stage") == 0 and tuple(s.next) == AFTER_EVALUATE]
@@ -196,6 +198,7 @@ def forked_values(donor: Donor, run_dir: Path) -> dict[str, Any]:
         old.add(str(donor.settings.run_dir))  # the folder as the donor's nodes named it (maybe relative)
     values = {k: v for k, v in donor.values.items() if k != "log"}
     values = _rebase(values, sorted(old, key=len, reverse=True), str(run_dir))
+    values = state_paths(values, run_dir, relative_to_run)  # stored relative to the fork's folder
     tag = f"[shared from donor {donor.run_dir.resolve().name}]"
     values["log"] = [f"stage 0: shared from donor {donor.run_dir} (checkpoint {donor.checkpoint_id}); "
                      "not trained or evaluated in this run"]
@@ -221,7 +224,7 @@ def update_as_evaluate(graph, cfg: dict[str, Any], values: dict[str, Any], ctx: 
 def seed_from_donor(donor: Donor, run_dir: Path, settings: Settings) -> dict[str, Any]:
     """Link the donor's stage 0 into `run_dir` and write its state as this run's first checkpoint.
 
-    Returns what `stage0_from.json` records. The thread id is `run_dir.name`, as in `graph.run.run_graph`.
+    Returns what `stage0_from.json` records. The thread id is `settings.run_id`, as in `graph.run.run_graph`.
     """
     src, dst = donor.run_dir / "stage_0", Path(run_dir) / "stage_0"
     counts = {"linked": 0, "copied": 0}
@@ -231,7 +234,7 @@ def seed_from_donor(donor: Donor, run_dir: Path, settings: Settings) -> dict[str
     values = forked_values(donor, Path(run_dir))
     graph, conn = _open(Path(run_dir) / "graph.sqlite")
     try:
-        cfg = {"configurable": {"thread_id": Path(run_dir).name}}
+        cfg = {"configurable": {"thread_id": settings.run_id or Path(run_dir).name}}
         update_as_evaluate(graph, cfg, values, RunContext(settings=settings, run_dir=Path(run_dir)))
         snap = graph.get_state(cfg)
     finally:
@@ -248,5 +251,5 @@ def seed_from_donor(donor: Donor, run_dir: Path, settings: Settings) -> dict[str
         "files": {**counts, "shared": [n for n in STAGE0_FILES if (dst / n).exists()]},
         "forked_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    (Path(run_dir) / "stage0_from.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_json_atomic(Path(run_dir) / "stage0_from.json", record)
     return record

@@ -1,10 +1,15 @@
 """The graph state: small data only. Heavy artefacts (datasets, checkpoints, answers) live in the run
-folder and the state holds their paths, so every checkpoint of the state stays a few kilobytes."""
+folder and the state holds their paths, so every checkpoint of the state stays a few kilobytes.
+
+Paths (`PATH_KEYS`) are stored relative to the run folder; the nodes see them resolved against the folder
+being run (graph.runfolder.in_run_folder), so a moved or copied run reads its own files."""
 
 from __future__ import annotations
 
 import operator
 from typing import Annotated, Any, TypedDict
+
+PATH_KEYS = ("train_path", "checkpoint")
 
 
 class LoopState(TypedDict, total=False):
@@ -13,9 +18,10 @@ class LoopState(TypedDict, total=False):
     config: dict[str, Any]
     """EnvConfig (model_dump) the current stage's training set was generated from."""
     train_path: str
-    """Path of the current stage's train.jsonl."""
+    """Path of the current stage's train.jsonl (stored relative to the run folder)."""
     checkpoint: str | None
-    """Latest policy checkpoint folder (None before the first train stage: the base model)."""
+    """Latest policy checkpoint folder, stored relative to the run folder (None before the first train
+    stage: the base model)."""
     reward_state: dict[str, Any]
     """The reward's running short-answer share (adaptive weights), carried across stages."""
     train_metrics: dict[str, Any]

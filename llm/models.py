@@ -134,6 +134,26 @@ def _convert_embedded(name: str, root: Path) -> Path:
     return target
 
 
+def check_cache_writable(name: str, cache_dir=None) -> None:
+    """Raise ``PermissionError`` (one line) when ``name`` is an embedded model not converted yet and the cache
+    folder cannot be written: found before a run starts instead of when stage 0 loads the model. A folder
+    is tried by creating a file in it (``os.access`` says yes to root on a read-only mount)."""
+    if str(name) not in EMBEDDED:
+        return
+    root = cache_root(cache_dir)
+    if _complete(root / EMBEDDED[str(name)][2]):
+        return
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as e:
+        raise PermissionError(
+            f"model cache {root} is not writable ({e.strerror or type(e).__name__}): the embedded model {name!r} "
+            "is converted there once; set ENV_ENGINEER_CACHE to a writable folder"
+        ) from None
+
+
 def _complete(path: Path) -> bool:
     return (path / "config.json").exists() and any(path.glob("*.safetensors")) and (
         (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists()

@@ -28,9 +28,9 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
-import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -38,6 +38,7 @@ import openai
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, stop_after_delay
 
 from llm.base import ChatError, ChatResult, Messages, UsageStats, extract_json, with_schema_in_prompt
+from llm.redact import mask_url, redact
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class OpenAIChat:
         max_attempts: int = 10,
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
+        server_check: Callable[[], str | None] | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -113,6 +115,7 @@ class OpenAIChat:
         self.max_attempts = max(1, int(max_attempts))
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
+        self.server_check = server_check
         self._secret = api_key or ""
         self._client = openai.OpenAI(
             base_url=self.base_url, api_key=api_key or "EMPTY", max_retries=0, timeout=self.timeout_s
@@ -130,7 +133,7 @@ class OpenAIChat:
         return self.schema_mode == "json_schema"
 
     def __repr__(self) -> str:
-        return f"OpenAIChat(backend={self.backend!r}, base_url={self.base_url!r}, model={self.model!r})"
+        return f"OpenAIChat(backend={self.backend!r}, base_url={mask_url(self.base_url)!r}, model={self.model!r})"
 
     # -- public interface -------------------------------------------------------------------------
 
@@ -232,6 +235,9 @@ class OpenAIChat:
                     if last_cause:
                         raise _Retryable(f"{last_cause}; then the {e.cause}") from None
                 last_cause = e.cause
+                gone = self.server_check() if self.server_check is not None else None
+                if gone:  # the server process is dead: no retry can succeed
+                    raise _Fatal(f"{e.cause}; not retried: {gone}") from None
                 raise
 
         def retry_after_past_budget(state: RetryCallState) -> bool:
@@ -394,29 +400,7 @@ class OpenAIChat:
 
     def _redact(self, text: str) -> str:
         """``text`` without the key, any run of 8+ of its characters, or anything shaped like a key."""
-        secret = self._secret
-        if secret:
-            if len(secret) >= 8:
-                text = text.replace(secret, "***")
-                windows = {secret[i : i + 8] for i in range(len(secret) - 7)}
-                text = _TOKEN.sub(
-                    lambda m: "***" if any(m[0][i : i + 8] in windows for i in range(len(m[0]) - 7)) else m[0],
-                    text,
-                )
-            else:  # a short key: mask it where it stands as a token of its own, not inside other words
-                text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", "***", text)
-        return _KEY_LIKE.sub("***", text)
-
-
-# tokens that could be (part of) a key, and shapes of keys whatever the key in use: OpenAI-style sk-/pk-/rk-,
-# Google's AIza..., bearer tokens, and a server's masked echo of a key ("sk-abc*****5678", "abcd****wxyz")
-_TOKEN = re.compile(r"[A-Za-z0-9_\-]{8,}")
-_KEY_LIKE = re.compile(
-    r"\b(?:sk|pk|rk)-[A-Za-z0-9_\-*.]{3,}"
-    r"|\bAIza[A-Za-z0-9_\-*]{8,}"
-    r"|(?i:bearer)\s+\S+"
-    r"|[A-Za-z0-9_\-]*\*{3,}[A-Za-z0-9_\-]+"
-)
+        return redact(text, [self._secret] if self._secret else [])
 
 
 def _jitter() -> float:

