@@ -39,7 +39,7 @@ from graph.runfolder import (
 )
 from nodes import stop
 from nodes.context import CONTEXT_VARIANTS, ENV_VARS, RunContext, Settings, SettingsError, build_settings
-from nodes.files import write_json_atomic
+from nodes.files import RunFileError, write_json_atomic
 from nodes.inert import for_terminal
 
 EXIT_BAD_SETTINGS = 2
@@ -802,8 +802,10 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"\n[stop] {how}" + (f" during {where}" if where and isinstance(e, stop.StageInterrupted) else "")
                  + f": the finished work is saved; {_resume_hint()}")
         return EXIT_INTERRUPTED
-    except RunFolderError as e:
+    except (RunFolderError, RunFileError) as e:
         _say(f"error: {e}")
+        if isinstance(e, RunFileError) and run_dir is not None:
+            _say(f"the state is saved up to the last finished node; resume with: python -m graph.run --resume {run_dir}")
         return 1
     except RunError as e:
         if created is not None:  # a failed dry run or fork set-up: nothing finished lives there yet

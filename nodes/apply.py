@@ -27,6 +27,7 @@ from typing import Any
 
 from env import EnvConfig, generate, random_config
 from env.instance import write_jsonl
+from nodes.files import write_json_atomic, write_text_atomic
 
 
 def stage_seed(seed: int, stage: int) -> int:
@@ -64,8 +65,8 @@ def generate_stage(cfg: EnvConfig, stage_dir: Path, *, n: int, seed: int) -> dic
     )
     write_jsonl(data_path, gen.instances)
     stats = {"seed": seed, "n": n, "generated": len(gen.instances), **_jsonable(gen.stats)}
-    stats_path.write_text(json.dumps(stats, indent=2) + "\n")
-    cfg_path.write_text(config_json)  # last: its presence marks a complete stage folder
+    write_json_atomic(stats_path, stats, ensure_ascii=True)
+    write_text_atomic(cfg_path, config_json)  # last: its presence marks a complete stage folder
     return stats
 
 

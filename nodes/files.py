@@ -15,6 +15,11 @@ from pathlib import Path
 from typing import Any
 
 
+class RunFileError(RuntimeError):
+    """A file of the run folder that a node cannot use: one line naming the file and how to repair it
+    (graph.run prints it with the resume command)."""
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     """Write `data` to `path` through a temporary file in the same folder and a rename; returns `path`."""
     path = Path(path)

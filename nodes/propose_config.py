@@ -10,8 +10,9 @@ Classic engineers (fixed | random | learnability | threshold, `nodes/engineers.p
 node with the same answer shape, and their answers go through the same validation.
 
 Files (stage_<k>/): `engineer_prompt.md` (the request parameters, max_tokens, temperature and whether a
-json_schema was sent, then the exact messages) and `engineer_reply.md` (the raw reply); attempt 1 writes
-them, later attempts append a section each.
+json_schema was sent, then the exact messages) and `engineer_reply.md` (the raw reply, with API keys and
+key-shaped tokens redacted, `llm.redact`: the reply is untrusted and a remote engineer may echo a key);
+attempt 1 writes them, later attempts append a section each (written atomically, `nodes.files`).
 
 The extraction is tolerant (`extract_proposal`): the whole reply as JSON, else code-fenced JSON, else the
 first balanced `{...}` that decodes (a size-keyed object is preferred), trailing commas forgiven; a bare
@@ -36,7 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from env import SIZES, EnvConfig
+from llm.redact import redact
 from nodes.engineers import CLASSIC
+from nodes.files import append_text_atomic, write_text_atomic
 from nodes.summarize_failures import fill, load_template
 
 MAX_RATIONALE_CHARS = 2000
@@ -240,9 +243,10 @@ def _messages_md(messages: list[dict], header: str, kwargs: dict | None = None) 
 
 
 def _write(path: Path, text: str, append: bool) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a" if append else "w", encoding="utf-8") as f:
-        f.write(("\n\n" if append else "") + text)
+    if append:
+        append_text_atomic(path, "\n\n" + text)
+    else:
+        write_text_atomic(path, text)
 
 
 # ----------------------------------------------------------------------------- the node
@@ -308,6 +312,11 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
     _write(stage_dir / "engineer_prompt.md", _messages_md(messages, header, kwargs), append)
     t0 = time.monotonic()
     text, meta = _ask(model, messages, kwargs, state, settings, run_dir)
+    # a key the engineer echoed (or any key-shaped token) never reaches engineer_reply.md, validation.json
+    # or the graph state: everything below reads the redacted text
+    text = redact(text)
+    if meta.get("error"):
+        meta["error"] = redact(str(meta["error"]))
     meta["wall_s"] = round(time.monotonic() - t0, 3)
     _write(stage_dir / "engineer_reply.md", f"# {header}\n\n<!-- {json.dumps(meta)} -->\n\n{text}\n", append)
 

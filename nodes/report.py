@@ -3,25 +3,57 @@
 Everything here is recomputed from what earlier nodes saved (stage_k/config.json, metrics.json,
 validation.json, final/metrics.json, and settings.json / stage0_from.json of the run), so `python -m nodes.report RUN_DIR` rebuilds the same report
 for any run folder, finished or not.
+
+Every file is read as untrusted: JSON of the wrong type (a list where an object belongs, a string where a
+number belongs) counts as absent, never as a crash; text that came from the engineer (its rationale, the
+reasons quoting it) and names of the run are escaped (`nodes.inert.for_markdown`: no HTML, no headings,
+no control characters) before they reach report.md. Files are written atomically (`nodes.files`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from nodes.evaluate import final_table_md
+from nodes.files import write_bytes_atomic, write_text_atomic
+from nodes.inert import for_markdown, md_inline
 
 SIZES = tuple(range(3, 11))
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path) -> dict | None:
+    """The JSON object in `path`; None when the file is missing, unreadable, not JSON, or not an object."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        obj = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or bytes that are not UTF-8
         return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _sizes(config: Any) -> dict[int, dict[str, float]]:
+    """A config's `sizes` as {size: {knob: float}}, keeping only well-typed entries."""
+    raw = config.get("sizes") if isinstance(config, dict) else None
+    out: dict[int, dict[str, float]] = {}
+    if not isinstance(raw, dict):
+        return out
+    for n in SIZES:
+        knobs = raw.get(str(n), raw.get(n))
+        if isinstance(knobs, dict):
+            out[n] = {k: v for k in ("data_ratio", "hole_ratio", "wait_ratio") if (v := _num(knobs.get(k))) is not None}
+    return out
+
+
+def _decisions(validation: Any) -> list[dict]:
+    decisions = validation.get("decisions") if isinstance(validation, dict) else None
+    return [d for d in decisions if isinstance(d, dict)] if isinstance(decisions, list) else []
 
 
 def _stage_dirs(run_dir: Path) -> list[tuple[int, Path]]:
@@ -35,7 +67,7 @@ def _stage_dirs(run_dir: Path) -> list[tuple[int, Path]]:
 
 
 def _pct(x: Any) -> str:
-    return "–" if not isinstance(x, (int, float)) else f"{100 * x:.1f}"
+    return "–" if _num(x) is None else f"{100 * x:.1f}"
 
 
 def collect(run_dir: Path) -> dict[str, Any]:
@@ -60,8 +92,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
 
 
 def _size_rate(metrics: dict[str, Any], kind: str, size: int) -> float | None:
-    v = metrics.get(f"eval/{kind}/size_{size}")
-    return v if isinstance(v, (int, float)) else None
+    return _num(metrics.get(f"eval/{kind}/size_{size}"))
 
 
 def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
@@ -90,17 +121,17 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
         axes[0].set_ylabel("%")
         axes[0].legend()
         fig.tight_layout()
-        fig.savefig(run_dir / "rates.png", dpi=100)
+        _save_png(fig, run_dir / "rates.png")
         plt.close(fig)
         files.append("rates.png")
-    configs = [s for s in data["stages"] if s["config"]]
+    configs = [s for s in data["stages"] if _sizes(s["config"])]
     if configs:
         fig, axes = plt.subplots(1, 3, figsize=(14, 4))
         width = 0.8 / max(1, len(configs))
         for i, s in enumerate(configs):
-            sizes = s["config"].get("sizes", {})
+            sizes = _sizes(s["config"])
             for ax, knob in zip(axes, ("data_ratio", "hole_ratio", "wait_ratio"), strict=True):
-                ys = [sizes.get(str(n), sizes.get(n, {})).get(knob, 0.0) for n in SIZES]
+                ys = [sizes.get(n, {}).get(knob, 0.0) for n in SIZES]
                 ax.bar(
                     [n + (i - (len(configs) - 1) / 2) * width for n in SIZES],
                     ys,
@@ -114,7 +145,7 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
         axes[0].legend()
         fig.suptitle("environment allocation per stage")
         fig.tight_layout()
-        fig.savefig(run_dir / "allocation.png", dpi=100)
+        _save_png(fig, run_dir / "allocation.png")
         plt.close(fig)
         files.append("allocation.png")
     return files
@@ -122,26 +153,27 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
 
 def paper_table_md(final: dict[str, Any], label: str) -> str:
     """The paper's headline table: one row per run, `valid / optimal` (%) per agent count (3, 4, 5)."""
-    agents = sorted({int(a) for a in (final.get("by_agents") or {})} | {3, 4, 5})
+    by_agents = final.get("by_agents")
+    agents = sorted({int(a) for a in (by_agents if isinstance(by_agents, dict) else {}) if str(a).isdigit()} | {3, 4, 5})
     cells = []
     for a in agents:
-        v, o = final.get(f"final/valid_rate/agents_{a}"), final.get(f"final/optimal_rate/agents_{a}")
-        ok = isinstance(v, (int, float)) and isinstance(o, (int, float))
+        v, o = _num(final.get(f"final/valid_rate/agents_{a}")), _num(final.get(f"final/optimal_rate/agents_{a}"))
+        ok = v is not None and o is not None
         cells.append(f"{100 * v:.2f} / {100 * o:.2f}" if ok else "–")
     return "\n".join([
         "| run | " + " | ".join(f"{a} agents" for a in agents) + " |",
         "|---|" + "---|" * len(agents),
-        f"| {label} | " + " | ".join(cells) + " |",
+        f"| {md_inline(label)} | " + " | ".join(cells) + " |",
     ]) + "\n"
 
 
 def render(data: dict[str, Any], plots: list[str], title: str) -> str:
-    lines = [f"# Run report: {title}", ""]
+    lines = [f"# Run report: {md_inline(title)}", ""]
     shared = data.get("stage0_from")
     if shared:
         lines += [
-            f"Stage 0 was shared from the donor run `{shared.get('donor')}` (its checkpoint "
-            f"`{shared.get('donor_checkpoint_id')}`): it was generated, trained and evaluated once there, not in "
+            f"Stage 0 was shared from the donor run `{_code(shared.get('donor'))}` (its checkpoint "
+            f"`{_code(shared.get('donor_checkpoint_id'))}`): it was generated, trained and evaluated once there, not in "
             "this run; its files in stage_0/ are the donor's bytes (hard links where possible). See stage0_from.json.",
             "",
         ]
@@ -176,7 +208,9 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
 
             def num(key: str, fmt: str, m: dict = m) -> str:
                 v = m.get(key)
-                return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "–"
+                if fmt == "d":
+                    return str(v) if isinstance(v, int) and not isinstance(v, bool) else "–"
+                return format(v, fmt) if _num(v) is not None else "–"
 
             lines.append(
                 f"| {s['stage']} | {num('train/steps', 'd')} | {num('train/seconds_per_step', '.1f')} | "
@@ -191,37 +225,42 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
         ]
     lines += ["## Configurations and the engineer's decisions", ""]
     for s in data["stages"]:
-        cfg = (s["config"] or {}).get("sizes", {})
+        cfg = _sizes(s["config"])
         lines.append(f"### Stage {s['stage']}")
         if cfg:
             lines += ["", "| size | data | hole | wait |", "|---|---|---|---|"]
             for n in SIZES:
-                k = cfg.get(str(n), cfg.get(n, {}))
+                k = cfg.get(n, {})
                 lines.append(
                     f"| {n}x{n} | {k.get('data_ratio', 0):.3f} | {k.get('hole_ratio', 0):.3f} | "
                     f"{k.get('wait_ratio', 0):.3f} |"
                 )
-        decisions = (s["validation"] or {}).get("decisions") or []
+        decisions = _decisions(s["validation"])
         engineer = [d for d in decisions if d.get("by") != "person"]
         person = [d for d in decisions if d.get("by") == "person"]
         if engineer:
             last = engineer[-1]
             lines += [
                 "",
-                f"Engineer proposal for stage {s['stage'] + 1}: **{last.get('decision', '?')}** after "
-                f"{len(engineer)} attempt(s) — {last.get('reason', '')}",
+                f"Engineer proposal for stage {s['stage'] + 1}: **{md_inline(last.get('decision', '?'))}** after "
+                f"{len(engineer)} attempt(s) — {md_inline(last.get('reason', ''))}",
             ]
             if last.get("rationale"):
-                lines += ["", "> " + str(last["rationale"])[:2000].replace("\n", "\n> ")]
+                lines += ["", "> " + for_markdown(str(last["rationale"])[:2000]).replace("\n", "\n> ")]
         if person:
             last = person[-1]
-            lines += ["", f"Person's decision (--approve): **{last.get('decision', '?')}** — {last.get('reason', '')}"]
+            lines += ["", f"Person's decision (--approve): **{md_inline(last.get('decision', '?'))}** — "
+                      f"{md_inline(last.get('reason', ''))}"]
         lines.append("")
     lines += ["## Final benchmark (held-out, more agents than in training)", ""]
     final = data["final"]
     if final:
         settings = data.get("settings") or {}
         label = f"{title} ({settings.get('policy_model', '?')}, {settings.get('engineer', '?')} engineer)"
+        try:
+            table = final_table_md(final)
+        except (TypeError, ValueError, AttributeError, KeyError) as e:
+            table = f"(the per-size table cannot be built from final/metrics.json: {md_inline(type(e).__name__)})\n"
         lines += [
             f"{final.get('final/n', '?')} instances: valid {_pct(final.get('final/valid_rate'))} %, "
             f"optimal {_pct(final.get('final/optimal_rate'))} %.",
@@ -229,7 +268,7 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             "In the paper's format (valid % / optimal %, aggregate over sizes):",
             "",
             paper_table_md(final, label),
-            final_table_md(final),
+            table,
         ]
     else:
         lines.append("(no final benchmark yet)")
@@ -241,10 +280,22 @@ def write_report(run_dir: Path) -> Path:
     data = collect(run_dir)
     plots = plot(data, run_dir)
     out = run_dir / "report.md"
-    tmp = out.with_suffix(".md.tmp")
-    tmp.write_text(render(data, plots, run_dir.name))
-    tmp.replace(out)
+    write_text_atomic(out, render(data, plots, run_dir.name))
     return out
+
+
+def _save_png(fig, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def _code(x: Any) -> str:
+    """A value shown inside backticks: one line, no backticks, no control characters."""
+    return md_inline(str(x)).replace("`", "'")
 
 
 def report(state: dict, runtime) -> dict:
@@ -253,7 +304,21 @@ def report(state: dict, runtime) -> dict:
     return {"log": [f"report written: {path}"]}
 
 
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m nodes.report RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = Path(argv[0])
+    if not run_dir.is_dir():
+        print(f"error: {run_dir} is not a folder; give a run folder (runs/<run-id>)", file=sys.stderr)
+        return 2
+    try:
+        print(write_report(run_dir))
+    except OSError as e:
+        print(f"error: cannot write the report into {run_dir}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m nodes.report RUN_DIR")
-    print(write_report(Path(sys.argv[1])))
+    sys.exit(main(sys.argv[1:]))

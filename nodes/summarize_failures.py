@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from env import FAILURES
+from nodes.files import RunFileError, write_text_atomic
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
@@ -394,10 +395,19 @@ def _read_json(path: Path) -> Any:
 
 
 def _read_rows(path: Path) -> list[dict]:
+    """The JSON rows of an eval.jsonl (lines that do not decode are skipped); `RunFileError` (one line)
+    for a file that is not UTF-8 text."""
     if not path.is_file():
         return []
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RunFileError(
+            f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): the stage's saved "
+            "answers are damaged; put the file back from a copy of the run, then resume"
+        ) from None
     rows = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             rows.append(json.loads(line))
         except ValueError:
@@ -417,7 +427,7 @@ def summarize_stage(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]
         env_stats=_read_json(stage_dir / "env_stats.json"),
     )
     stage_dir.mkdir(parents=True, exist_ok=True)
-    (stage_dir / "summary.md").write_text(context)
+    write_text_atomic(stage_dir / "summary.md", context)
     return {"context": context}
 
 

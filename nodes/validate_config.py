@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from env import EnvConfig, generate, project
 from env.config import format_validation_error
+from nodes.files import write_json_atomic
 
 KNOBS = ("data_ratio", "hole_ratio", "wait_ratio")
 DEFAULT_FEASIBILITY_N = 16
@@ -288,7 +289,7 @@ def _append_record(path: Path, stage: int, record: dict) -> None:
         record
     ]
     doc["final"] = record["decision"] if record["decision"] != "retry" else None
-    path.write_text(json.dumps(_jsonable(doc), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    write_json_atomic(path, _jsonable(doc), allow_nan=False)
 
 
 def route_after_validation(state: dict) -> Literal["propose_config", "apply"]:
