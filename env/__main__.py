@@ -8,6 +8,8 @@
 Bad input gets one clear line on stderr and exit status 2; output files are written to a temp file and
 renamed into place (``generate --stats``: both files only once both are written), so a failed command
 leaves no partial output behind. Any other error is also reported as one ``error:`` line, exit status 2.
+An error line echoes input: it is cut to ``MAX_ECHO`` characters and freed of control characters. Ctrl-C
+prints one line and exits with status 130, leaving no output behind.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 from collections import Counter, defaultdict
@@ -27,6 +30,18 @@ from .instance import Instance, atomic_write_lines, dumps, read_jsonl
 from .prompt import render_prompt
 from .reward import accuracy_reward
 from .verify import FAILURES, verify
+
+MAX_N = 1_000_000  # the most instances one generate call makes: EnvConfig's num_instances bound
+MAX_ECHO = 500  # characters of an error line (an error may quote a huge field of the input)
+_CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _one_line(msg: str) -> str:
+    """`msg` as printed: control characters removed, cut to MAX_ECHO characters with the cut said."""
+    msg = _CONTROL.sub("", msg.replace("\n", " "))
+    if len(msg) > MAX_ECHO:
+        msg = msg[:MAX_ECHO] + f"... ({len(msg) - MAX_ECHO} more characters)"
+    return msg
 
 
 class CLIError(Exception):
@@ -76,8 +91,9 @@ def _config(arg: str, seed: int, agents: int | None = None) -> EnvConfig:
 
 
 def cmd_generate(a) -> int:
-    if a.n < 0:
-        raise CLIError(f"--n must be >= 0, got {a.n}")
+    if not 0 <= a.n <= MAX_N:
+        raise CLIError(f"--n must be between 0 and {MAX_N} (the most a config's num_instances allows; every "
+                       f"instance is held in memory), got {a.n}; make a larger set in parts with different --seed")
     if a.agents is not None and not 1 <= a.agents <= MAX_AGENTS:
         raise CLIError(f"--agents must be between 1 and {MAX_AGENTS}, got {a.agents}")
     outputs = [a.out] + ([a.stats] if a.stats else [])
@@ -389,14 +405,17 @@ def main(argv: list[str] | None = None) -> int:
             a.cmd
         ](a)
     except CLIError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(str(e))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted; no output was written", file=sys.stderr)
+        return 130
     except Exception as e:  # last resort: still one line, no traceback (the commands write atomically)
         first = (str(e).splitlines() or [""])[0]
-        print(f"error: {type(e).__name__}: {first}", file=sys.stderr)
+        print(f"error: {_one_line(f'{type(e).__name__}: {first}')}", file=sys.stderr)
         return 2
 
 

@@ -267,8 +267,15 @@ def run_tasks(tasks: list[tuple], workers: int | None) -> list[tuple[int, Instan
     methods = mp.get_all_start_methods()
     ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
     chunk = max(1, len(tasks) // (workers * 8))
-    with ctx.Pool(workers) as pool:
+    with ctx.Pool(workers, initializer=_ignore_sigint) as pool:
         return pool.map(_work, tasks, chunksize=chunk)
+
+
+def _ignore_sigint() -> None:
+    """In a pool worker: Ctrl-C is the parent's to handle (it stops the pool); no traceback per worker."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def generate(
