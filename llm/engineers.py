@@ -33,6 +33,7 @@ from pathlib import Path
 
 from llm.base import ChatModel
 from llm.models import DEFAULT_POLICY
+from llm.redact import mask_url
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class EngineerSpec:
     def describe(self) -> str:
         if self.backend == "http":
             src = f", key from ${self.key_source}" if self.key_source else ", no key"
-            return f"{self.kind}: {self.model} at {self.base_url}{src}"
+            return f"{self.kind}: {self.model} at {mask_url(self.base_url)}{src}"
         return f"{self.kind}: {self.backend}"
 
 
@@ -122,7 +123,9 @@ def check_engineer_env(
             f"to use {kind!r} as the name of an OpenAI-compatible endpoint"
         )
     if not base_url.startswith(("http://", "https://")):
-        raise EngineerConfigError(f"ENGINEER_BASE_URL must start with http:// or https:// (got {base_url[:60]!r})")
+        raise EngineerConfigError(
+            f"ENGINEER_BASE_URL must start with http:// or https:// (got {mask_url(base_url)[:60]!r})"
+        )
     if not model:
         raise EngineerConfigError(f"ENGINEER={kind} with ENGINEER_BASE_URL set also needs ENGINEER_MODEL")
     key, source = _key(get, ("OPENAI_API_KEY", "GEMINI_API_KEY"))
