@@ -9,11 +9,16 @@ anything derived from them are untrusted. Before such text reaches
 - report.md: `for_markdown` also escapes HTML (`<script>`, `<img onerror=...>` become text), neutralises
   headings (`# ...`, and setext underlines) so a reply cannot fake a section, and keeps images from
   loading (`![..](url)` becomes text).
+
+An engineer reply is made inert once, where it enters the run (`inert_reply`, in propose_config, before
+anything is written): API keys redacted, control characters removed, `<` and `>` written as `&lt;` and
+`&gt;`. Every file of the run (engineer_reply.md, validation.json, graph.sqlite, report.md) and the
+terminal then only ever see that text. Only `<` and `>` are escaped (not `&`), so text escaped once is not
+escaped again by `for_markdown` and reads the same in report.md.
 """
 
 from __future__ import annotations
 
-import html
 import re
 
 # a whole ANSI escape sequence first (so its parameters do not survive as text), then any other control
@@ -41,10 +46,49 @@ def for_markdown(text: str) -> str:
     >>> for_markdown("# Fake\\n<script>x()</script> ![i](http://e/x.png)")
     '\\\\# Fake\\n&lt;script&gt;x()&lt;/script&gt; !\\\\[i](http://e/x.png)'
     """
-    text = html.escape(for_terminal(text), quote=False)
+    text = _html(for_terminal(text))
     text = _HEADING.sub(r"\1\\\2", text)
     text = _SETEXT.sub(r"\1\\\2", text)
     return text.replace("![", "!\\[")
+
+
+def _html(text: str) -> str:
+    """No HTML tag can open: `<` and `>` as entities (`&` is left alone: it opens no tag)."""
+    return text.replace("<", "&lt;").replace(">", "&gt;")
+
+
+def inert_reply(text: str) -> str:
+    """An engineer reply as the run keeps it: keys redacted (`llm.redact`), no control characters, no HTML
+    tags. JSON in it still decodes (the escapes change only the insides of strings).
+
+    >>> inert_reply('{"rationale": "<b>hi</b>\\x1b[2J"}')
+    '{"rationale": "&lt;b&gt;hi&lt;/b&gt;"}'
+    """
+    from llm.redact import redact
+
+    return _html(for_terminal(redact(text)))
+
+
+MAX_DEPTH = 40  # a config needs 3 levels; deeper containers of a decoded reply are dropped
+
+
+def inert_value(obj):
+    """`inert_reply` on every string (and key) inside a decoded JSON value: JSON escapes (`\\u001b`, a key
+    spelled with `\\u` escapes) decode to what the raw-text pass could not see. A container nested deeper
+    than MAX_DEPTH levels becomes a placeholder string."""
+
+    def walk(x, depth: int):
+        if isinstance(x, str):
+            return inert_reply(x)
+        if isinstance(x, dict | list) and depth >= MAX_DEPTH:
+            return f"[{type(x).__name__} nested deeper than {MAX_DEPTH} levels: dropped]"
+        if isinstance(x, dict):
+            return {walk(k, depth) if isinstance(k, str) else k: walk(v, depth + 1) for k, v in x.items()}
+        if isinstance(x, list):
+            return [walk(v, depth + 1) for v in x]
+        return x
+
+    return walk(obj, 0)
 
 
 def md_inline(text: str) -> str:

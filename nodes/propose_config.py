@@ -10,8 +10,9 @@ Classic engineers (fixed | random | learnability | threshold, `nodes/engineers.p
 node with the same answer shape, and their answers go through the same validation.
 
 Files (stage_<k>/): `engineer_prompt.md` (the request parameters, max_tokens, temperature and whether a
-json_schema was sent, then the exact messages) and `engineer_reply.md` (the raw reply, with API keys and
-key-shaped tokens redacted, `llm.redact`: the reply is untrusted and a remote engineer may echo a key);
+json_schema was sent, then the exact messages) and `engineer_reply.md` (the reply as received, made inert
+first, `nodes.inert.inert_reply`: API keys and key-shaped tokens redacted, control characters removed,
+`<`/`>` escaped; the reply is untrusted, and a remote engineer may echo a key);
 attempt 1 writes them, later attempts append a section each (written atomically, `nodes.files`).
 
 The extraction is tolerant (`extract_proposal`): the whole reply as JSON, else code-fenced JSON, else the
@@ -37,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from env import SIZES, EnvConfig
-from llm.redact import redact
 from nodes.engineers import CLASSIC
 from nodes.files import append_text_atomic, write_text_atomic
+from nodes.inert import inert_reply, inert_value
 from nodes.summarize_failures import fill, load_template
 
 MAX_RATIONALE_CHARS = 2000
@@ -312,11 +313,11 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
     _write(stage_dir / "engineer_prompt.md", _messages_md(messages, header, kwargs), append)
     t0 = time.monotonic()
     text, meta = _ask(model, messages, kwargs, state, settings, run_dir)
-    # a key the engineer echoed (or any key-shaped token) never reaches engineer_reply.md, validation.json
-    # or the graph state: everything below reads the redacted text
-    text = redact(text)
+    # the reply is untrusted: a key it echoes (or any key-shaped token), control sequences and HTML never
+    # reach engineer_reply.md, validation.json, the graph state or a terminal; everything below reads this
+    text = inert_reply(text)
     if meta.get("error"):
-        meta["error"] = redact(str(meta["error"]))
+        meta["error"] = inert_reply(str(meta["error"]))
     meta["wall_s"] = round(time.monotonic() - t0, 3)
     _write(stage_dir / "engineer_reply.md", f"# {header}\n\n<!-- {json.dumps(meta)} -->\n\n{text}\n", append)
 
@@ -325,9 +326,11 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
         if meta.get("error") is None
         else Extracted(None, error=f"the engineer call failed: {meta['error']}")
     )
+    # decoded JSON strings can hold what the text pass could not see (\u001b, a key in \u escapes)
+    proposal, rationale = inert_value(ex.config), inert_reply(ex.rationale)
     return {
-        "proposal": ex.config,
-        "rationale": ex.rationale,
+        "proposal": proposal,
+        "rationale": rationale,
         "attempts": attempt,
         "feedback": [] if ex.config is not None else [ex.error or "no usable proposal"],
         "log": [
