@@ -53,7 +53,7 @@ from .benchmark import list_splits, load_split
 from .config import SIZES, EnvConfig, SizeKnobs, max_hole_ratio, project, random_config, uniform_config
 from .generator import Generated, generate, make_instance
 from .instance import Instance, read_jsonl, write_jsonl
-from .prompt import ParseFailure, parse_plan, render_prompt
+from .prompt import PROMPT_STYLES, ParseFailure, parse_plan, render_compact_prompt, render_prompt
 from .reward import RewardState, accuracy_reward, length_reward, total_reward
 from .solver import Plan, SolverBudgetExceeded, Unsolvable, solve
 from .verify import CHECK_ORDER, FAILURES, Verdict, plan_text, verify
@@ -88,6 +88,8 @@ __all__ = [
     "random_config",
     "read_jsonl",
     "render_prompt",
+    "render_compact_prompt",
+    "PROMPT_STYLES",
     "solve",
     "total_reward",
     "uniform_config",

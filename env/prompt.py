@@ -45,8 +45,20 @@ _SEP_RUN = re.compile(r"(?:\s|,|;|\||->|=>|→|-|\.)+")
 _MAX_AGENTS_PARSED = 64
 
 
-def render_prompt(instance: Instance) -> str:
-    """The paper-style prompt for one instance (single turn: the model answers with a joint plan)."""
+PROMPT_STYLES = ("full", "compact")
+
+
+def render_prompt(instance: Instance, style: str = "full") -> str:
+    """The policy's prompt for one instance (single turn: the model answers with a joint plan).
+
+    `style="full"` (the paper's prompt, the default): the map with its legend, the tasks, the rules, the cost
+    convention and the answer format. `style="compact"` (`render_compact_prompt`): the same instance in a
+    few lines for small models. Any other style raises `ValueError` naming the allowed ones.
+    """
+    if style == "compact":
+        return render_compact_prompt(instance)
+    if style != "full":
+        raise ValueError(f"prompt style {style!r}: allowed: {', '.join(PROMPT_STYLES)}")
     k = instance.num_agents
     n = instance.size
     cells = [list(row) for row in instance.grid]
@@ -88,6 +100,37 @@ def render_prompt(instance: Instance) -> str:
         "Answer format: you may think first, then end with an <answer> block holding one line per agent "
         "that lists the agent's cell at every step, from its start to its goal (repeat a cell to wait):\n"
         f"<answer>\n{example}\n</answer>"
+    )
+
+
+def render_compact_prompt(instance: Instance) -> str:
+    """The same instance as `render_prompt` in a few lines, for small models: the map (rows of ``.`` ice and
+    ``H`` holes, no agent symbols), the holes as a coordinate list beside it, each agent's start and goal, and
+    the answer format. No rules text: the information is the same, so the task and the verifier are unchanged.
+
+    >>> # Map 3x3, (row,col) from (0,0). Holes: (1,1)
+    >>> # Agent 0: (0,0) -> (2,2)
+    >>> # ...
+    >>> # <answer>
+    >>> # Agent 0: (0,0) ... (2,2)
+    """
+    n = instance.size
+    holes = [(r, c) for r, row in enumerate(instance.grid) for c, ch in enumerate(row) if ch == "H"]
+    grid = "\n".join("".join("H" if ch == "H" else "." for ch in row) for row in instance.grid)
+    hole_text = " ".join(f"({r},{c})" for r, c in holes) if holes else "none"
+    tasks = "\n".join(
+        f"Agent {i}: ({sr},{sc}) -> ({gr},{gc})"
+        for i, ((sr, sc), (gr, gc)) in enumerate(zip(instance.starts, instance.goals, strict=True))
+    )
+    example = "\n".join(
+        f"Agent {i}: ({sr},{sc}) ... ({gr},{gc})"
+        for i, ((sr, sc), (gr, gc)) in enumerate(zip(instance.starts, instance.goals, strict=True))
+    )
+    return (
+        f"Map {n}x{n}, (row,col) from (0,0), H = hole:\n{grid}\nHoles: {hole_text}\n{tasks}\n"
+        "Each step every agent moves up, down, left or right, or waits. Never enter a hole or leave the map; "
+        "no two agents in one cell or swapping cells. Fewest total steps.\n"
+        f"Answer with each agent's cell at every step:\n<answer>\n{example}\n</answer>"
     )
 
 

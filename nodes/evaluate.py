@@ -21,7 +21,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from env import FAILURES, load_split, render_prompt, verify
+from env import FAILURES, load_split, verify
+from nodes.train_stage import prompt_messages
 
 # ----------------------------------------------------------------------------- answering and verifying
 
@@ -95,8 +96,12 @@ def answer_and_verify(
     batch_size: int,
     desc: str = "evaluating",
     progress: bool = True,
+    prompt_style: str = "full",
 ) -> list[dict]:
     """Ask `model` (a `llm.base.ChatModel`) every instance's prompt in batches and verify each answer.
+
+    The prompt is the policy's own (`nodes.train_stage.prompt_messages` in `prompt_style`, the run's
+    `train.prompt_style`), so the policy is evaluated on the prompt it was trained on.
 
     Returns one row per instance, in order: id, size, num_agents, tags, text, completion_tokens,
     finish_reason and the verdict fields (valid, optimal, failure, cost, optimal_cost, details).
@@ -107,7 +112,7 @@ def answer_and_verify(
     with tqdm(total=len(instances), desc=desc, unit="answer", disable=not progress, leave=False) as bar:
         for start in range(0, len(instances), batch_size):
             batch = instances[start : start + batch_size]
-            messages = [[{"role": "user", "content": render_prompt(inst)}] for inst in batch]
+            messages = [prompt_messages(inst, prompt_style) for inst in batch]
             results = model.chat_batch(messages, max_tokens=max_tokens, temperature=0.0)
             for inst, res in zip(batch, results, strict=True):
                 rows.append(
@@ -268,10 +273,10 @@ def final_table_md(final: dict[str, Any]) -> str:
 
 
 def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    """Written to a temporary file and renamed (`nodes.files`): never half a file, never a donor's inode."""
+    from nodes.files import write_text_atomic
+
+    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -281,8 +286,9 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    from nodes.files import write_text_atomic
+
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 # ----------------------------------------------------------------------------- nodes
@@ -306,6 +312,7 @@ def run_eval(
             max_tokens=settings.eval_max_tokens,
             batch_size=settings.eval_batch_size,
             desc=f"eval {split}",
+            prompt_style=settings.train.prompt_style,
         )
     else:
         from llm.policy import open_policy
@@ -324,6 +331,7 @@ def run_eval(
                 max_tokens=settings.eval_max_tokens,
                 batch_size=settings.eval_batch_size,
                 desc=f"eval {split}",
+                prompt_style=settings.train.prompt_style,
             )
     write_jsonl(out_dir / "eval.jsonl", rows)
     return rows
@@ -376,7 +384,9 @@ def final_evaluate_run(state: dict, settings: Any, run_dir: Path, model: Any = N
     )
     final = compute_final_metrics(rows)
     write_json(out_dir / "metrics.json", final)
-    (out_dir / "table.md").write_text(final_table_md(final))
+    from nodes.files import write_text_atomic
+
+    write_text_atomic(out_dir / "table.md", final_table_md(final))
     line = (
         f"final on {settings.final_split} (n={final['final/n']}): "
         f"valid {final['final/valid_rate']:.3f}, optimal {final['final/optimal_rate']:.3f}"

@@ -20,7 +20,10 @@ in the run `<stage folder>/tb/sft/`, apart from GRPO's `tb/`. Only the main proc
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import random
 import shutil
 import time
@@ -43,29 +46,56 @@ def format_answer(instance) -> str:
 
 def warm_start_instances(sizes: list[int], n: int, seed: int) -> list:
     """`n` fresh solvable 2-agent instances spread evenly over the grid `sizes` (hole 0.2, wait 0.5), drawn
-    from a seed of their own, so that they never coincide with the stage's training draw."""
+    from a seed of their own, so that they never coincide with the stage's training draw. Instances that are
+    also in an evaluation split (same map, starts and goals as a `val`, `val-small` or `test` instance: small
+    maps have few distinct layouts) are left out and replaced, so the warm start never trains on the answers it
+    is scored on."""
     from env import SIZES, EnvConfig, generate
 
     knobs = {s: {"data_ratio": 1 / len(sizes) if s in sizes else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5}
              for s in SIZES}
-    return generate(EnvConfig.model_validate({"sizes": knobs}), n, seed=seed + 104_729).instances
+    config = EnvConfig.model_validate({"sizes": knobs})
+    held_out = _eval_layouts()
+    out: list = []
+    for attempt in range(8):
+        batch = generate(config, n if attempt == 0 else max(8, n // 4), seed=seed + 104_729 + 7919 * attempt)
+        out.extend(i for i in batch.instances if _layout(i) not in held_out)
+        if len(out) >= n:
+            break
+    return out[:n]
 
 
-def sft_dataset(instances: list, seed: int):
-    """Prompt-completion chat rows: the policy prompt and the solver's optimal plan as the answer."""
+def _layout(inst) -> tuple:
+    return (tuple(inst.grid), tuple(map(tuple, inst.starts)), tuple(map(tuple, inst.goals)))
+
+
+def _eval_layouts() -> set[tuple]:
+    from env import list_splits, load_split
+
+    return {_layout(i) for name in list_splits() for i in load_split(name) if i.num_agents == 2}
+
+
+def sft_dataset(instances: list, seed: int, prompt_style: str = "full", order: str = "shuffle"):
+    """Prompt-completion chat rows: the policy prompt and the solver's optimal plan as the answer.
+
+    `order="shuffle"`: a seeded random order; `order="size"`: a curriculum inside the warm start, small maps
+    first (shuffled within a size). The trainer keeps this order (`_InOrderSFTTrainer`)."""
     from datasets import Dataset
 
     from nodes.train_stage import prompt_messages
 
     rows = [
         {
-            "prompt": prompt_messages(inst),
+            "prompt": prompt_messages(inst, prompt_style),
             "completion": [{"role": "assistant", "content": format_answer(inst)}],
+            "size": inst.size,
         }
         for inst in instances
     ]
     random.Random(seed).shuffle(rows)
-    return Dataset.from_list(rows)
+    if order == "size":
+        rows.sort(key=lambda r: r["size"])  # stable: shuffled within a size
+    return Dataset.from_list([{k: v for k, v in r.items() if k != "size"} for r in rows])
 
 
 def warm_start(
@@ -73,16 +103,21 @@ def warm_start(
 ) -> dict:
     """Fine-tune `model` in place on `instances`' optimal plans; return {seconds, steps, loss, examples}.
 
-    The examples are exactly the instances given (`nodes.train_stage` passes fresh instances of
-    `cfg.sft_sizes`, or the stage's own training set when that is None). `cfg` is a `nodes.train_stage.TrainConfig` (its `sft_*` fields).
+    The examples are exactly the instances given (`build_warm_start` passes fresh instances of
+    `cfg.sft_sizes`, or the stage's own training set when that is None). `cfg` is a
+    `nodes.train_stage.TrainConfig` (its `sft_*` fields and `prompt_style`). Only the answer tokens are scored,
+    and TRL's fused LM head projects only them (`nodes.trl_cpu`).
     """
     import torch
     from trl import SFTConfig, SFTTrainer
 
     from nodes.train_stage import _tb_callback, _use_bf16
+    from nodes.trl_cpu import score_labelled_positions_only
 
-    data = sft_dataset(instances, seed)
+    score_labelled_positions_only()
+    data = sft_dataset(instances, seed, cfg.prompt_style, cfg.sft_order)
     cuda = torch.cuda.is_available()
+    bf16 = cfg.sft_bf16 if cfg.sft_bf16 is not None else _use_bf16(cfg)
     args = SFTConfig(
         output_dir=str(Path(out_dir) / "sft"),
         learning_rate=cfg.sft_lr,
@@ -90,11 +125,13 @@ def warm_start(
         gradient_accumulation_steps=1,
         num_train_epochs=cfg.sft_epochs,
         max_steps=cfg.sft_steps if cfg.sft_steps > 0 else -1,
-        lr_scheduler_type="constant",
+        lr_scheduler_type=cfg.sft_lr_scheduler,
+        warmup_steps=cfg.sft_warmup_ratio,  # transformers 5: a float < 1 is a share of the steps
         max_length=cfg.max_prompt_length + cfg.max_completion_length,
         completion_only_loss=True,
+        train_sampling_strategy="sequential" if cfg.sft_order == "size" else "random",
         use_cpu=not cuda,
-        bf16=_use_bf16(cfg),
+        bf16=bf16,
         gradient_checkpointing=cfg.gradient_checkpointing,
         logging_steps=cfg.logging_steps,
         save_strategy="no",
@@ -111,16 +148,13 @@ def warm_start(
         train_dataset=data,
         processing_class=tokenizer,
         # transformers' names (train/loss, ...) in a TensorBoard run of their own, beside GRPO's tb/
-        callbacks=[_tb_callback(Path(out_dir) / "tb" / "sft", main=main)],
+        callbacks=[_tb_callback(Path(out_dir) / "tb" / "sft", main=main), *_extra_callbacks()],
     )
-    if not progress:
-        from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-        trainer.remove_callback(PrinterCallback)
-        trainer.remove_callback(ProgressCallback)
+    _quiet_trainer(trainer, progress, label="SFT warm start")
     t0 = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - t0
+    _raise_if_stopped("SFT warm start")
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     out: dict[str, Any] = {
         "seconds": seconds,
@@ -128,6 +162,7 @@ def warm_start(
         "loss": float(result.training_loss),
         "loss_last": losses[-1] if losses else float(result.training_loss),
         "examples": len(data),
+        "examples_per_second": int(trainer.state.global_step) * cfg.sft_batch_size / seconds if seconds else None,
     }
     if main:
         shutil.rmtree(Path(out_dir) / "sft", ignore_errors=True)  # SFTTrainer's output_dir: nothing we keep
@@ -144,8 +179,223 @@ def warm_start(
     return out
 
 
+def _extra_callbacks() -> list:
+    """The stop-flag callback (`nodes.stop`): the first SIGINT/SIGTERM ends training at a step boundary."""
+    from nodes.stop import StopCallback
+
+    return [StopCallback()]
+
+
+def _raise_if_stopped(what: str) -> None:
+    from nodes.stop import StageInterrupted, stop_requested
+
+    if stop_requested():
+        raise StageInterrupted(f"{what} stopped at a step boundary on request; nothing of it was saved")
+
+
+def _quiet_trainer(trainer, progress: bool, label: str) -> None:
+    """No trainer log dicts on stdout (they go to the log file); a labelled step bar when `progress`."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    if not progress:
+        trainer.remove_callback(ProgressCallback)
+        return
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(_LabelledProgress(label))
+
+
+class _LabelledProgress:
+    """transformers' step bar with a label (`SFT warm start: 40%|... [02:10<03:15, ...]`), made lazily so that
+    importing this module needs no transformers."""
+
+    def __new__(cls, label: str):
+        from transformers.trainer_callback import ProgressCallback
+
+        class Labelled(ProgressCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                super().on_train_begin(args, state, control, **kwargs)
+                if self.training_bar is not None:
+                    self.training_bar.set_description(label)
+
+            def on_log(self, args, state, control, logs=None, **kwargs):  # no dicts on stdout
+                if self.training_bar is not None and logs and "loss" in logs:
+                    self.training_bar.set_postfix(loss=f"{logs['loss']:.3f}")
+
+        return Labelled()
+
+
+# ----------------------------------------------------------------------------------------------------
+# the cached warm start
+
+
+WARM_START_VERSION = 1  # bump when the warm start's recipe changes in a way its settings do not show
+WARM_START_FIELDS = (
+    "prompt_style",
+    "max_prompt_length",
+    "max_completion_length",
+    "sft_sizes",
+    "sft_instances",
+    "sft_steps",
+    "sft_epochs",
+    "sft_lr",
+    "sft_lr_scheduler",
+    "sft_warmup_ratio",
+    "sft_batch_size",
+    "sft_order",
+    "sft_train_layers",
+    "sft_bf16",
+    "train_layers",
+    "bf16",
+    "lora",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "gradient_checkpointing",
+)
+MANIFEST = "warm_start.json"
+
+
+def _file_sha256(path: Path, limit: int | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        left = limit
+        while True:
+            chunk = f.read(1 << 22 if left is None else min(1 << 22, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+                if left <= 0:
+                    break
+    return h.hexdigest()
+
+
+def model_identity(model_dir: Path) -> dict:
+    """What identifies a base model's weights: its folder name, config.json, and each weight file's size and the
+    SHA-256 of its first 16 MiB (cheap for a 4B model, and different for any retrained or reconverted file)."""
+    model_dir = Path(model_dir)
+    files = sorted(p for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin", ".json") and p.is_file())
+    return {
+        "name": model_dir.name,
+        "files": {p.name: [p.stat().st_size, _file_sha256(p, 16 << 20)] for p in files},
+    }
+
+
+def warm_start_spec(model_dir: Path, cfg, seed: int) -> dict:
+    """Everything the cached warm start depends on: the model, the warm-start settings, the seed, the env."""
+    from env import ENV_VERSION
+
+    knobs = cfg.model_dump(mode="json")
+    return {
+        "version": WARM_START_VERSION,
+        "env_version": ENV_VERSION,
+        "model": model_identity(model_dir),
+        "settings": {k: knobs[k] for k in WARM_START_FIELDS},
+        "seed": int(seed),
+    }
+
+
+def warm_start_key(spec: dict) -> str:
+    """A short name for a spec: the first 16 hex digits of the SHA-256 of its sorted JSON."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warm_start_root(cache_dir=None) -> Path:
+    """`<model cache>/warm_start` (`$ENV_ENGINEER_CACHE` or ~/.cache/env-engineer): outside every run folder."""
+    from llm.models import cache_root
+
+    return cache_root(cache_dir) / "warm_start"
+
+
+def check_cached(entry: Path, spec: dict | None = None) -> str | None:
+    """Why the cache `entry` cannot be used (None: it is complete and intact): a missing or unreadable manifest,
+    another spec, a missing file, or a file whose size or SHA-256 differs from the manifest's."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"no readable {MANIFEST} ({type(e).__name__})"
+    if spec is not None and manifest.get("spec") != spec:
+        return "its spec differs from the one asked for"
+    for name, (size, digest) in files.items():
+        f = entry / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != size:
+            return f"{name} has {f.stat().st_size} bytes, the manifest says {size}"
+        if _file_sha256(f) != digest:
+            return f"{name} does not match its SHA-256"
+    return None
+
+
+def build_warm_start(
+    model_dir: Path, cfg, seed: int, *, cache_dir=None, progress: bool = True, rebuild: bool = False
+) -> dict:
+    """The cached SFT warm start for (base model, warm-start settings, seed): reuse it, or build and cache it.
+
+    Returns {"path", "key", "hit", "metrics"}: the checkpoint folder in the cache (`warm_start_root()/<key>`),
+    whether it was reused, and the SFT figures (`sft/...`, stored in the manifest so a reuse reports them too).
+    An entry whose manifest is missing, names another spec, or whose files do not match their recorded size and
+    SHA-256 (a half-written or corrupt entry) is rebuilt, never loaded. Builds are serialised by a file lock, so
+    two runs with one key build once; the entry appears by a rename only when complete.
+    """
+    from filelock import FileLock
+
+    spec = warm_start_spec(model_dir, cfg, seed)
+    key = warm_start_key(spec)
+    root = warm_start_root(cache_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    entry = root / key
+    with FileLock(str(root / f".{key}.lock")):
+        why = "asked to rebuild" if rebuild else (check_cached(entry, spec) if entry.exists() else "not built yet")
+        if why is None:
+            manifest = json.loads((entry / MANIFEST).read_text())
+            log.info("SFT warm start: reusing %s", entry)
+            return {"path": str(entry), "key": key, "hit": True, "metrics": manifest.get("metrics", {})}
+        if entry.exists():
+            log.warning("SFT warm start cache %s is unusable (%s): rebuilding it", entry, why)
+        metrics = _train_warm_start(model_dir, cfg, seed, root / f".{key}.tmp", progress=progress)
+        tmp = root / f".{key}.tmp"
+        files = {p.name: [p.stat().st_size, _file_sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
+        (tmp / MANIFEST).write_text(
+            json.dumps({"key": key, "spec": spec, "files": files, "metrics": metrics}, indent=2) + "\n"
+        )
+        if entry.exists():
+            shutil.rmtree(entry)
+        os.replace(tmp, entry)
+    return {"path": str(entry), "key": key, "hit": False, "metrics": metrics}
+
+
+def _train_warm_start(model_dir: Path, cfg, seed: int, out: Path, *, progress: bool) -> dict:
+    """Load the base model, run the SFT warm start on fresh solver-optimal instances, save it to `out`."""
+    from transformers import set_seed
+
+    from nodes.train_stage import META_FILE, freeze_lower_layers, load_checkpoint
+
+    if out.exists():
+        shutil.rmtree(out)
+    set_seed(seed)
+    model, tok = load_checkpoint(model_dir, dtype="float32", trainable=True)
+    layers = cfg.sft_train_layers if cfg.sft_train_layers is not None else cfg.train_layers
+    if layers:
+        freeze_lower_layers(model, layers)
+    data = warm_start_instances(cfg.sft_sizes or [3], cfg.sft_instances, seed)
+    work = out.with_name(out.name + "-work")
+    result = warm_start(model, tok, data, cfg=cfg, out_dir=work, seed=seed, progress=progress)
+    shutil.rmtree(work, ignore_errors=True)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    (out / META_FILE).unlink(missing_ok=True)  # a base-model folder for the first GRPO stage, not a stage checkpoint
+    return {f"sft/{k}": v for k, v in result.items()}
+
+
 def greedy_valid_rate(
-    model, tokenizer, instances: list, *, max_new_tokens: int = 128, batch_size: int = 8
+    model, tokenizer, instances: list, *, max_new_tokens: int = 128, batch_size: int = 8, prompt_style: str = "full"
 ) -> dict:
     """Greedy answers of `model` to `instances`, verified: {valid_rate, optimal_rate, n, failures, by_size,
     sample} (`by_size`: valid rate per grid size; `sample`: the first answer, for a look at what fails).
@@ -169,7 +419,9 @@ def greedy_valid_rate(
         for i in range(0, len(instances), batch_size):
             chunk = instances[i : i + batch_size]
             texts = [
-                tokenizer.apply_chat_template(prompt_messages(x), add_generation_prompt=True, tokenize=False)
+                tokenizer.apply_chat_template(
+                    prompt_messages(x, prompt_style), add_generation_prompt=True, tokenize=False
+                )
                 for x in chunk
             ]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -193,3 +445,58 @@ def greedy_valid_rate(
     by_size = {s: round(sum(v) / len(v), 4) for s, v in sorted(per_size.items())}
     return {"valid_rate": valid / n, "optimal_rate": optimal / n, "n": len(instances), "failures": failures,
             "by_size": by_size, "sample": sample}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m nodes.sft`: build (or find) the cached SFT warm start of a preset, and print where it is."""
+    import argparse
+
+    from nodes.train_stage import TRAIN_PRESETS, TrainConfig
+
+    p = argparse.ArgumentParser(
+        prog="python -m nodes.sft",
+        description="Build the SFT warm start once, from solver-optimal plans, into the cache shared by every run "
+        "and eval arm with the same key (model, warm-start settings, seed). A run's stage 0 reuses it.",
+    )
+    p.add_argument("--preset", default="cpu", choices=sorted(TRAIN_PRESETS), help="training preset (default cpu)")
+    p.add_argument("--model", default="smollm2-135m", help="base policy: short name, Hugging Face id or folder")
+    p.add_argument("--seed", type=int, default=0, help="the run's seed (stage 0 uses it as is)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a training setting, e.g. --set sft_steps=100 (as --set train.sft_steps=100 in "
+                   "graph.run)")
+    p.add_argument("--rebuild", action="store_true", help="build again even when a complete entry exists")
+    p.add_argument("--eval", type=int, default=0, metavar="N",
+                   help="then answer the first N val instances of each size 3-5 greedily and print the valid rate")
+    a = p.parse_args(argv)
+    raw = dict(TRAIN_PRESETS[a.preset])
+    for item in a.set:
+        field, sep, value = item.partition("=")
+        field = field.removeprefix("train.")
+        if not sep or field not in TrainConfig.model_fields:
+            p.error(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(sorted(TrainConfig.model_fields))}")
+        raw[field] = value
+    try:
+        cfg = TrainConfig.model_validate(raw)
+    except Exception as e:  # noqa: BLE001 - pydantic's message names the field and the bound
+        p.error(str(e).splitlines()[0] + ": " + (str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else ""))
+    if not cfg.sft_sizes:
+        p.error("sft_sizes is none: that warm start trains on a run's own instances and is not cached")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    from llm.models import resolve_model
+
+    res = build_warm_start(resolve_model(a.model), cfg, a.seed, rebuild=a.rebuild)
+    figures = {"path": res["path"], "key": res["key"], "reused": res["hit"], **res["metrics"]}
+    if a.eval:
+        from env import load_split
+        from nodes.train_stage import load_checkpoint
+
+        model, tok = load_checkpoint(res["path"])
+        val = [i for s in (3, 4, 5) for i in [x for x in load_split("val") if x.size == s][: a.eval]]
+        figures["val"] = greedy_valid_rate(
+            model, tok, val, max_new_tokens=cfg.max_completion_length, prompt_style=cfg.prompt_style
+        )
+    print(json.dumps(figures, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -75,7 +75,7 @@ def scripted_policy(instances, answer) -> ScriptedChat:
     """A policy that answers instance i's prompt with `answer(i, instance)`."""
     from env import render_prompt
 
-    by_prompt = {render_prompt(inst): (i, inst) for i, inst in enumerate(instances)}
+    by_prompt = {render_prompt(inst, style): (i, inst) for i, inst in enumerate(instances) for style in ("full", "compact")}
 
     def reply(messages):
         i, inst = by_prompt[messages[-1]["content"]]

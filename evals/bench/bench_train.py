@@ -1,79 +1,168 @@
-"""Speed of one GRPO stage on this machine: seconds per step and the share of wall time outside TRL's loop.
+"""Training speed on this machine: SFT examples/s and GRPO seconds per optimiser step, before and after.
 
-    python -m evals.bench.bench_train                       # cpu preset, 4 GRPO steps, no warm start
-    python -m evals.bench.bench_train --preset smoke --steps 2
-    python -m evals.bench.bench_train --warm-start --sft-steps 4
+    python -m evals.bench.bench_train --compare            # today's path and the old path, side by side
+    python -m evals.bench.bench_train                      # the cpu preset alone
+    python -m evals.bench.bench_train --preset smoke --sft-steps 2 --grpo-steps 1
 
-Trains the embedded model (or --model) on a fresh uniform-config training set in a temporary folder and
-prints the figures from the stage's metrics.json. `train/outside_loop_share` is (stage wall time - time in
-TRL's SFT/GRPO `train()` loops) / stage wall time: model loading, dataset building, trainer set-up and the
-checkpoint write. Target: <= 5% for a cpu-preset stage.
+`--compare` runs each side in a child process of its own, one after the other, on the same instances and seed:
+
+- `before`: the path as it was before issue 16: the full paper prompt (with SmolLM2's default system prompt), TRL's
+  fused LM head scoring every position on CPU (`ENV_ENGINEER_TRL_PATCH=0`), the old cpu preset's SFT and GRPO shapes
+  (SFT batch 8 on 3x3/4x4, top 8 blocks; GRPO 2 groups x 4 completions of <= 128 tokens);
+- `after`: the cpu preset as it stands (compact prompt, labelled positions only, its own SFT recipe), with GRPO
+  at the *same* 8 completions per step and dynamic sampling off, so the two GRPO figures count the same work.
+
+Figures: SFT examples per second (`--sft-steps` timed steps after one untimed step), GRPO seconds per optimiser
+step (`--grpo-steps` steps, no warm start, the base model), and the ratios. The cpu preset's own GRPO shape
+(more completions per step, dynamic sampling) is printed apart as `after_preset`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+BEFORE = {  # the cpu preset before issue 16, as far as speed is concerned
+    "prompt_style": "full",
+    "sft_batch_size": 8,
+    "sft_train_layers": 8,
+    "sft_bf16": False,
+    "train_layers": 8,
+    "num_generations": 4,
+    "per_device_train_batch_size": 8,
+    "max_completion_length": 128,
+    "resample_rounds": 0,
+}
+SAME_WORK = {"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 128,
+             "resample_rounds": 0}
+
+
+def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], seed: int, model: str) -> dict:
+    """SFT examples/s and GRPO s/step for one TrainConfig in this process."""
+    from env import generate, uniform_config, write_jsonl
+    from llm.models import resolve_model
+    from nodes.sft import warm_start, warm_start_instances
+    from nodes.train_stage import TrainConfig, freeze_lower_layers, load_checkpoint, run_stage
+
+    base = resolve_model(model)
+    out: dict = {}
+    if sft_steps:
+        cfg = TrainConfig.model_validate({**raw, "sft_steps": sft_steps + 1, "sft_order": "shuffle"})
+        m, tok = load_checkpoint(base, trainable=True)
+        layers = cfg.sft_train_layers if cfg.sft_train_layers is not None else cfg.train_layers
+        if layers:
+            freeze_lower_layers(m, layers)
+        data = warm_start_instances(sft_sizes, cfg.sft_batch_size * (sft_steps + 1), seed)
+        from transformers import TrainerCallback
+
+        marks: list[float] = []
+
+        class Clock(TrainerCallback):
+            def on_step_end(self, args, state, control, **kw):
+                marks.append(time.perf_counter())
+
+        import trl
+
+        orig = trl.SFTTrainer.__init__
+
+        def init(self, *a, **kw):
+            kw["callbacks"] = [*kw.get("callbacks", []), Clock()]
+            orig(self, *a, **kw)
+
+        trl.SFTTrainer.__init__ = init
+        with tempfile.TemporaryDirectory() as tmp:
+            warm_start(m, tok, data, cfg=cfg, out_dir=Path(tmp), seed=seed, progress=False)
+        trl.SFTTrainer.__init__ = orig
+        timed = marks[-1] - marks[0]  # the first step (set-up, first allocations) is not timed
+        out.update({"sft_batch": cfg.sft_batch_size, "sft_timed_steps": sft_steps,
+                    "sft_seconds_per_step": timed / sft_steps,
+                    "sft_examples_per_second": sft_steps * cfg.sft_batch_size / timed})
+        del m
+    if grpo_steps:
+        cfg = TrainConfig.model_validate({**raw, "max_steps": grpo_steps, "sft_warm_start": False})
+        with tempfile.TemporaryDirectory() as tmp:
+            train = Path(tmp) / "train.jsonl"
+            write_jsonl(train, generate(uniform_config(), cfg.instances_per_stage, seed=seed).instances)
+            res = run_stage(train_path=train, init_checkpoint=base, out_dir=Path(tmp) / "stage_0", cfg=cfg,
+                            seed=seed, reward_state=None, progress=False, warm_start=False)
+        mm = res["metrics"]
+        per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+        out.update({"grpo_completions_per_step": per_step, "grpo_steps": mm["train/steps"],
+                    "grpo_seconds_per_step": mm["train/seconds_per_step"],
+                    "grpo_completion_tokens": mm["train/completion_tokens"],
+                    "grpo_seconds_per_completion": mm["train/seconds_per_step"] / per_step,
+                    "grpo_resample_replaced": mm.get("train/resample_replaced")})
+    return out
+
+
+def _child(side: str, raw: dict, a) -> dict:
+    env = dict(os.environ)
+    if side == "before":
+        env["ENV_ENGINEER_TRL_PATCH"] = "0"
+    cmd = [sys.executable, "-m", "evals.bench.bench_train", "--child", json.dumps(raw), "--sft-steps",
+           str(a.sft_steps), "--grpo-steps", str(a.grpo_steps), "--seed", str(a.seed), "--model", a.model,
+           "--sft-sizes", a.sft_sizes]
+    print(f"[{side}] running ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-3000:])
+        raise SystemExit(f"bench_train: the {side} side failed (exit {proc.returncode})")
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    figures["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    print(f"[{side}] {json.dumps(figures)}", file=sys.stderr, flush=True)
+    return figures
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="cpu")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--steps", type=int, default=4, help="GRPO steps (overrides the preset)")
-    p.add_argument("--instances", type=int, default=None, help="training instances (default: preset)")
-    p.add_argument("--warm-start", action="store_true", help="include the SFT warm start")
-    p.add_argument("--sft-steps", type=int, default=None)
+    p.add_argument("--compare", action="store_true", help="before (old path) and after (this preset), side by side")
+    p.add_argument("--sft-steps", type=int, default=4, help="timed SFT steps (after one untimed step); 0: none")
+    p.add_argument("--grpo-steps", type=int, default=3, help="GRPO optimiser steps; 0: none")
+    p.add_argument("--sft-sizes", default="3,4", help="grid sizes of the timed SFT examples")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--keep", type=Path, default=None, help="stage folder to keep (default: a temp folder)")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    sizes = [int(x) for x in a.sft_sizes.split(",")]
+    if a.child is not None:
+        print(json.dumps(measure(json.loads(a.child), a.sft_steps, a.grpo_steps, sizes, a.seed, a.model)))
+        return {}
 
-    from env import generate, uniform_config, write_jsonl
-    from llm.models import resolve_model
-    from nodes.train_stage import TRAIN_PRESETS, TrainConfig, run_stage
+    from nodes.train_stage import TRAIN_PRESETS
 
-    raw = {**TRAIN_PRESETS[a.preset], "max_steps": a.steps}
-    if a.sft_steps is not None:
-        raw["sft_steps"] = a.sft_steps
-    cfg = TrainConfig.model_validate(raw)
-    base = resolve_model(a.model)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = a.keep or Path(tmp) / "stage_0"
-        train = Path(tmp) / "train.jsonl"
-        write_jsonl(
-            train, generate(uniform_config(), a.instances or cfg.instances_per_stage, seed=a.seed).instances
-        )
-        t0 = time.perf_counter()
-        res = run_stage(
-            train_path=train,
-            init_checkpoint=base,
-            out_dir=out,
-            cfg=cfg,
-            seed=a.seed,
-            reward_state=None,
-            progress=False,
-            warm_start=a.warm_start,
-        )
-        total = time.perf_counter() - t0
-    m = res["metrics"]
-    figures = {
-        "preset": a.preset,
-        "grpo_steps": m["train/steps"],
-        "seconds_per_grpo_step": m["train/seconds_per_step"],
-        "grpo_seconds": m["train/grpo_seconds"],
-        "sft_seconds": m.get("sft/seconds"),
-        "stage_seconds": m["train/seconds"],
-        "outside_loop_seconds": m["train/outside_loop_seconds"],
-        "outside_loop_share": m["train/outside_loop_share"],
-        "reward_mean": m["train/reward_mean"],
-        "zero_std_groups": m["train/zero_std_groups"],
-        "run_stage_call_seconds": total,
-    }
+    preset = dict(TRAIN_PRESETS[a.preset])
+    if not a.compare:
+        figures = {"after_preset": _child("after_preset", preset, a)}
+    else:
+        figures = {
+            "before": _child("before", {**preset, **BEFORE}, a),
+            "after": _child("after", {**preset, **SAME_WORK}, a),
+        }
+        b, f = figures["before"], figures["after"]
+        if a.sft_steps:
+            figures["sft_examples_per_second_ratio"] = f["sft_examples_per_second"] / b["sft_examples_per_second"]
+        if a.grpo_steps:
+            figures["grpo_step_speedup"] = b["grpo_seconds_per_step"] / f["grpo_seconds_per_step"]
+    figures["machine"] = {"cores": os.cpu_count(), "torch_threads": _threads()}
     print(json.dumps(figures, indent=2))
+    if a.json:
+        a.json.write_text(json.dumps(figures, indent=2) + "\n")
     return figures
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,159 @@
+"""Dynamic sampling for TRL's `GRPOTrainer`: drop groups without reward variance and sample fresh ones.
+
+A GRPO group whose completions all get the same reward has zero advantage: it costs a generation and a
+backward pass and teaches nothing. DAPO (Yu et al. 2025) drops such groups and samples new prompts until the
+batch is full of groups with signal. TRL 1.16 does not do this itself; `DynamicSamplingGRPOTrainer` does, in
+a bounded form:
+
+- after TRL generated and scored a generation batch, every zero-variance group is a candidate for
+  replacement;
+- fresh prompts are drawn at random from the stage's own training set (so the engineer's size allocation
+  stays the proposal distribution), generated and scored the same way, and each fresh group *with* variance
+  replaces one zero-variance group;
+- at most `resample_rounds` extra generations per batch. What cannot be replaced stays: a step never has a
+  smaller or an empty batch, only a batch with fewer dead groups.
+
+What was done is counted in `stats` (groups generated, zero-variance groups generated, groups replaced, the
+zero-variance share left in the batches that were trained on) and reported by `nodes.train_stage` as
+`train/resample_*` and `train/zero_std_groups_trained` in metrics.json.
+
+Only one training process is supported (every CPU run): with several, each process would call TRL's
+gathering generation a different number of times. With more than one process the trainer warns once and
+leaves the batch as TRL made it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Padded per-row tensors in TRL 1.16's generation output, and on which side they are padded.
+_LEFT_PADDED = ("prompt_ids", "prompt_mask")
+_RIGHT_PADDED = (
+    "completion_ids",
+    "completion_mask",
+    "old_per_token_logps",
+    "sampling_per_token_logps",
+    "ref_per_token_logps",
+    "importance_sampling_ratio",
+    "tool_mask",
+)
+_PER_ROW = ("advantages",)
+
+
+def zero_variance_groups(advantages, group_size: int, eps: float = 1e-6) -> list[int]:
+    """Indices of the groups (consecutive runs of `group_size` rows) whose advantages are all zero."""
+    adv = advantages.reshape(-1, group_size)
+    return [int(i) for i in (adv.abs().amax(dim=1) < eps).nonzero().flatten().tolist()]
+
+
+def replace_groups(batch: dict, fresh: dict, slots: list[int], picks: list[int], group_size: int, pad_id: int):
+    """`batch` with its groups `slots[i]` replaced by `fresh`'s groups `picks[i]`, re-padded to a common width.
+
+    Left-padded prompt tensors are padded on the left, completion tensors on the right (TRL's layout);
+    `num_items_in_batch` is recounted from the completion (and tool) masks. Any other tensor key is refused,
+    since it is not known how to merge it (multimodal inputs never occur in this project)."""
+    import torch
+    import torch.nn.functional as F
+
+    out = dict(batch)
+    for key, value in batch.items():
+        if key == "num_items_in_batch" or not torch.is_tensor(value):
+            continue
+        other = fresh.get(key)
+        if other is None:
+            raise ValueError(f"dynamic sampling: the fresh batch has no {key!r}")
+        if key in _PER_ROW:
+            width = None
+        elif key in _LEFT_PADDED or key in _RIGHT_PADDED:
+            width = max(value.shape[1], other.shape[1])
+        else:
+            raise ValueError(f"dynamic sampling: do not know how to merge {key!r} of TRL's generation output")
+        a, b = value, other
+        if width is not None:
+            fill = pad_id if key == "prompt_ids" else 0
+            left = key in _LEFT_PADDED
+            a = F.pad(a, (width - a.shape[1], 0) if left else (0, width - a.shape[1]), value=fill)
+            b = F.pad(b, (width - b.shape[1], 0) if left else (0, width - b.shape[1]), value=fill)
+        a = a.clone()
+        for slot, pick in zip(slots, picks, strict=True):
+            a[slot * group_size : (slot + 1) * group_size] = b[pick * group_size : (pick + 1) * group_size]
+        out[key] = a
+    if "num_items_in_batch" in batch:
+        mask = out["completion_mask"]
+        if "tool_mask" in out:
+            mask = mask * out["tool_mask"]
+        out["num_items_in_batch"] = mask.sum()
+    return out
+
+
+def make_trainer_class():
+    """`DynamicSamplingGRPOTrainer`, built on first use so that importing this module needs no TRL."""
+    from trl import GRPOTrainer
+
+    class DynamicSamplingGRPOTrainer(GRPOTrainer):
+        """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""
+
+        def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.resample_rounds = int(resample_rounds)
+            self._rng = random.Random(resample_seed)
+            self.stats = {"groups": 0, "zero_groups": 0, "replaced": 0, "rounds": 0, "trained_groups": 0,
+                          "trained_zero_groups": 0}
+            self._warned = False
+
+        def _fresh_rows(self, n_groups: int) -> list[dict[str, Any]]:
+            data = self.train_dataset
+            rows = []
+            for _ in range(n_groups):
+                row = data[self._rng.randrange(len(data))]
+                rows.extend([row] * self.num_generations)
+            return rows
+
+        def _generate_and_score_completions(self, inputs):
+            batch = super()._generate_and_score_completions(inputs)
+            if not self.model.training:
+                return batch
+            g = self.num_generations
+            zero = zero_variance_groups(batch["advantages"], g)
+            self.stats["groups"] += batch["advantages"].numel() // g
+            self.stats["zero_groups"] += len(zero)
+            if zero and self.resample_rounds and self.accelerator.num_processes > 1 and not self._warned:
+                log.warning("dynamic sampling needs a single training process; it is off for this run")
+                self._warned = True
+            rounds = 0
+            while zero and rounds < self.resample_rounds and self.accelerator.num_processes == 1:
+                rounds += 1
+                fresh = super()._generate_and_score_completions(self._fresh_rows(len(zero)))
+                fresh_zero = set(zero_variance_groups(fresh["advantages"], g))
+                n_fresh = fresh["advantages"].numel() // g
+                self.stats["groups"] += n_fresh
+                self.stats["zero_groups"] += len(fresh_zero)
+                picks = [i for i in range(n_fresh) if i not in fresh_zero]
+                if picks:
+                    slots = zero[: len(picks)]
+                    batch = replace_groups(batch, fresh, slots, picks[: len(slots)], g,
+                                           self.processing_class.pad_token_id)
+                    self.stats["replaced"] += len(slots)
+                    zero = zero[len(slots):]
+            self.stats["rounds"] += rounds
+            self.stats["trained_groups"] += batch["advantages"].numel() // g
+            self.stats["trained_zero_groups"] += len(zero)
+            return batch
+
+    return DynamicSamplingGRPOTrainer
+
+
+def sampling_metrics(stats: dict) -> dict[str, float]:
+    """`train/...` figures of a stage's dynamic sampling (`DynamicSamplingGRPOTrainer.stats`)."""
+    groups, trained = stats.get("groups", 0), stats.get("trained_groups", 0)
+    return {
+        "train/resample_groups_generated": groups,
+        "train/resample_zero_std_generated": stats.get("zero_groups", 0) / groups if groups else float("nan"),
+        "train/resample_replaced": stats.get("replaced", 0),
+        "train/resample_rounds": stats.get("rounds", 0),
+        "train/zero_std_groups_trained": stats.get("trained_zero_groups", 0) / trained if trained else float("nan"),
+    }

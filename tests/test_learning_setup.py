@@ -1,0 +1,292 @@
+"""What makes the 135M policy learn at CPU scale (issue 16): the compact prompt, the cached SFT warm start,
+TRL's fused head scoring only answer positions, and dynamic sampling of GRPO groups.
+
+The slow tests build real warm starts of the embedded SmolLM2-135M (a few SFT steps each) in a private cache.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from env import load_split, parse_plan, plan_text, render_compact_prompt, render_prompt
+from nodes.train_stage import TRAIN_PRESETS, TrainConfig, prompt_messages
+
+# ----------------------------------------------------------------------------------------------------
+# the compact prompt
+
+
+def _read_back(prompt: str) -> dict:
+    """Everything the verifier needs, read back from a compact prompt alone."""
+    m = re.match(r"Map (\d+)x\1, \(row,col\) from \(0,0\), H = hole:\n", prompt)
+    assert m, prompt[:80]
+    n = int(m.group(1))
+    rows = prompt[m.end():].split("\n")[:n]
+    holes_line = re.search(r"^Holes: (.*)$", prompt, re.M).group(1)
+    holes = [] if holes_line == "none" else [tuple(map(int, c)) for c in re.findall(r"\((\d+),(\d+)\)", holes_line)]
+    agents = re.findall(r"^Agent (\d+): \((\d+),(\d+)\) -> \((\d+),(\d+)\)$", prompt, re.M)
+    return {
+        "size": n,
+        "rows": rows,
+        "holes": holes,
+        "starts": [(int(a[1]), int(a[2])) for a in agents],
+        "goals": [(int(a[3]), int(a[4])) for a in agents],
+    }
+
+
+@pytest.mark.parametrize("split", ["val", "test-mini"])
+def test_compact_prompt_carries_the_instance_and_takes_the_solver_plan(split):
+    for inst in load_split(split):
+        prompt = render_compact_prompt(inst)
+        back = _read_back(prompt)
+        assert back["size"] == inst.size
+        assert back["rows"] == ["".join("H" if ch == "H" else "." for ch in row) for row in inst.grid]
+        assert back["holes"] == [(r, c) for r, row in enumerate(inst.grid) for c, ch in enumerate(row) if ch == "H"]
+        assert back["starts"] == [tuple(s) for s in inst.starts] and back["goals"] == [tuple(g) for g in inst.goals]
+        # the answer format the prompt shows is the one env.parse_plan reads: the solver's plan parses back
+        plan = parse_plan(prompt.split("<answer>")[0] + plan_text(inst.plan), inst.num_agents)
+        assert plan == [[tuple(c) for c in path] for path in inst.plan]
+        assert "<answer>" in prompt and "</answer>" in prompt
+        assert len(prompt) < len(render_prompt(inst)) * 0.6
+
+
+def test_prompt_style_is_a_setting_full_for_paper_compact_for_cpu():
+    assert TrainConfig.model_validate(TRAIN_PRESETS["paper"]).prompt_style == "full"
+    assert TrainConfig.model_validate(TRAIN_PRESETS["cpu"]).prompt_style == "compact"
+    inst = load_split("val-mini")[0]
+    full = prompt_messages(inst, "full")
+    assert full == [{"role": "user", "content": render_prompt(inst)}]
+    assert "Rules:" in full[0]["content"]  # the paper preset renders the whole rules text
+    compact = prompt_messages(inst, "compact")
+    assert compact[0] == {"role": "system", "content": ""} and compact[1]["content"] == render_compact_prompt(inst)
+    with pytest.raises(ValueError, match="prompt style 'tiny': allowed: full, compact"):
+        render_prompt(inst, "tiny")
+    with pytest.raises(ValueError, match="prompt_style"):
+        TrainConfig(prompt_style="tiny")
+
+
+def test_compact_prompt_drops_the_default_system_prompt(embedded_model_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(embedded_model_path)
+    inst = [i for i in load_split("val") if i.size == 3][0]
+    full = tok.apply_chat_template(prompt_messages(inst, "full"), add_generation_prompt=True, tokenize=False)
+    compact = tok.apply_chat_template(prompt_messages(inst, "compact"), add_generation_prompt=True, tokenize=False)
+    assert "SmolLM" in full and "SmolLM" not in compact
+    assert len(tok(compact)["input_ids"]) * 2 < len(tok(full)["input_ids"])
+
+
+def test_val_small_split_is_150_two_agent_instances_of_sizes_3_to_5():
+    insts = load_split("val-small")
+    assert len(insts) == 150
+    assert {(i.size, i.num_agents) for i in insts} == {(3, 2), (4, 2), (5, 2)}
+    assert all(sum(i.size == s for i in insts) == 50 for s in (3, 4, 5))
+    assert not {i.id for i in insts} & {i.id for i in load_split("val")}
+
+
+# ----------------------------------------------------------------------------------------------------
+# TRL's fused head on CPU: only labelled positions, same values
+
+
+def test_fused_head_scores_only_labelled_positions_with_the_same_values(embedded_model_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    import trl.trainer.utils as trl_utils
+    from nodes import trl_cpu
+
+    model = AutoModelForCausalLM.from_pretrained(embedded_model_path, dtype=torch.float32)
+    add_fused_lm_head(model)
+    ids = torch.randint(0, 1000, (2, 40))
+    labels = ids.clone()
+    labels[:, :30] = -100  # a prompt of 30 tokens, an answer of 10
+
+    calls = []
+    head = model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    from trl.kernels import chunked_logprob
+
+    seen = []
+    orig_tile = chunked_logprob._ChunkedLogProbFunction.forward
+
+    def spy(ctx, hidden, *a, **k):
+        seen.append(hidden.shape[0])
+        return orig_tile(ctx, hidden, *a, **k)
+
+    chunked_logprob._ChunkedLogProbFunction.forward = staticmethod(spy)
+    try:
+        with torch.no_grad():
+            before = model(input_ids=ids, labels=labels, fused_lm_head=True)
+            trl_cpu.score_labelled_positions_only()
+            assert trl_utils._use_triton(torch.device("cpu")) is True
+            after = model(input_ids=ids, labels=labels, fused_lm_head=True)
+    finally:
+        chunked_logprob._ChunkedLogProbFunction.forward = staticmethod(orig_tile)
+        hook.remove()
+    assert seen == [2 * 39, 2 * 10]  # every shifted position before, the 10 labelled ones of each row after
+    assert torch.allclose(before.log_probs, after.log_probs, atol=1e-5)
+    assert torch.allclose(before.loss, after.loss, atol=1e-6)
+    assert trl_cpu.score_labelled_positions_only() is False  # idempotent
+
+
+# ----------------------------------------------------------------------------------------------------
+# dynamic sampling
+
+
+def test_replace_groups_repads_and_recounts():
+    import torch
+
+    from nodes.grpo_sampling import replace_groups, zero_variance_groups
+
+    g = 2
+    batch = {
+        "prompt_ids": torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [7, 8, 9]]),
+        "prompt_mask": torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1]]),
+        "completion_ids": torch.tensor([[1, 2], [1, 0], [3, 3], [3, 0]]),
+        "completion_mask": torch.tensor([[1, 1], [1, 0], [1, 1], [1, 0]]),
+        "advantages": torch.tensor([0.0, 0.0, 1.0, -1.0]),
+        "num_items_in_batch": torch.tensor(6),
+    }
+    assert zero_variance_groups(batch["advantages"], g) == [0]
+    fresh = {
+        "prompt_ids": torch.tensor([[4, 4], [4, 4], [2, 2], [2, 2]]),
+        "prompt_mask": torch.ones(4, 2, dtype=torch.long),
+        "completion_ids": torch.tensor([[9, 9, 9, 9], [9, 9, 9, 0], [8, 0, 0, 0], [8, 0, 0, 0]]),
+        "completion_mask": torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0], [1, 0, 0, 0]]),
+        "advantages": torch.tensor([0.5, -0.5, 0.0, 0.0]),
+        "num_items_in_batch": torch.tensor(9),
+    }
+    out = replace_groups(batch, fresh, slots=[0], picks=[0], group_size=g, pad_id=0)
+    assert out["prompt_ids"].tolist() == [[0, 4, 4], [0, 4, 4], [7, 8, 9], [7, 8, 9]]  # left-padded
+    assert out["prompt_mask"].tolist()[0] == [0, 1, 1]
+    assert out["completion_ids"].tolist() == [[9, 9, 9, 9], [9, 9, 9, 0], [3, 3, 0, 0], [3, 0, 0, 0]]
+    assert out["advantages"].tolist() == [0.5, -0.5, 1.0, -1.0]
+    assert int(out["num_items_in_batch"]) == 4 + 3 + 2 + 1
+    assert len(out["advantages"]) == len(batch["advantages"])  # never a smaller batch
+    with pytest.raises(ValueError, match="pixel_values"):
+        replace_groups({**batch, "pixel_values": torch.zeros(4, 1)}, {**fresh, "pixel_values": torch.zeros(4, 1)},
+                       [0], [0], g, 0)
+
+
+def test_sampling_metrics_never_divide_by_zero():
+    import math
+
+    from nodes.grpo_sampling import sampling_metrics
+
+    m = sampling_metrics({})
+    assert math.isnan(m["train/zero_std_groups_trained"]) and m["train/resample_replaced"] == 0
+    m = sampling_metrics({"groups": 6, "zero_groups": 3, "replaced": 2, "rounds": 1, "trained_groups": 4,
+                          "trained_zero_groups": 1})
+    assert m["train/resample_zero_std_generated"] == 0.5 and m["train/zero_std_groups_trained"] == 0.25
+
+
+# ----------------------------------------------------------------------------------------------------
+# the cached warm start
+
+
+def _tiny(**kw) -> TrainConfig:
+    return TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "sft_steps": 1, "sft_batch_size": 2,
+                                       "sft_instances": 2, **kw})
+
+
+def test_warm_start_key_follows_model_settings_and_seed(embedded_model_path, tmp_path):
+    from nodes.sft import warm_start_key, warm_start_spec
+
+    base = warm_start_key(warm_start_spec(embedded_model_path, _tiny(), 0))
+    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(), 0)) == base  # stable
+    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(), 1)) != base  # seed
+    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(sft_lr=1e-5), 0)) != base  # a setting
+    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(prompt_style="full"), 0)) != base
+    # GRPO-only settings do not split the cache
+    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(learning_rate=1e-6, max_steps=9), 0)) == base
+    other = tmp_path / "other-model"
+    other.mkdir()
+    for f in embedded_model_path.iterdir():
+        if f.is_file():
+            (other / f.name).write_bytes(f.read_bytes())
+    assert warm_start_key(warm_start_spec(other, _tiny(), 0)) != base  # another folder name: another model
+    w = next(other.glob("*.safetensors"))
+    data = bytearray(w.read_bytes())
+    renamed = tmp_path / embedded_model_path.name
+    other.rename(renamed)
+    assert warm_start_key(warm_start_spec(renamed, _tiny(), 0)) == base  # a byte-identical copy: same model
+    data[len(data) // 2] ^= 0xFF
+    data[100] ^= 0xFF
+    (renamed / w.name).write_bytes(bytes(data))
+    assert warm_start_key(warm_start_spec(renamed, _tiny(), 0)) != base  # retrained weights: another model
+
+
+def test_check_cached_detects_missing_truncated_and_corrupt_files(tmp_path):
+    import hashlib
+
+    from nodes.sft import MANIFEST, check_cached
+
+    entry = tmp_path / "k"
+    entry.mkdir()
+    (entry / "model.safetensors").write_bytes(b"x" * 1000)
+    files = {"model.safetensors": [1000, hashlib.sha256(b"x" * 1000).hexdigest()]}
+    assert "manifest" in check_cached(entry)  # half-written: no manifest yet
+    (entry / MANIFEST).write_text(json.dumps({"spec": {"a": 1}, "files": files}))
+    assert check_cached(entry, {"a": 1}) is None
+    assert "spec differs" in check_cached(entry, {"a": 2})
+    (entry / "model.safetensors").write_bytes(b"x" * 999)
+    assert "999 bytes" in check_cached(entry, {"a": 1})
+    (entry / "model.safetensors").write_bytes(b"y" + b"x" * 999)
+    assert "SHA-256" in check_cached(entry, {"a": 1})
+    (entry / "model.safetensors").unlink()
+    assert "missing" in check_cached(entry, {"a": 1})
+    (entry / MANIFEST).write_text("{not json")
+    assert "manifest" in check_cached(entry, {"a": 1})
+
+
+@pytest.mark.slow
+def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(embedded_model_path, tmp_path):
+    import os
+
+    from nodes.sft import build_warm_start, check_cached, warm_start_root
+
+    cfg = _tiny()
+    first = build_warm_start(embedded_model_path, cfg, 0, cache_dir=tmp_path, progress=False)
+    assert not first["hit"] and Path(first["path"]).parent == warm_start_root(tmp_path)
+    assert first["metrics"]["sft/steps"] == 1
+    entry = Path(first["path"])
+    assert check_cached(entry) is None
+    stamp = {p.name: p.stat().st_mtime_ns for p in entry.iterdir()}
+    again = build_warm_start(embedded_model_path, cfg, 0, cache_dir=tmp_path, progress=False)
+    assert again["hit"] and again["key"] == first["key"] and again["metrics"] == first["metrics"]
+    assert {p.name: p.stat().st_mtime_ns for p in entry.iterdir()} == stamp  # reused, not rewritten
+    # another seed: another entry beside it
+    other = build_warm_start(embedded_model_path, cfg, 1, cache_dir=tmp_path, progress=False)
+    assert not other["hit"] and other["key"] != first["key"]
+    # a corrupt weight file is detected and rebuilt, never loaded
+    w = next(entry.glob("*.safetensors"))
+    with open(w, "r+b") as f:
+        f.seek(os.path.getsize(w) // 2)
+        f.write(b"\x00\x01\x02\x03")
+    rebuilt = build_warm_start(embedded_model_path, cfg, 0, cache_dir=tmp_path, progress=False)
+    assert not rebuilt["hit"] and check_cached(Path(rebuilt["path"])) is None
+    # a half-written entry (no manifest) is rebuilt too
+    (entry / "warm_start.json").unlink()
+    assert not build_warm_start(embedded_model_path, cfg, 0, cache_dir=tmp_path, progress=False)["hit"]
+    assert not list(warm_start_root(tmp_path).glob(".*.tmp"))  # no leftovers
+
+
+@pytest.mark.slow
+def test_nodes_sft_cli_builds_then_reuses(embedded_model_path, tmp_path, monkeypatch, capsys):
+    from nodes.sft import main
+
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path))
+    monkeypatch.setattr("llm.models.resolve_model", lambda name, cache_dir=None: embedded_model_path)
+    args = ["--preset", "smoke", "--set", "sft_steps=1", "--set", "train.sft_instances=2"]
+    main(args)
+    out = json.loads(capsys.readouterr().out)
+    assert out["reused"] is False and Path(out["path"]).is_dir() and out["sft/steps"] == 1
+    main(args)
+    assert json.loads(capsys.readouterr().out)["reused"] is True
+    with pytest.raises(SystemExit):
+        main(["--set", "no_such=1"])
+    assert "no_such" in capsys.readouterr().err
