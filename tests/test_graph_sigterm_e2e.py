@@ -47,14 +47,14 @@ def test_sigterm_during_sft_and_during_grpo_stops_then_resumes(tmp_path):
     run_dir = tmp_path / "run"
     s0 = run_dir / "stage_0"
     proc = start(["--run-dir", str(run_dir), "--stages", "1", *LONG], tmp_path / "sft.log")
-    took = sigterm_when(proc, lambda: (s0 / "sft").is_dir(), "the SFT warm start")
+    took = sigterm_when(proc, lambda: any((s0 / "tb" / "sft").glob("events*")), "the SFT warm start")
     log = (tmp_path / "sft.log").read_text()
     assert "[stop] SIGTERM" in log and f"--resume {run_dir}" in log and "Traceback" not in log, log[-3000:]
     assert took < 120, f"SFT went on for {took:.0f}s after SIGTERM"
     assert not (s0 / "checkpoint").exists()
 
     proc = start(["--resume", str(run_dir)], tmp_path / "grpo.log")
-    took = sigterm_when(proc, lambda: (s0 / "trl").is_dir(), "GRPO")
+    took = sigterm_when(proc, lambda: any((s0 / "tb").glob("events*")), "GRPO")
     log = (tmp_path / "grpo.log").read_text()
     assert "[stop] SIGTERM" in log and "Traceback" not in log, log[-3000:]
     assert took < 120, f"GRPO went on for {took:.0f}s after SIGTERM"
