@@ -11,7 +11,17 @@ Examples:
 Settings come from CLI flags over environment variables over the preset. Every value is checked before
 any work starts; a bad one prints one line naming it and what is allowed, and exits with status 2
 without leaving a run folder behind. State is checkpointed after every node in `graph.sqlite` inside
-the run folder (thread id = run id), so `--resume` never redoes a finished stage.
+the run folder, so `--resume` never redoes a finished stage.
+
+A run never loses finished work (graph/runfolder.py):
+- its identity is in the run: the thread id is settings.json's `run_id`, and state paths are relative to
+  the folder, so a moved, copied or symlinked run, or `--resume .`, continues where it was;
+- a lost, empty or damaged graph.sqlite next to finished stages is refused with one line, never retrained;
+- one process per run folder (`run.lock`, an OS lock released on any exit); a second gets the holder's PID;
+- the first SIGINT/SIGTERM stops at the next training step or node boundary (nodes.stop) with exit 130 and
+  the resume command; a second kills the vLLM servers and every child process and exits at once;
+- a failing node prints one line (the traceback goes to logs/error.log) with the resume command;
+- text from the engineer reaches the terminal without control characters.
 """
 
 from __future__ import annotations
