@@ -1,6 +1,6 @@
 """SIGTERM during SFT and during GRPO stops `python -m graph.run` at the next step, then it resumes
-(issue 17): the real smoke preset with the embedded model, training lengthened so that a stage that did
-not stop would run for minutes."""
+(issue 17): the real smoke preset with the embedded model. The trainers' progress bars (on stderr) say
+when each has started and how far it got: a stopped trainer never reaches its last step."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-LONG = ["--set", "train.sft_steps=40", "--set", "train.max_steps=40", "--set", "eval_limit=2",
+SFT_STEPS, GRPO_STEPS = 12, 3
+LONG = ["--set", f"train.sft_steps={SFT_STEPS}", "--set", f"train.max_steps={GRPO_STEPS}", "--set", "eval_limit=2",
         "--set", "final_limit=2", "--set", "eval_max_tokens=16"]
 
 
@@ -32,11 +33,11 @@ def sigterm_when(proc: subprocess.Popen, ready, what: str, timeout: float = 900)
         assert proc.poll() is None, f"the run ended before {what}"
         assert time.monotonic() < end, f"timed out waiting for {what}"
         time.sleep(0.5)
-    time.sleep(2)  # a step or two into the trainer
+    time.sleep(2)  # into the trainer's first steps
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
-        assert proc.wait(180) == 130
+        assert proc.wait(600) == 130  # a GRPO step takes up to ~2 min on a busy 2-core machine
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -47,17 +48,17 @@ def test_sigterm_during_sft_and_during_grpo_stops_then_resumes(tmp_path):
     run_dir = tmp_path / "run"
     s0 = run_dir / "stage_0"
     proc = start(["--run-dir", str(run_dir), "--stages", "1", *LONG], tmp_path / "sft.log")
-    took = sigterm_when(proc, lambda: any((s0 / "tb" / "sft").glob("events*")), "the SFT warm start")
+    took = sigterm_when(proc, lambda: "SFT warm start:" in (tmp_path / "sft.log").read_text(), "the SFT warm start")
     log = (tmp_path / "sft.log").read_text()
     assert "[stop] SIGTERM" in log and f"--resume {run_dir}" in log and "Traceback" not in log, log[-3000:]
-    assert took < 120, f"SFT went on for {took:.0f}s after SIGTERM"
+    assert f"{SFT_STEPS}/{SFT_STEPS}" not in log and "GRPO stage_0:" not in log, f"SFT went on ({took:.0f}s)"
     assert not (s0 / "checkpoint").exists()
 
     proc = start(["--resume", str(run_dir)], tmp_path / "grpo.log")
-    took = sigterm_when(proc, lambda: any((s0 / "tb").glob("events*")), "GRPO")
+    took = sigterm_when(proc, lambda: "GRPO stage_0:" in (tmp_path / "grpo.log").read_text(), "GRPO")
     log = (tmp_path / "grpo.log").read_text()
     assert "[stop] SIGTERM" in log and "Traceback" not in log, log[-3000:]
-    assert took < 120, f"GRPO went on for {took:.0f}s after SIGTERM"
+    assert f"{GRPO_STEPS}/{GRPO_STEPS}" not in log.split("GRPO stage_0:", 1)[1], f"GRPO went on ({took:.0f}s)"
     assert not (s0 / "checkpoint").exists()
 
     done = start(["--resume", str(run_dir)], tmp_path / "resume.log")
