@@ -20,9 +20,22 @@ LONG = ["--set", f"train.sft_steps={SFT_STEPS}", "--set", f"train.max_steps={GRP
         "--set", "final_limit=2", "--set", "eval_max_tokens=16"]
 
 
+def private_cache(tmp_path: Path) -> Path:
+    """A model cache of the test's own (the embedded model linked in), so that the SFT warm start is not
+    a cached one from an earlier run (nodes.sft caches it under the model cache)."""
+    from llm.models import resolve_model
+
+    model = resolve_model()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / model.name).symlink_to(model)
+    return cache
+
+
 def start(args: list[str], log: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "PRESET": "smoke", "ENGINEER": "fixed"})
+    env.update({"PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "PRESET": "smoke", "ENGINEER": "fixed",
+                "ENV_ENGINEER_CACHE": str(log.parent / "cache")})
     return subprocess.Popen([sys.executable, "-m", "graph.run", *args], cwd=ROOT, env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -47,6 +60,7 @@ def sigterm_when(proc: subprocess.Popen, ready, what: str, timeout: float = 900)
 def test_sigterm_during_sft_and_during_grpo_stops_then_resumes(tmp_path):
     run_dir = tmp_path / "run"
     s0 = run_dir / "stage_0"
+    private_cache(tmp_path)
     proc = start(["--run-dir", str(run_dir), "--stages", "1", *LONG], tmp_path / "sft.log")
     took = sigterm_when(proc, lambda: "SFT warm start:" in (tmp_path / "sft.log").read_text(), "the SFT warm start")
     log = (tmp_path / "sft.log").read_text()
