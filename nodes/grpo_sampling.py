@@ -11,7 +11,9 @@ a bounded form:
   stays the proposal distribution), generated and scored the same way, and each fresh group *with* variance
   replaces one zero-variance group;
 - at most `resample_rounds` extra generations per batch. What cannot be replaced stays: a step never has a
-  smaller or an empty batch, only a batch with fewer dead groups.
+  smaller or an empty batch, only a batch with fewer dead groups;
+- once two batches in a row found no fresh group with variance, resampling is off for the rest of the stage:
+  a stage whose sizes are all out of the policy's reach pays for at most two futile rounds per batch, twice.
 
 What was done is counted in `stats` (groups generated, zero-variance groups generated, groups replaced, the
 zero-variance share left in the batches that were trained on) and reported by `nodes.train_stage` as
@@ -104,6 +106,7 @@ def make_trainer_class():
             self.stats = {"groups": 0, "zero_groups": 0, "replaced": 0, "rounds": 0, "trained_groups": 0,
                           "trained_zero_groups": 0}
             self._warned = False
+            self._futile = 0  # batches in a row whose resampling found no group with variance
 
         def _fresh_rows(self, n_groups: int) -> list[dict[str, Any]]:
             data = self.train_dataset
@@ -124,8 +127,9 @@ def make_trainer_class():
             if zero and self.resample_rounds and self.accelerator.num_processes > 1 and not self._warned:
                 log.warning("dynamic sampling needs a single training process; it is off for this run")
                 self._warned = True
-            rounds = 0
-            while zero and rounds < self.resample_rounds and self.accelerator.num_processes == 1:
+            rounds, found = 0, 0
+            while (zero and rounds < self.resample_rounds and self._futile < 2
+                   and self.accelerator.num_processes == 1):
                 rounds += 1
                 fresh = super()._generate_and_score_completions(self._fresh_rows(len(zero)))
                 fresh_zero = set(zero_variance_groups(fresh["advantages"], g))
@@ -138,7 +142,10 @@ def make_trainer_class():
                     batch = replace_groups(batch, fresh, slots, picks[: len(slots)], g,
                                            self.processing_class.pad_token_id)
                     self.stats["replaced"] += len(slots)
+                    found += len(slots)
                     zero = zero[len(slots):]
+            if rounds:
+                self._futile = 0 if found else self._futile + 1
             self.stats["rounds"] += rounds
             self.stats["trained_groups"] += batch["advantages"].numel() // g
             self.stats["trained_zero_groups"] += len(zero)

@@ -99,7 +99,16 @@ def sft_dataset(instances: list, seed: int, prompt_style: str = "full", order: s
 
 
 def warm_start(
-    model, tokenizer, instances: list, *, cfg, out_dir: Path, seed: int, progress: bool = True
+    model,
+    tokenizer,
+    instances: list,
+    *,
+    cfg,
+    out_dir: Path,
+    seed: int,
+    progress: bool = True,
+    curve_every: int = 0,
+    curve_instances: list | None = None,
 ) -> dict:
     """Fine-tune `model` in place on `instances`' optimal plans; return {seconds, steps, loss, examples}.
 
@@ -107,6 +116,9 @@ def warm_start(
     `cfg.sft_sizes`, or the stage's own training set when that is None). `cfg` is a
     `nodes.train_stage.TrainConfig` (its `sft_*` fields and `prompt_style`). Only the answer tokens are scored,
     and TRL's fused LM head projects only them (`nodes.trl_cpu`).
+
+    `curve_every=N` with `curve_instances`: every N steps (and at the end) the model answers those instances
+    greedily; the result holds `curve`, a list of {step, examples, seconds, valid_rate, by_size, failures}.
     """
     import torch
     from trl import SFTConfig, SFTTrainer
@@ -150,6 +162,9 @@ def warm_start(
         # transformers' names (train/loss, ...) in a TensorBoard run of their own, beside GRPO's tb/
         callbacks=[_tb_callback(Path(out_dir) / "tb" / "sft", main=main), *_extra_callbacks()],
     )
+    curve: list[dict] = []
+    if curve_every and curve_instances:
+        trainer.add_callback(_curve_callback(tokenizer, curve_instances, curve_every, cfg, curve))
     _quiet_trainer(trainer, progress, label="SFT warm start")
     t0 = time.perf_counter()
     result = trainer.train()
@@ -164,6 +179,9 @@ def warm_start(
         "examples": len(data),
         "examples_per_second": int(trainer.state.global_step) * cfg.sft_batch_size / seconds if seconds else None,
     }
+    if curve:
+        out["curve"] = curve
+        out["seconds_in_curve"] = sum(c["eval_seconds"] for c in curve)
     if main:
         shutil.rmtree(Path(out_dir) / "sft", ignore_errors=True)  # SFTTrainer's output_dir: nothing we keep
     if progress and main:
@@ -177,6 +195,35 @@ def warm_start(
         )
     model.train()
     return out
+
+
+def _curve_callback(tokenizer, instances: list, every: int, cfg, curve: list):
+    """A TrainerCallback that scores greedy answers every `every` steps and at the end, into `curve`."""
+    from transformers import TrainerCallback
+
+    t0 = time.perf_counter()
+
+    class Curve(TrainerCallback):
+        def _score(self, state, model):
+            t = time.perf_counter()
+            r = greedy_valid_rate(model, tokenizer, instances, max_new_tokens=cfg.max_completion_length,
+                                  batch_size=16, prompt_style=cfg.prompt_style)
+            point = {"step": state.global_step, "examples": state.global_step * cfg.sft_batch_size,
+                     "seconds": round(t - t0 - sum(c["eval_seconds"] for c in curve), 1),
+                     "valid_rate": r["valid_rate"], "by_size": r["by_size"], "failures": r["failures"],
+                     "eval_seconds": round(time.perf_counter() - t, 1)}
+            curve.append(point)
+            log.info("SFT curve: %s", json.dumps(point))
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            if state.global_step % every == 0:
+                self._score(state, model)
+
+        def on_train_end(self, args, state, control, model=None, **kw):
+            if not curve or curve[-1]["step"] != state.global_step:
+                self._score(state, model)
+
+    return Curve()
 
 
 def _extra_callbacks() -> list:
@@ -317,7 +364,7 @@ def check_cached(entry: Path, spec: dict | None = None) -> str | None:
         manifest = json.loads((entry / MANIFEST).read_text())
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"no readable {MANIFEST} ({type(e).__name__})"
+        return f"no readable manifest {MANIFEST} ({type(e).__name__})"
     if spec is not None and manifest.get("spec") != spec:
         return "its spec differs from the one asked for"
     for name, (size, digest) in files.items():
@@ -332,7 +379,15 @@ def check_cached(entry: Path, spec: dict | None = None) -> str | None:
 
 
 def build_warm_start(
-    model_dir: Path, cfg, seed: int, *, cache_dir=None, progress: bool = True, rebuild: bool = False
+    model_dir: Path,
+    cfg,
+    seed: int,
+    *,
+    cache_dir=None,
+    progress: bool = True,
+    rebuild: bool = False,
+    curve_every: int = 0,
+    curve_instances: list | None = None,
 ) -> dict:
     """The cached SFT warm start for (base model, warm-start settings, seed): reuse it, or build and cache it.
 
@@ -357,7 +412,8 @@ def build_warm_start(
             return {"path": str(entry), "key": key, "hit": True, "metrics": manifest.get("metrics", {})}
         if entry.exists():
             log.warning("SFT warm start cache %s is unusable (%s): rebuilding it", entry, why)
-        metrics = _train_warm_start(model_dir, cfg, seed, root / f".{key}.tmp", progress=progress)
+        metrics = _train_warm_start(model_dir, cfg, seed, root / f".{key}.tmp", progress=progress,
+                                    curve_every=curve_every, curve_instances=curve_instances)
         tmp = root / f".{key}.tmp"
         files = {p.name: [p.stat().st_size, _file_sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / MANIFEST).write_text(
@@ -369,7 +425,9 @@ def build_warm_start(
     return {"path": str(entry), "key": key, "hit": False, "metrics": metrics}
 
 
-def _train_warm_start(model_dir: Path, cfg, seed: int, out: Path, *, progress: bool) -> dict:
+def _train_warm_start(
+    model_dir: Path, cfg, seed: int, out: Path, *, progress: bool, curve_every: int = 0, curve_instances=None
+) -> dict:
     """Load the base model, run the SFT warm start on fresh solver-optimal instances, save it to `out`."""
     from transformers import set_seed
 
@@ -384,7 +442,8 @@ def _train_warm_start(model_dir: Path, cfg, seed: int, out: Path, *, progress: b
         freeze_lower_layers(model, layers)
     data = warm_start_instances(cfg.sft_sizes or [3], cfg.sft_instances, seed)
     work = out.with_name(out.name + "-work")
-    result = warm_start(model, tok, data, cfg=cfg, out_dir=work, seed=seed, progress=progress)
+    result = warm_start(model, tok, data, cfg=cfg, out_dir=work, seed=seed, progress=progress,
+                        curve_every=curve_every, curve_instances=curve_instances)
     shutil.rmtree(work, ignore_errors=True)
     for p in model.parameters():
         p.requires_grad_(True)
@@ -398,7 +457,8 @@ def greedy_valid_rate(
     model, tokenizer, instances: list, *, max_new_tokens: int = 128, batch_size: int = 8, prompt_style: str = "full"
 ) -> dict:
     """Greedy answers of `model` to `instances`, verified: {valid_rate, optimal_rate, n, failures, by_size,
-    sample} (`by_size`: valid rate per grid size; `sample`: the first answer, for a look at what fails).
+    sample, valid} (`by_size`: valid rate per grid size; `sample`: the first answer, for a look at what fails;
+    `valid`: each instance's verdict, in order, for paired comparisons).
 
     A small in-process check for tests and benchmarks (the run's own evaluation is `nodes.evaluate`).
     """
@@ -412,6 +472,7 @@ def greedy_valid_rate(
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     valid = optimal = 0
+    each: list[bool] = []
     failures: dict[str, int] = {}
     per_size: dict[int, list[int]] = {}
     sample = None
@@ -434,6 +495,7 @@ def greedy_valid_rate(
                 sample = text if sample is None else sample
                 v = verify(inst, text)
                 per_size.setdefault(inst.size, []).append(int(v.valid))
+                each.append(bool(v.valid))
                 valid += v.valid
                 optimal += v.optimal
                 if v.failure:
@@ -444,7 +506,7 @@ def greedy_valid_rate(
     n = max(1, len(instances))
     by_size = {s: round(sum(v) / len(v), 4) for s, v in sorted(per_size.items())}
     return {"valid_rate": valid / n, "optimal_rate": optimal / n, "n": len(instances), "failures": failures,
-            "by_size": by_size, "sample": sample}
+            "by_size": by_size, "sample": sample, "valid": each}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -466,7 +528,10 @@ def main(argv: list[str] | None = None) -> None:
                    "graph.run)")
     p.add_argument("--rebuild", action="store_true", help="build again even when a complete entry exists")
     p.add_argument("--eval", type=int, default=0, metavar="N",
-                   help="then answer the first N val instances of each size 3-5 greedily and print the valid rate")
+                   help="then answer the first N val-small instances of each size 3-5 greedily, print the valid rate")
+    p.add_argument("--curve", type=int, default=0, metavar="STEPS",
+                   help="while building, score greedy answers every STEPS steps (with --eval N instances per size) "
+                   "and print the curve: valid rate against examples seen")
     a = p.parse_args(argv)
     raw = dict(TRAIN_PRESETS[a.preset])
     for item in a.set:
@@ -484,17 +549,20 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from llm.models import resolve_model
 
-    res = build_warm_start(resolve_model(a.model), cfg, a.seed, rebuild=a.rebuild)
+    from env import load_split
+
+    val = [i for s in (3, 4, 5) for i in [x for x in load_split("val-small") if x.size == s][: a.eval]]
+    if a.curve and not val:
+        p.error("--curve needs --eval N (instances per size to score)")
+    res = build_warm_start(resolve_model(a.model), cfg, a.seed, rebuild=a.rebuild, curve_every=a.curve,
+                           curve_instances=val)
     figures = {"path": res["path"], "key": res["key"], "reused": res["hit"], **res["metrics"]}
-    if a.eval:
-        from env import load_split
+    if a.eval and not a.curve:
         from nodes.train_stage import load_checkpoint
 
         model, tok = load_checkpoint(res["path"])
-        val = [i for s in (3, 4, 5) for i in [x for x in load_split("val") if x.size == s][: a.eval]]
-        figures["val"] = greedy_valid_rate(
-            model, tok, val, max_new_tokens=cfg.max_completion_length, prompt_style=cfg.prompt_style
-        )
+        r = greedy_valid_rate(model, tok, val, max_new_tokens=cfg.max_completion_length, prompt_style=cfg.prompt_style)
+        figures["val-small"] = {k: r[k] for k in ("valid_rate", "by_size", "failures", "n")}
     print(json.dumps(figures, indent=2, default=str))
 
 

@@ -97,15 +97,15 @@ class TrainConfig(BaseModel):
     )
     # --- GRPO
     learning_rate: float = Field(5e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
-    num_generations: int = Field(4, ge=2, description="completions sampled per prompt (one GRPO group)")
+    num_generations: int = Field(8, ge=2, description="completions sampled per prompt (one GRPO group)")
     per_device_train_batch_size: int = Field(
-        8, ge=1, description="completions per device per micro-batch (multiple of num_generations)"
+        16, ge=1, description="completions per device per micro-batch (multiple of num_generations)"
     )
     gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimiser step")
     epochs: float = Field(
         1.0, gt=0, description="passes over the stage's instances (ignored if max_steps > 0)"
     )
-    max_steps: int = Field(5, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
+    max_steps: int = Field(8, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
     max_completion_length: int = Field(128, ge=8, description="token limit of one sampled answer")
     temperature: float = Field(1.0, gt=0, description="sampling temperature of GRPO completions")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of GRPO completions")
@@ -154,11 +154,11 @@ class TrainConfig(BaseModel):
     # --- SFT warm start (first stage only)
     sft_warm_start: bool = Field(True, description="SFT on solver-optimal plans before the first GRPO stage")
     sft_epochs: float = Field(2.0, gt=0, description="SFT passes over the warm-start examples")
-    sft_steps: int = Field(20, ge=-1, description="SFT optimiser steps; -1 or 0: use sft_epochs")
+    sft_steps: int = Field(300, ge=-1, description="SFT optimiser steps; -1 or 0: use sft_epochs")
     sft_lr: float = Field(3e-4, gt=0, description="SFT learning rate")
-    sft_batch_size: int = Field(4, ge=1, description="SFT examples per optimiser step")
-    sft_lr_scheduler: str = Field("constant", description="SFT learning-rate schedule (transformers name: cosine, ...)")
-    sft_warmup_ratio: float = Field(0.0, ge=0, lt=1, description="SFT linear warm-up share of the steps")
+    sft_batch_size: int = Field(8, ge=1, description="SFT examples per optimiser step")
+    sft_lr_scheduler: str = Field("cosine", description="SFT learning-rate schedule (transformers name: cosine, ...)")
+    sft_warmup_ratio: float = Field(0.05, ge=0, lt=1, description="SFT linear warm-up share of the steps")
     sft_order: Literal["shuffle", "size"] = Field(
         "shuffle", description="warm-start example order: shuffle, or size (small maps first: a curriculum)"
     )
@@ -167,11 +167,12 @@ class TrainConfig(BaseModel):
     )
     sft_bf16: bool | None = Field(None, description="bf16 autocast in the warm start (None: as bf16)")
     sft_sizes: list[int] | None = Field(
-        [3],
-        description="warm start on fresh solver-optimal 2-agent instances of these grid sizes (the 135M model "
-        "learns the answer format on 3x3 in minutes, not on 10x10); None: on the stage's own instances",
+        [3, 4, 5],
+        description="warm start on fresh solver-optimal 2-agent instances of these grid sizes (cached: built once "
+        "per model, warm-start settings and seed; the 135M model learns small maps in minutes, not 10x10); None: "
+        "on the stage's own instances (not cached)",
     )
-    sft_instances: int = Field(64, ge=1, description="fresh warm-start instances generated when sft_sizes is set")
+    sft_instances: int = Field(2400, ge=1, description="fresh warm-start instances generated when sft_sizes is set")
     # --- bookkeeping
     logging_steps: int = Field(1, ge=1, description="log to TensorBoard every this many optimiser steps")
     log_completions: bool = Field(False, description="print sampled completions to the log (TRL)")
@@ -219,8 +220,12 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "sft_steps": 2,
         "sft_batch_size": 2,
         "sft_instances": 8,
+        "sft_sizes": [3],
+        "sft_lr_scheduler": "constant",
+        "sft_warmup_ratio": 0.0,
         "max_prompt_length": 768,
         "train_layers": 2,
+        "resample_rounds": 0,  # 24-token answers are never valid: every group scores 0, resampling finds nothing
     },
     # Laptop default with the embedded SmolLM2-135M (= TrainConfig's defaults): 64 instances, SFT warm start
     # on 64 fresh 3x3 instances (20 steps x 4 plans), then 5 GRPO steps of 2 groups x 4 completions of <= 128

@@ -137,7 +137,7 @@ def test_cli_generate_verify_roundtrip(tmp_path):
 
 
 def test_splits_load_verify_and_are_stratified():
-    assert set(list_splits()) == {"val", "val-mini", "test", "test-mini"}
+    assert set(list_splits()) == {"val", "val-mini", "val-small", "test", "test-mini"}
     val = load_split("val")
     assert len(val) == 200 and {i.num_agents for i in val} == {2} and {i.size for i in val} == set(SIZES)
     mini = load_split("val-mini")
@@ -147,7 +147,9 @@ def test_splits_load_verify_and_are_stratified():
     assert len(strata) == 3 * 3 * 8
     tm = load_split("test-mini")
     assert {(i.tags["agents"], i.tags["wait"], i.size) for i in tm} == strata
-    for inst in val + test:
+    small = load_split("val-small")
+    assert len(small) == 150 and {i.num_agents for i in small} == {2} and {i.size for i in small} == {3, 4, 5}
+    for inst in val + small + test:
         v = verify(inst, plan_text(inst.plan))
         assert v.valid and v.optimal, inst.id
 

@@ -91,7 +91,7 @@ def test_val_small_split_is_150_two_agent_instances_of_sizes_3_to_5():
 # TRL's fused head on CPU: only labelled positions, same values
 
 
-def test_fused_head_scores_only_labelled_positions_with_the_same_values(embedded_model_path):
+def test_fused_head_scores_only_labelled_positions_with_the_same_values(embedded_model_path, monkeypatch):
     import torch
     from transformers import AutoModelForCausalLM
     from trl.trainer.utils import add_fused_lm_head
@@ -99,25 +99,25 @@ def test_fused_head_scores_only_labelled_positions_with_the_same_values(embedded
     import trl.trainer.utils as trl_utils
     from nodes import trl_cpu
 
+    # start from TRL as shipped, whatever earlier tests patched (monkeypatch puts it back afterwards)
+    monkeypatch.setattr(trl_utils, "_use_triton", getattr(trl_utils._use_triton, "original", trl_utils._use_triton))
+    monkeypatch.setattr(trl_cpu, "_PATCHED", False)
     model = AutoModelForCausalLM.from_pretrained(embedded_model_path, dtype=torch.float32)
     add_fused_lm_head(model)
     ids = torch.randint(0, 1000, (2, 40))
     labels = ids.clone()
     labels[:, :30] = -100  # a prompt of 30 tokens, an answer of 10
 
-    calls = []
-    head = model.get_output_embeddings()
-    hook = head.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
-    from trl.kernels import chunked_logprob
-
     seen = []
-    orig_tile = chunked_logprob._ChunkedLogProbFunction.forward
+    real = trl_utils._ChunkedLogProbFunction
 
-    def spy(ctx, hidden, *a, **k):
-        seen.append(hidden.shape[0])
-        return orig_tile(ctx, hidden, *a, **k)
+    class Spy:  # counts the rows TRL sends through its chunked head
+        @staticmethod
+        def apply(hidden, *args):
+            seen.append(hidden.shape[0])
+            return real.apply(hidden, *args)
 
-    chunked_logprob._ChunkedLogProbFunction.forward = staticmethod(spy)
+    trl_utils._ChunkedLogProbFunction = Spy
     try:
         with torch.no_grad():
             before = model(input_ids=ids, labels=labels, fused_lm_head=True)
@@ -125,8 +125,7 @@ def test_fused_head_scores_only_labelled_positions_with_the_same_values(embedded
             assert trl_utils._use_triton(torch.device("cpu")) is True
             after = model(input_ids=ids, labels=labels, fused_lm_head=True)
     finally:
-        chunked_logprob._ChunkedLogProbFunction.forward = staticmethod(orig_tile)
-        hook.remove()
+        trl_utils._ChunkedLogProbFunction = real
     assert seen == [2 * 39, 2 * 10]  # every shifted position before, the 10 labelled ones of each row after
     assert torch.allclose(before.log_probs, after.log_probs, atol=1e-5)
     assert torch.allclose(before.loss, after.loss, atol=1e-6)
@@ -290,3 +289,49 @@ def test_nodes_sft_cli_builds_then_reuses(embedded_model_path, tmp_path, monkeyp
     with pytest.raises(SystemExit):
         main(["--set", "no_such=1"])
     assert "no_such" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(embedded_model_path, tmp_path):
+    """A real TRL step: prompts of one kind always score 0 (a dead group), the others score by completion length
+    (signal). Dead groups are replaced by fresh groups with signal, the batch keeps its size, the stats say so."""
+    import random
+
+    from datasets import Dataset
+
+    from nodes.grpo_sampling import make_trainer_class, sampling_metrics
+    from nodes.train_stage import grpo_config, load_checkpoint
+
+    model, tok = load_checkpoint(embedded_model_path, trainable=True)
+    rows = [{"prompt": [{"role": "user", "content": f"Say a number ({i})."}], "dead": i % 2 == 0} for i in range(16)]
+    sizes = []
+
+    def reward(completions, dead, **kw):
+        sizes.append(len(completions))
+        return [0.0 if d else float(len(c[0]["content"]) % 7) + random.random() for c, d in zip(completions, dead)]
+
+    reward.__name__ = "toy"
+    cfg = TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "max_steps": 2, "max_completion_length": 8,
+                                      "num_generations": 2, "per_device_train_batch_size": 4, "train_layers": 1,
+                                      "resample_rounds": 3})
+    trainer = make_trainer_class()(
+        model=model, reward_funcs=[reward], args=grpo_config(cfg, tmp_path, 0, progress=False),
+        train_dataset=Dataset.from_list(rows), processing_class=tok, resample_rounds=3, resample_seed=0,
+    )
+    trained_sizes = []
+    orig = trainer._generate_and_score_completions
+
+    def spy(inputs):
+        out = orig(inputs)
+        trained_sizes.append(len(out["advantages"]))
+        return out
+
+    trainer._generate_and_score_completions = spy
+    trainer.train()
+    st = trainer.stats
+    assert trainer.state.global_step == 2
+    assert trained_sizes == [4, 4]  # never a smaller (or empty) batch
+    assert st["zero_groups"] >= 1 and st["replaced"] >= 1 and st["rounds"] >= 1
+    assert st["trained_zero_groups"] < st["zero_groups"]
+    m = sampling_metrics(st)
+    assert m["train/zero_std_groups_trained"] < m["train/resample_zero_std_generated"]
