@@ -444,12 +444,14 @@ def _train_warm_start(
     work = out.with_name(out.name + "-work")
     result = warm_start(model, tok, data, cfg=cfg, out_dir=work, seed=seed, progress=progress,
                         curve_every=curve_every, curve_instances=curve_instances)
-    shutil.rmtree(work, ignore_errors=True)
     for p in model.parameters():
         p.requires_grad_(True)
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     (out / META_FILE).unlink(missing_ok=True)  # a base-model folder for the first GRPO stage, not a stage checkpoint
+    if (work / "tb" / "sft").is_dir():  # its TensorBoard run, copied into each stage folder that uses the entry
+        shutil.copytree(work / "tb" / "sft", out / "tb" / "sft")
+    shutil.rmtree(work, ignore_errors=True)
     return {f"sft/{k}": v for k, v in result.items()}
 
 

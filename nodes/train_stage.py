@@ -627,6 +627,11 @@ def freeze_lower_layers(model, n_top: int) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def main_process() -> bool:
+    """True in a single process, and in process zero under accelerate/torchrun (the one that writes files)."""
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0) == 0
+
+
 def _tb_callback(log_dir: Path, main: bool = True):
     """transformers' TensorBoard callback writing to `log_dir`; `main=False` (not process zero): no writer,
     so no empty event file either (the callback itself logs on process zero only)."""
@@ -772,6 +777,8 @@ def run_stage(
         metrics.update({"sft/cache_key": ws["key"], "sft/cache_path": ws["path"], "sft/cache_hit": ws["hit"],
                         "sft/cache_seconds": time.perf_counter() - t0})
         load_from = Path(ws["path"])
+        if main_process() and (load_from / "tb" / "sft").is_dir():  # the warm start's curves, beside GRPO's
+            shutil.copytree(load_from / "tb" / "sft", out_dir / "tb" / "sft", dirs_exist_ok=True)
     dtype = "bfloat16" if _use_bf16(cfg) else "float32"
     model, tok = load_checkpoint(load_from, dtype=dtype, trainable=True)
     from peft import PeftModel

@@ -405,7 +405,7 @@ def test_smoke_stage_trains_writes_and_resumes(tmp_path, base_model):
     assert not torch.allclose(got, wrong, atol=1e-3)
 
 
-def _answer_nll(model, tok, instances) -> float:
+def _answer_nll(model, tok, instances, style: str) -> float:
     """Mean negative log-likelihood per answer token of the solver's plans after their chat prompts."""
     import torch
 
@@ -415,7 +415,7 @@ def _answer_nll(model, tok, instances) -> float:
     total = count = 0.0
     with torch.no_grad():
         for inst in instances:
-            prompt = tok.apply_chat_template(prompt_messages(inst), add_generation_prompt=True, tokenize=False)
+            prompt = tok.apply_chat_template(prompt_messages(inst, style), add_generation_prompt=True, tokenize=False)
             p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
             a_ids = tok(format_answer(inst), add_special_tokens=False)["input_ids"]
             ids = torch.tensor([p_ids + a_ids])
@@ -445,11 +445,11 @@ def test_warm_start_on_3x3_gives_valid_plans_on_held_out_3x3(tmp_path):
     cfg = TrainConfig(
         sft_steps=12, sft_lr=3e-4, sft_batch_size=4, max_prompt_length=600, max_completion_length=100
     )
-    nll_before = _answer_nll(model, tok, train[:6])
+    nll_before = _answer_nll(model, tok, train[:6], cfg.prompt_style)
     out = warm_start(model, tok, train, cfg=cfg, out_dir=tmp_path / "ws", seed=0, progress=False)
     assert out["steps"] == 12
     # The warm start taught the training plans: their per-token negative log-likelihood at least halves.
-    nll_after = _answer_nll(model, tok, train[:6])
+    nll_after = _answer_nll(model, tok, train[:6], cfg.prompt_style)
     assert nll_after < 0.5 * nll_before, (nll_before, nll_after)
-    result = greedy_valid_rate(model, tok, held_out, max_new_tokens=72)
+    result = greedy_valid_rate(model, tok, held_out, max_new_tokens=72, prompt_style=cfg.prompt_style)
     assert result["valid_rate"] > 0, result
