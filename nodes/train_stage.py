@@ -925,7 +925,12 @@ def train_stage(state: dict, runtime) -> dict:
             f"{stage - 1} trained, or start a new run"
         )
     init = Path(prev) if prev else resolve_model(settings.policy_model)
-    result = run_stage(
+    from nodes.stage_child import run_stage_in_child
+
+    # in a child process of its own (nodes.stage_child): GPU memory, TRL's RANK/WORLD_SIZE/MASTER_* variables
+    # and vLLM's process groups end with it, so no stage inherits them from the one before
+    result = run_stage_in_child(
+        label=f"stage {stage} training",
         train_path=Path(state["train_path"]),
         init_checkpoint=init,
         out_dir=out_dir,
