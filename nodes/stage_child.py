@@ -306,7 +306,9 @@ def child_main(request_path: str) -> int:
         report({"status": "interrupted", "type": "StageInterrupted", "message": str(e)})
         return 0
     except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent
-        logging.getLogger(__name__).error("%s failed:\n%s", doc.get("label", "stage"), traceback.format_exc())
+        # the traceback goes to the log file only: the terminal gets the parent's one line naming this file
+        crash.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {doc.get('label', 'stage')} failed:\n{traceback.format_exc()}")
+        crash.flush()
         report({"status": "error", "type": type(e).__name__, "message": str(e)})
         return 1
     report({"status": "ok"})

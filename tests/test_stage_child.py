@@ -60,7 +60,7 @@ def test_known_errors_come_back_as_themselves(tmp_path):
         _run(tmp_path, "fail", kind="CheckpointError", message="checkpoint /x is incomplete")
 
 
-def test_a_crash_is_one_line_naming_the_stage_and_its_log(tmp_path):
+def test_a_crash_is_one_line_naming_the_stage_and_its_log(tmp_path, capfd):
     with pytest.raises(StageProcessError) as e:
         _run(tmp_path, "fail", kind="RuntimeError", message="CUDA out of memory\nsecond line")
     log = tmp_path / "stage_9" / "logs" / "train.log"
@@ -70,6 +70,7 @@ def test_a_crash_is_one_line_naming_the_stage_and_its_log(tmp_path):
     assert str(log) in msg
     text = log.read_text()
     assert "Traceback" in text and "stage_child_targets.py" in text and "second line" in text
+    assert "Traceback" not in capfd.readouterr().err  # the terminal gets the one line, not the traceback
 
 
 def test_a_child_killed_without_a_word_is_an_error_not_a_hang(tmp_path):
