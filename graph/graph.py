@@ -25,11 +25,27 @@ def route_after_evaluate(state: LoopState, runtime) -> Literal["summarize_failur
     return "final_evaluate" if state["stage"] >= last else "summarize_failures"
 
 
+def gpu_freed_first(node):
+    """`node` after `llm.policy.release_gpu_for_training()`: on a GPU build no kept vLLM server holds GPU memory
+    while a stage trains (the node itself, looked up at build time, may be a test's stub)."""
+
+    def wrapped(state, runtime):
+        import sys
+
+        if "llm.policy" in sys.modules:  # no server can be kept before llm.policy was ever imported
+            sys.modules["llm.policy"].release_gpu_for_training()
+        return node(state, runtime)
+
+    wrapped.__name__ = getattr(node, "__name__", "train_stage")
+    wrapped.__doc__ = node.__doc__
+    return wrapped
+
+
 def build_graph() -> StateGraph:
     g = StateGraph(LoopState, context_schema=RunContext)
     # Every node sees state paths resolved in the run folder and returns them relative to it.
     g.add_node("apply", in_run_folder(apply))
-    g.add_node("train_stage", in_run_folder(train_stage))
+    g.add_node("train_stage", in_run_folder(gpu_freed_first(train_stage)))
     g.add_node("evaluate", in_run_folder(evaluate))
     g.add_node("summarize_failures", in_run_folder(summarize_failures))
     g.add_node("propose_config", in_run_folder(propose_config))

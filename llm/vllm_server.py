@@ -98,6 +98,50 @@ def cpu_env() -> dict[str, str]:
     return env
 
 
+GPU_MEMORY_SHARE = 0.85  # of one GPU, for a server that has it alone (vLLM's own default is 0.92)
+# torch.distributed / accelerate variables a trainer may have left in os.environ (TRL's colocated vLLM sets them)
+DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
+
+
+def serving_defaults(
+    *,
+    cpu: bool,
+    enable_lora: bool,
+    dtype: str | None = None,
+    enforce_eager: bool | None = None,
+    gpu_memory_utilization: float | None = None,
+) -> tuple[str, bool, float | None]:
+    """(dtype, enforce_eager, gpu_memory_utilization) for a server on the CPU build (``cpu=True``) or a GPU build.
+
+    CPU: ``float32``, eager, no GPU share. GPU: ``auto`` (bf16 for Qwen3), compiled with CUDA graphs, and
+    ``gpu_memory_utilization`` from the argument, ``$VLLM_GPU_MEMORY_UTILIZATION`` or :data:`GPU_MEMORY_SHARE`.
+    Raises ``ValueError`` (one line) for LoRA with float32 on a GPU build (vLLM's triton LoRA kernels assert
+    fp16/bf16, and start-up profiling runs dummy LoRAs: the server would die at start) and for a share
+    outside (0, 1].
+    """
+    if cpu:
+        return (dtype or "float32", True if enforce_eager is None else enforce_eager, None)
+    dtype = dtype or "auto"
+    if enable_lora and dtype in ("float32", "float", "fp32"):
+        raise ValueError(
+            f"vLLM dtype={dtype} with LoRA on a GPU: vLLM's GPU LoRA kernels take float16/bfloat16 only and the "
+            "server would die at start-up; allowed with enable_lora: auto, bfloat16, float16"
+        )
+    if gpu_memory_utilization is None:
+        raw = os.environ.get("VLLM_GPU_MEMORY_UTILIZATION", "")
+        try:
+            gpu_memory_utilization = float(raw) if raw else GPU_MEMORY_SHARE
+        except ValueError:
+            raise ValueError(
+                f"VLLM_GPU_MEMORY_UTILIZATION={raw!r}: allowed: a share of the GPU in (0, 1], e.g. 0.85"
+            ) from None
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(
+            f"gpu_memory_utilization={gpu_memory_utilization}: allowed: a share of the GPU in (0, 1], e.g. 0.85"
+        )
+    return (dtype, False if enforce_eager is None else enforce_eager, gpu_memory_utilization)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -111,8 +155,15 @@ class VLLMServer:
         model_path: folder with full weights (or a short name / Hugging Face id, see ``resolve_model``).
         log_path: file that receives the server's stdout and stderr (parents created).
         enable_lora: serve LoRA adapters loaded at runtime with :meth:`load_lora` (rank <= ``max_lora_rank``).
-        dtype: weights dtype; ``float32`` matches transformers' greedy outputs (vLLM's default is bf16).
-        enforce_eager: skip torch.compile/graphs: starts in ~40 s on CPU instead of 140-210 s.
+        dtype: weights dtype; None: ``float32`` on the CPU build (matches transformers' greedy outputs),
+            ``auto`` (the checkpoint's bf16) on a GPU build, where vLLM's LoRA kernels take fp16/bf16 only:
+            LoRA with ``float32`` on a GPU build is refused (:func:`serving_defaults`).
+        enforce_eager: skip torch.compile/CUDA graphs; None: on the CPU build only (starts in ~40 s instead
+            of 140-210 s there); a GPU serves compiled, with CUDA graphs.
+        gpu_memory_utilization: share of the GPU the server may take (GPU builds only; None:
+            ``$VLLM_GPU_MEMORY_UTILIZATION``, else :data:`GPU_MEMORY_SHARE`). Nothing else holds the GPU while
+            a server runs: each stage trains in a child process that has exited, and the kept server is
+            stopped before training starts (:func:`llm.policy.release_gpu_for_training`).
         served_model_name: name clients send as ``model``; defaults to the folder name.
         port: fixed port; default a free one.
         startup_timeout_s: how long to wait for ``/health``.
@@ -127,8 +178,9 @@ class VLLMServer:
         *,
         log_path: str | os.PathLike,
         enable_lora: bool = False,
-        dtype: str = "float32",
-        enforce_eager: bool = True,
+        dtype: str | None = None,
+        enforce_eager: bool | None = None,
+        gpu_memory_utilization: float | None = None,
         served_model_name: str | None = None,
         host: str = "127.0.0.1",
         port: int | None = None,
@@ -144,8 +196,10 @@ class VLLMServer:
         self.model_path = resolve_model(model_path)
         self.log_path = Path(log_path)
         self.enable_lora = enable_lora
-        self.dtype = dtype
-        self.enforce_eager = enforce_eager
+        self.cpu = is_cpu_build()
+        self.dtype, self.enforce_eager, self.gpu_memory_utilization = serving_defaults(
+            cpu=self.cpu, enable_lora=enable_lora, dtype=dtype, enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization)
         self.model_name = served_model_name or self.model_path.name
         self.host = host
         self.port = port
@@ -194,6 +248,8 @@ class VLLMServer:
         ]  # fmt: skip
         if self.enforce_eager:
             cmd.append("--enforce-eager")
+        if self.gpu_memory_utilization is not None:
+            cmd += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.enable_lora:
@@ -203,7 +259,9 @@ class VLLMServer:
     def environment(self) -> dict[str, str]:
         # The server needs no API key; keep every secret out of its environment (and of its logs).
         env = {k: v for k, v in os.environ.items() if not k.upper().endswith(("_API_KEY", "_TOKEN", "_SECRET"))}
-        if is_cpu_build():
+        for var in DIST_VARS:  # a process group of somebody else's (a trainer's) is not the server's
+            env.pop(var, None)
+        if self.cpu:
             env.update(cpu_env())
         env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.enable_lora:
