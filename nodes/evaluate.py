@@ -323,6 +323,7 @@ def run_eval(
             out_dir,
             base_model=settings.policy_model,  # the base of a LoRA checkpoint
             batch_size=settings.eval_batch_size,
+            max_concurrency=settings.eval_batch_size,  # one batch in flight at once on a vLLM server
             keep_server=getattr(settings, "keep_server", None),
         ) as policy:
             rows = answer_and_verify(

@@ -7,9 +7,12 @@ a bounded form:
 
 - after TRL generated and scored a generation batch, every zero-variance group is a candidate for
   replacement;
-- fresh prompts are drawn at random from the stage's own training set (so the engineer's size allocation
-  stays the proposal distribution), generated and scored the same way, and each fresh group *with* variance
-  replaces one zero-variance group;
+- fresh prompts are drawn from the stage's own training set, generated and scored the same way, and each
+  fresh group *with* variance replaces one zero-variance group. With a `group_key` (the grid size, in
+  nodes.train_stage), the draw leans to the keys where the policy is sometimes right: a key is picked with
+  probability proportional to (its groups with variance + 1) / (its groups + 2) among the keys of the stage's
+  set, counted over every group generated so far in the stage, then a row of that key at random. The engineer's
+  allocation still decides what the first draw of every batch holds; only the replacements lean;
 - at most `resample_rounds` extra generations per batch. What cannot be replaced stays: a step never has a
   smaller or an empty batch, only a batch with fewer dead groups;
 - once two batches in a row found no fresh group with variance, resampling is off for the rest of the stage:
@@ -99,10 +102,16 @@ def make_trainer_class():
     class DynamicSamplingGRPOTrainer(GRPOTrainer):
         """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""
 
-        def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, **kwargs):
+        def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, group_key=None, **kwargs):
             super().__init__(*args, **kwargs)
             self.resample_rounds = int(resample_rounds)
             self._rng = random.Random(resample_seed)
+            self.group_key = group_key
+            self._rows_by_key: dict[Any, list[int]] = {}
+            if group_key is not None:
+                for i, row in enumerate(self.train_dataset):
+                    self._rows_by_key.setdefault(group_key(row), []).append(i)
+            self.key_stats: dict[Any, list[int]] = {}  # key -> [groups with variance, groups]
             self.stats = {"groups": 0, "zero_groups": 0, "replaced": 0, "rounds": 0, "trained_groups": 0,
                           "trained_zero_groups": 0}
             self._warned = False
@@ -111,10 +120,24 @@ def make_trainer_class():
         def _fresh_rows(self, n_groups: int) -> list[dict[str, Any]]:
             data = self.train_dataset
             rows = []
+            keys = list(self._rows_by_key)
+            weights = [(self.key_stats.get(k, [0, 0])[0] + 1) / (self.key_stats.get(k, [0, 0])[1] + 2) for k in keys]
             for _ in range(n_groups):
-                row = data[self._rng.randrange(len(data))]
+                if keys:
+                    pool = self._rows_by_key[self._rng.choices(keys, weights)[0]]
+                    row = data[pool[self._rng.randrange(len(pool))]]
+                else:
+                    row = data[self._rng.randrange(len(data))]
                 rows.extend([row] * self.num_generations)
             return rows
+
+        def _count(self, inputs, zero: set[int]) -> None:
+            if self.group_key is None:
+                return
+            for gi in range(len(inputs) // self.num_generations):
+                st = self.key_stats.setdefault(self.group_key(inputs[gi * self.num_generations]), [0, 0])
+                st[0] += gi not in zero
+                st[1] += 1
 
         def _generate_and_score_completions(self, inputs):
             batch = super()._generate_and_score_completions(inputs)
@@ -122,6 +145,7 @@ def make_trainer_class():
                 return batch
             g = self.num_generations
             zero = zero_variance_groups(batch["advantages"], g)
+            self._count(inputs, set(zero))
             self.stats["groups"] += batch["advantages"].numel() // g
             self.stats["zero_groups"] += len(zero)
             if zero and self.resample_rounds and self.accelerator.num_processes > 1 and not self._warned:
@@ -131,8 +155,10 @@ def make_trainer_class():
             while (zero and rounds < self.resample_rounds and self._futile < 2
                    and self.accelerator.num_processes == 1):
                 rounds += 1
-                fresh = super()._generate_and_score_completions(self._fresh_rows(len(zero)))
+                fresh_rows = self._fresh_rows(len(zero))
+                fresh = super()._generate_and_score_completions(fresh_rows)
                 fresh_zero = set(zero_variance_groups(fresh["advantages"], g))
+                self._count(fresh_rows, fresh_zero)
                 n_fresh = fresh["advantages"].numel() // g
                 self.stats["groups"] += n_fresh
                 self.stats["zero_groups"] += len(fresh_zero)

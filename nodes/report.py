@@ -194,14 +194,27 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             + " |"
         )
     lines += ["", "Per-size cells: valid %.", ""]
+    settings = data.get("settings") or {}
+    counts = sorted({int(s["metrics"]["eval/n"]) for s in data["stages"]
+                     if s["metrics"] and isinstance(s["metrics"].get("eval/n"), int | float)})
+    if counts:
+        n = counts[-1]
+        half = 100 * 1.96 * (0.25 / n) ** 0.5  # the widest binomial 95 % half-width, at a 50 % rate
+        lines += [
+            f"Validation answers per stage: {', '.join(map(str, counts))} (split "
+            f"`{_code(settings.get('eval_split', '?'))}`, greedy, each verified); at {n} answers a valid rate is "
+            f"known to about ±{half:.1f} points (95 %).",
+            "",
+        ]
     lines += [f"![{p}]({p})" for p in plots] + [""]
     trained = [s for s in data["stages"] if "train/steps" in (s["metrics"] or {})]
     if trained:
         lines += [
             "## Training per stage",
             "",
-            "| stage | GRPO steps | s/step | reward mean | sampled valid % | zero-variance groups % | stage s |",
-            "|---|---|---|---|---|---|---|",
+            "| stage | GRPO steps | s/step | reward mean | sampled valid % | zero-variance groups % "
+            "| trained on % | stage s |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for s in trained:
             m = s["metrics"]
@@ -215,12 +228,14 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             lines.append(
                 f"| {s['stage']} | {num('train/steps', 'd')} | {num('train/seconds_per_step', '.1f')} | "
                 f"{num('train/reward_mean', '.3f')} | {_pct(m.get('train/valid_rate'))} | "
-                f"{_pct(m.get('train/zero_std_groups'))} | {num('train/seconds', '.0f')} |"
+                f"{_pct(m.get('train/zero_std_groups'))} | {_pct(m.get('train/zero_std_groups_trained'))} | "
+                f"{num('train/seconds', '.0f')} |"
             )
         lines += [
             "",
             "A zero-variance group (every completion of a prompt scored the same) gives GRPO no signal; at 100 % "
-            "GRPO moved no weight in that stage.",
+            "GRPO moved no weight in that stage. \"Trained on\": the share left after dynamic sampling replaced such "
+            "groups with fresh ones that had signal (`train.resample_rounds`).",
             "",
         ]
     lines += ["## Configurations and the engineer's decisions", ""]

@@ -176,6 +176,14 @@ class TrainConfig(BaseModel):
     # --- bookkeeping
     logging_steps: int = Field(1, ge=1, description="log to TensorBoard every this many optimiser steps")
     log_completions: bool = Field(False, description="print sampled completions to the log (TRL)")
+    # --- chat template (issue 18)
+    enable_thinking: bool | None = Field(
+        None,
+        description="Qwen3-style thinking mode of the chat template (its enable_thinking switch), the same at "
+        "training (TRL's chat_template_kwargs), prompt-length counting and every vLLM request; None: pass nothing "
+        "(the template's own default; SmolLM2's template has no such switch). True is refused by the loop: its "
+        "evaluation is greedy, which Qwen advises against in thinking mode",
+    )
 
     @field_validator("sft_sizes", mode="before")
     @classmethod
@@ -256,6 +264,9 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "sft_warm_start": False,
         "train_layers": 0,
         "logging_steps": 5,
+        # Thinking off, deliberately: evaluation is greedy, and greedy decoding in Qwen3's thinking mode loops to
+        # the token cap without an <answer> (Qwen's own advice); the prompt still asks for reasoning first.
+        "enable_thinking": False,
     },
 }
 
@@ -410,14 +421,22 @@ def prompt_messages(instance, style: str = "full") -> list[dict]:
     return [{"role": "system", "content": ""}, *user] if style == "compact" else user
 
 
-def prompt_tokens(tokenizer, messages: list[dict]) -> int:
-    """Token count of the chat-templated prompt (with the generation prompt), as TRL feeds it."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def chat_template_kwargs(enable_thinking: bool | None) -> dict:
+    """The chat template's extra arguments for a `TrainConfig.enable_thinking` value ({} for None)."""
+    return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+
+
+def prompt_tokens(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> int:
+    """Token count of the chat-templated prompt (with the generation prompt), as TRL feeds it (TRL passes its
+    `chat_template_kwargs` to `apply_chat_template`; pass the same here)."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                         **(template_kwargs or {}))
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def build_dataset(
-    instances: list, tokenizer, max_prompt_length: int, prompt_style: str = "full"
+    instances: list, tokenizer, max_prompt_length: int, prompt_style: str = "full",
+    template_kwargs: dict | None = None,
 ) -> tuple[Any, int]:
     """A `datasets.Dataset` with `prompt` (chat messages) and the reward's columns; and the dropped count.
 
@@ -429,7 +448,7 @@ def build_dataset(
     rows, dropped = [], 0
     for inst in instances:
         msgs = prompt_messages(inst, prompt_style)
-        n = prompt_tokens(tokenizer, msgs)
+        n = prompt_tokens(tokenizer, msgs, template_kwargs)
         if n > max_prompt_length:
             dropped += 1
             continue
@@ -549,6 +568,11 @@ class MapfReward:
                 if not math.isnan(value):
                     log_metric(name, value)
         return rewards
+
+
+def _row_size(row: dict) -> int:
+    """The grid size of a training row (`build_dataset`'s `instance` column holds the instance JSON)."""
+    return int(json.loads(row["instance"])["size"])
 
 
 def reward_summary(history: list[dict]) -> dict[str, float]:
@@ -704,6 +728,11 @@ def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = Tru
     )
     if cfg.use_vllm:
         kwargs.update(vllm_mode=cfg.vllm_mode, vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
+        # vLLM's context: the longest prompt kept (build_dataset drops longer ones) plus the longest answer; TRL
+        # would otherwise take the model's whole context (Qwen3: 40,960) and size the KV cache for it
+        kwargs["vllm_max_model_length"] = cfg.max_prompt_length + cfg.max_completion_length
+    if cfg.enable_thinking is not None:  # the same switch as prompt counting and the vLLM requests
+        kwargs["chat_template_kwargs"] = chat_template_kwargs(cfg.enable_thinking)
     return GRPOConfig(**kwargs)
 
 
@@ -808,7 +837,8 @@ def run_stage(
         loop_s += sft["seconds"]
         metrics.update({f"sft/{k}": v for k, v in sft.items()})
 
-    dataset, dropped = build_dataset(instances, tok, cfg.max_prompt_length, cfg.prompt_style)
+    dataset, dropped = build_dataset(instances, tok, cfg.max_prompt_length, cfg.prompt_style,
+                                     chat_template_kwargs(cfg.enable_thinking))
     if len(dataset) == 0:
         raise ValueError(
             f"all {len(instances)} prompts of {train_path} are longer than max_prompt_length={cfg.max_prompt_length}"
@@ -828,6 +858,7 @@ def run_stage(
         callbacks=[_tb_callback(out_dir / "tb", main=main), *_extra_callbacks()],
         resample_rounds=cfg.resample_rounds,
         resample_seed=seed,
+        group_key=_row_size,  # replacements lean to the sizes where the policy is sometimes right
     )
     _quiet_trainer(trainer, progress, label=f"GRPO {out_dir.name}")
     t0 = time.perf_counter()
@@ -944,11 +975,20 @@ def train_stage(state: dict, runtime) -> dict:
         f"stage {stage}: trained {m['train/steps']} GRPO steps in {m['train/seconds']:.0f} s, "
         f"reward {m['train/reward_mean']:.3f} -> {result['checkpoint']}"
     )
+    lines = [line]
+    dead = m.get("train/zero_std_groups_trained")
+    if dead is None or not math.isfinite(dead):
+        dead = m.get("train/zero_std_groups")
+    if isinstance(dead, float) and dead >= 1.0:
+        lines.append(
+            f"stage {stage}: WARNING every GRPO group scored the same (zero reward variance): no weight moved. "
+            "The stage's maps may all be out of the policy's reach; see stage metrics and report.md"
+        )
     return {
         "checkpoint": result["checkpoint"],
         "reward_state": result["reward_state"],
         "train_metrics": m,
-        "log": [line],
+        "log": lines,
     }
 
 

@@ -317,6 +317,7 @@ def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(embedded_mode
     trainer = make_trainer_class()(
         model=model, reward_funcs=[reward], args=grpo_config(cfg, tmp_path, 0, progress=False),
         train_dataset=Dataset.from_list(rows), processing_class=tok, resample_rounds=3, resample_seed=0,
+        group_key=lambda row: row["dead"],
     )
     trained_sizes = []
     orig = trainer._generate_and_score_completions
@@ -333,5 +334,8 @@ def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(embedded_mode
     assert trained_sizes == [4, 4]  # never a smaller (or empty) batch
     assert st["zero_groups"] >= 1 and st["replaced"] >= 1 and st["rounds"] >= 1
     assert st["trained_zero_groups"] < st["zero_groups"]
+    # per key: [groups with variance, groups]; dead prompts never have any, the others do
+    assert trainer.key_stats[True][0] == 0 and trainer.key_stats[True][1] >= 1
+    assert trainer.key_stats[False][0] >= 1
     m = sampling_metrics(st)
     assert m["train/zero_std_groups_trained"] < m["train/resample_zero_std_generated"]

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 
-def validation_prompts(n: int) -> tuple[list[str], str]:
+def validation_prompts(n: int, style: str = "full") -> tuple[list[str], str]:
     """``n`` policy prompts and where they came from."""
     try:
         from env import load_split, render_prompt
@@ -43,7 +43,7 @@ def validation_prompts(n: int) -> tuple[list[str], str]:
 
             instances = generate(uniform_config(), n, seed=0).instances[:n]
             source = f"env.generate(uniform_config(), {n}, seed=0) (val split unavailable: {type(e).__name__})"
-        return [render_prompt(i) for i in instances], source
+        return [render_prompt(i, style) for i in instances], source
     except Exception as e:  # noqa: BLE001 - env not ready: the speed figure still means something
         words = ["grid", "agent", "path", "goal", "hole", "wait", "conflict", "plan"]
         prompts = [
@@ -76,17 +76,19 @@ def warm_up(chat, batch, n: int) -> float:
     return round(time.monotonic() - t0, 1)
 
 
-def bench_vllm(model, batch, max_tokens: int, concurrency: int, log_dir: Path, warmup: int) -> dict:
+def bench_vllm(model, batch, max_tokens: int, concurrency: int, log_dir: Path, warmup: int,
+               dtype: str = "float32", eager: bool = True) -> dict:
     from llm.vllm_server import VLLMServer
 
     t0 = time.monotonic()
-    with VLLMServer(model, log_path=log_dir / "bench-vllm.log") as server:
+    with VLLMServer(model, log_path=log_dir / "bench-vllm.log", dtype=dtype, enforce_eager=eager) as server:
         startup = time.monotonic() - t0
         chat = server.client(max_concurrency=concurrency)
         warm = warm_up(chat, batch, warmup)
         res = run(chat, batch, max_tokens)
     res["startup_s"] = round(startup, 1)
     res["warmup_s"] = warm
+    res.update({"dtype": dtype, "eager": eager, "concurrency": concurrency})
     return res
 
 
@@ -116,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", type=Path, default=Path("runs/bench"), help="vLLM server log goes here")
     p.add_argument("--only", choices=("vllm", "local"), help="bench one backend")
     p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--prompt-style", default="compact", choices=("full", "compact"),
+                   help="policy prompt (the cpu preset's is compact; the paper's is full)")
+    p.add_argument("--vllm-dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="vLLM weights dtype (float32 matches transformers' greedy answers)")
+    p.add_argument("--compiled", action="store_true", help="vLLM without --enforce-eager (torch.compile)")
     p.add_argument("--json", type=Path, help="write the figures here too")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -124,13 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     from llm.vllm_server import vllm_available
 
     model = resolve_model(args.model)
-    prompts, source = validation_prompts(args.n)
-    batch = [[{"role": "user", "content": text}] for text in prompts]
-    print(f"{len(batch)} prompts from {source}; model {model.name}; max_tokens {args.max_tokens}; greedy fp32")
-    results: dict = {"prompts": source, "n": len(batch), "max_tokens": args.max_tokens, "model": model.name}
+    prompts, source = validation_prompts(args.n, args.prompt_style)
+    system = [{"role": "system", "content": ""}] if args.prompt_style == "compact" else []
+    batch = [[*system, {"role": "user", "content": text}] for text in prompts]
+    print(f"{len(batch)} {args.prompt_style} prompts from {source}; model {model.name}; max_tokens {args.max_tokens}; "
+          f"greedy; vLLM {args.vllm_dtype}, {'compiled' if args.compiled else 'eager'}, {args.concurrency} in flight")
+    results: dict = {"prompts": source, "n": len(batch), "max_tokens": args.max_tokens, "model": model.name,
+                     "prompt_style": args.prompt_style}
     if args.only != "local":
         if vllm_available():
-            results["vllm"] = bench_vllm(model, batch, args.max_tokens, args.concurrency, args.log_dir, args.warmup)
+            results["vllm"] = bench_vllm(model, batch, args.max_tokens, args.concurrency, args.log_dir, args.warmup,
+                                         dtype=args.vllm_dtype, eager=not args.compiled)
             print(f"vLLM server  : {_fmt(results['vllm'])}")
         else:
             print("vLLM server  : not installed, skipped")
