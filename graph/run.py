@@ -166,6 +166,17 @@ def _check_prompts_dir(prompts_dir: Path | None) -> None:
                             f"{', '.join(names)}; it would override nothing")
 
 
+def _check_thinking(settings: Settings) -> None:
+    """Evaluation answers greedily (temperature 0); greedy decoding in Qwen3's thinking mode loops to the token
+    cap without an <answer> (Qwen's own advice against it): the two are never combined."""
+    if settings.train.enable_thinking:
+        raise SettingsError(
+            "bad setting train.enable_thinking=True: evaluation answers greedily (temperature 0), and greedy "
+            "decoding in thinking mode loops to the token cap without an <answer>; allowed: false, or none (pass "
+            "nothing to the chat template)"
+        )
+
+
 def _check_before_work(settings: Settings) -> None:
     """Checks that need other packages: policy model, prompts folder, engineer backend and keys, benchmark
     splits. One line on failure."""
@@ -173,6 +184,7 @@ def _check_before_work(settings: Settings) -> None:
 
     _check_policy_model(settings.policy_model)
     _check_prompts_dir(settings.prompts_dir)
+    _check_thinking(settings)
     splits = list_splits()
     for name, split in (("eval_split", settings.eval_split), ("final_split", settings.final_split)):
         if split not in splits:
@@ -466,6 +478,9 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
     if problem is not None and (done or problem not in ("missing", "empty (0 bytes)")):
         raise _refuse_lost_state(run_dir, problem, done)
     thread = thread_id(run_dir, settings.run_id)
+    from llm.policy import set_enable_thinking
+
+    set_enable_thinking(settings.train.enable_thinking)  # every evaluation and engineer request, as in training
     graph, conn = _open_graph(run_dir, settings)
     cfg = {"configurable": {"thread_id": thread}, "recursion_limit": recursion_limit(settings)}
     ctx = RunContext(settings=settings, run_dir=run_dir)
@@ -575,6 +590,7 @@ def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
 
     make_graph()
     _say("[dry-run] graph built")
+    plan = _say_training_plan(settings, run_dir)
     if donor is not None:
         _say(f"[dry-run] stage 0 would be shared from {donor.run_dir} (checkpoint {donor.checkpoint_id})")
     else:
@@ -583,7 +599,26 @@ def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
     if settings.is_classic_engineer:
         _say(f"[dry-run] engineer {settings.engineer!r} is a classic curriculum: nothing to ping")
         return
+    if plan is not None and plan["gpu_mocked"] and settings.engineer in ("self", "base"):
+        _say(f"[dry-run] engineer {settings.engineer!r} not pinged: it is served by the vLLM server above, on a "
+             "GPU this machine lacks")
+        return
     _ping_engineer(settings, run_dir)
+
+
+def _say_training_plan(settings: Settings, run_dir: Path) -> dict | None:
+    """Build what stage 0 would run, up to the model load (GRPOConfig, LoRA config, the vLLM server's command
+    line; nodes.gpu_plan), as on one GPU when the preset trains on one and this machine has none, and print it."""
+    from nodes.gpu_plan import plan_lines, training_plan
+
+    try:
+        plan = training_plan(settings, run_dir)
+    except Exception as e:  # noqa: BLE001 - a config TRL or vLLM refuses: one line, like any bad setting
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:400]
+        raise RunError(f"[dry-run] the training configuration cannot be built: {type(e).__name__}: {first}") from None
+    for line in plan_lines(plan, settings):
+        _say(f"[dry-run] {line}")
+    return plan
 
 
 # First SIGINT/SIGTERM: ask the run to stop at the next training step or node (nodes.stop), raise nothing

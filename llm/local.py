@@ -44,6 +44,7 @@ class LocalEngine:
         device: str | None = None,
         seed: int | None = None,
         base_model: str | os.PathLike | None = None,
+        chat_template_kwargs: dict | None = None,
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -54,6 +55,7 @@ class LocalEngine:
         self.model_path = path
         self.batch_size = max(1, int(batch_size))
         self.seed = seed
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})  # e.g. {"enable_thinking": False} (Qwen3)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         torch_dtype = getattr(torch, dtype)
         adapter = path / "adapter_config.json"
@@ -129,7 +131,8 @@ class LocalEngine:
 
     def _render(self, messages: Messages) -> str:
         if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                      **self.chat_template_kwargs)
         # a base model without a template: plain "role: content" lines
         return "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
 

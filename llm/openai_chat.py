@@ -87,6 +87,7 @@ class OpenAIChat:
         batch_deadline_s: limit for a whole :meth:`chat_batch`, in seconds; None: only each call's budget.
         max_attempts: attempts per call at most (the budget usually stops it first).
         backoff_initial_s / backoff_max_s: exponential back-off start and cap, in seconds.
+        extra_body: fields added to every request body (vLLM: ``{"chat_template_kwargs": {...}}``).
     """
 
     def __init__(
@@ -104,6 +105,7 @@ class OpenAIChat:
         backoff_initial_s: float = 0.5,
         backoff_max_s: float = 30.0,
         server_check: Callable[[], str | None] | None = None,
+        extra_body: dict | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -116,6 +118,8 @@ class OpenAIChat:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.server_check = server_check
+        # sent with every request, e.g. {"chat_template_kwargs": {"enable_thinking": False}} to a vLLM server
+        self.extra_body = dict(extra_body) if extra_body else None
         self._secret = api_key or ""
         self._client = openai.OpenAI(
             base_url=self.base_url, api_key=api_key or "EMPTY", max_retries=0, timeout=self.timeout_s
@@ -305,6 +309,8 @@ class OpenAIChat:
             }
         elif mode == "json_object":
             body["response_format"] = {"type": "json_object"}
+        if self.extra_body:
+            body["extra_body"] = self.extra_body
         t0 = time.monotonic()
         try:
             resp = self._client.chat.completions.create(**body, timeout=min(self.timeout_s, left))

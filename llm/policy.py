@@ -50,6 +50,7 @@ def open_policy(
     batch_size: int = 8,
     max_concurrency: int = 16,
     keep_server: bool | None = None,
+    enable_thinking: bool | None | object = ...,
 ) -> Iterator[ChatModel]:
     """A chat model answering with ``checkpoint``; everything it started is stopped on exit
     (except a kept server, see the module docstring).
@@ -69,6 +70,7 @@ def open_policy(
         batch_size=batch_size,
         max_concurrency=max_concurrency,
         keep_server=keep_server,
+        enable_thinking=enable_thinking,
     ) as chat:
         yield chat
 
@@ -84,18 +86,25 @@ def open_checkpoint(
     batch_size: int = 8,
     max_concurrency: int = 16,
     keep_server: bool | None = None,
+    enable_thinking: bool | None | object = ...,
 ) -> Iterator[ChatModel]:
-    """Shared by :func:`open_policy` and :func:`llm.engineers.open_engineer`."""
+    """Shared by :func:`open_policy` and :func:`llm.engineers.open_engineer`.
+
+    ``enable_thinking``: the chat template's thinking switch for every request (vLLM: the request's
+    ``chat_template_kwargs``; transformers: ``apply_chat_template``); None passes nothing; not given: the
+    process's choice (:func:`set_enable_thinking`, which graph.run sets from ``train.enable_thinking``).
+    """
     from llm.vllm_server import resolve_backend
 
     if keep_server is None:
         keep_server = os.environ.get("LLM_KEEP_SERVER", "").lower() in ("1", "true", "yes")
     backend = resolve_backend(backend)  # Settings resolve `auto` at start; a direct caller gets the same rule
+    template = template_kwargs(_THINKING["value"] if enable_thinking is ... else enable_thinking)
     path = resolve_model(weights)
     if backend == "transformers":
         from llm.local import LocalEngine
 
-        engine = LocalEngine(path, batch_size=batch_size, base_model=base_model)
+        engine = LocalEngine(path, batch_size=batch_size, base_model=base_model, chat_template_kwargs=template)
         try:
             yield engine
         finally:
@@ -106,8 +115,9 @@ def open_checkpoint(
     from llm.vllm_server import VLLMServer
 
     adapter = adapter_config(path)
+    extra = {"extra_body": {"chat_template_kwargs": template}} if template else {}
     if keep_server:
-        chat = _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency)
+        chat = _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency, **extra)
         try:
             yield chat
         finally:
@@ -115,7 +125,7 @@ def open_checkpoint(
         return
     if adapter is None:
         with VLLMServer(path, log_path=log_path, served_model_name=served_name) as server:
-            chat = server.client(max_concurrency=max_concurrency)
+            chat = server.client(max_concurrency=max_concurrency, **extra)
             try:
                 yield chat
             finally:
@@ -124,11 +134,24 @@ def open_checkpoint(
     base = adapter_base(path, adapter, base_model)
     with VLLMServer(base, log_path=log_path, enable_lora=True, max_lora_rank=_lora_rank(adapter)) as server:
         server.load_lora(served_name, path)
-        chat = server.client(model=served_name, max_concurrency=max_concurrency)
+        chat = server.client(model=served_name, max_concurrency=max_concurrency, **extra)
         try:
             yield chat
         finally:
             chat.close()
+
+
+_THINKING: dict = {"value": None}  # the process's enable_thinking (graph.run: the run's train.enable_thinking)
+
+
+def set_enable_thinking(value: bool | None) -> None:
+    """The thinking switch every later :func:`open_policy` / :func:`open_checkpoint` uses unless given one."""
+    _THINKING["value"] = value
+
+
+def template_kwargs(enable_thinking: bool | None) -> dict:
+    """Chat-template arguments for a thinking switch: {} for None (the template's own default)."""
+    return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
 
 
 def adapter_config(path: str | os.PathLike) -> dict | None:
@@ -154,7 +177,7 @@ def _arch(path: Path) -> tuple:
     return tuple(json.dumps(cfg.get(k), sort_keys=True) for k in _ARCH_KEYS)
 
 
-def _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency):
+def _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency, **client_kw):
     from llm.vllm_server import VLLMServer
 
     weights = path if adapter is None else adapter_base(path, adapter, base_model)
@@ -179,9 +202,9 @@ def _kept_client(path, adapter, log_path, base_model, served_name, max_concurren
             server.reload_weights(weights)
             _KEPT["weights"] = weights
     if adapter is None:
-        return server.client(max_concurrency=max_concurrency)
+        return server.client(max_concurrency=max_concurrency, **client_kw)
     server.load_lora(served_name, path)
-    return server.client(model=served_name, max_concurrency=max_concurrency)
+    return server.client(model=served_name, max_concurrency=max_concurrency, **client_kw)
 
 
 def _point_to(log_path: Path, server) -> None:

@@ -170,6 +170,8 @@ class VLLMServer:
         max_model_len: context length; ``None`` keeps the model's.
         extra_args: more ``vllm serve`` flags, appended as given.
         extra_env: more environment variables for the server process.
+        resolve: resolve ``model_path`` (download a hub id); False only to show a command (a dry run).
+        cpu_build: the flags of the CPU build (True) or a GPU build (False); None: the installed one.
     """
 
     def __init__(
@@ -190,13 +192,16 @@ class VLLMServer:
         max_loras: int = 2,
         extra_args: tuple[str, ...] | list[str] = (),
         extra_env: dict[str, str] | None = None,
+        resolve: bool = True,
+        cpu_build: bool | None = None,
     ):
         from llm.models import resolve_model
 
-        self.model_path = resolve_model(model_path)
+        # resolve=False: take the name as given (a dry run's command line for a hub id, nothing downloaded)
+        self.model_path = resolve_model(model_path) if resolve else Path(str(model_path))
         self.log_path = Path(log_path)
         self.enable_lora = enable_lora
-        self.cpu = is_cpu_build()
+        self.cpu = is_cpu_build() if cpu_build is None else cpu_build
         self.dtype, self.enforce_eager, self.gpu_memory_utilization = serving_defaults(
             cpu=self.cpu, enable_lora=enable_lora, dtype=dtype, enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization)
