@@ -791,6 +791,10 @@ def run_stage(
     if not instances:
         raise ValueError(f"training set {train_path} holds no instances")
     score_labelled_positions_only()  # TRL's fused LM head: only answer positions on CPU too (nodes.trl_cpu)
+    if cfg.use_vllm:  # LoRA syncs into vLLM merge into copies: the bf16 base never drifts (nodes.lora_sync)
+        from nodes.lora_sync import install_exact_lora_sync
+
+        install_exact_lora_sync()
     metrics: dict[str, Any] = {}
     do_sft = warm_start if warm_start is not None else (cfg.sft_warm_start and meta_in is None)
     load_from, warm_info = init, None
