@@ -176,6 +176,13 @@ class TrainConfig(BaseModel):
     # --- bookkeeping
     logging_steps: int = Field(1, ge=1, description="log to TensorBoard every this many optimiser steps")
     log_completions: bool = Field(False, description="print sampled completions to the log (TRL)")
+    save_steps: int = Field(
+        0,
+        ge=0,
+        description="save a resumable checkpoint of the stage every N GRPO optimiser steps (weights, optimiser, "
+        "scheduler, RNG, reward state) in stage_<k>/trl/, so that a crash or stop loses at most N steps and "
+        "--resume continues the stage from there (nodes.stage_resume); 0: none",
+    )
     # --- chat template (issue 18)
     enable_thinking: bool | None = Field(
         None,
@@ -267,6 +274,8 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         # Thinking off, deliberately: evaluation is greedy, and greedy decoding in Qwen3's thinking mode loops to
         # the token cap without an <answer> (Qwen's own advice); the prompt still asks for reasoning first.
         "enable_thinking": False,
+        # a stage is about 1,000 optimiser steps, roughly a day on one GPU: a crash loses at most 50 of them
+        "save_steps": 50,
     },
 }
 
@@ -731,6 +740,8 @@ def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = Tru
         # vLLM's context: the longest prompt kept (build_dataset drops longer ones) plus the longest answer; TRL
         # would otherwise take the model's whole context (Qwen3: 40,960) and size the KV cache for it
         kwargs["vllm_max_model_length"] = cfg.max_prompt_length + cfg.max_completion_length
+    if cfg.save_steps > 0:  # in-stage checkpoints, completed by nodes.stage_resume's callback
+        kwargs.update(save_strategy="steps", save_steps=cfg.save_steps)
     if cfg.enable_thinking is not None:  # the same switch as prompt counting and the vLLM requests
         kwargs["chat_template_kwargs"] = chat_template_kwargs(cfg.enable_thinking)
     return GRPOConfig(**kwargs)
@@ -797,6 +808,10 @@ def run_stage(
         install_exact_lora_sync()
     metrics: dict[str, Any] = {}
     do_sft = warm_start if warm_start is not None else (cfg.sft_warm_start and meta_in is None)
+    from nodes import stage_resume
+
+    key = stage_resume.stage_key(train_path=train_path, init_checkpoint=init, seed=seed, cfg=cfg)
+    resume = stage_resume.find_resume(out_dir / "trl", key)  # a half-trained attempt of this very stage
     load_from, warm_info = init, None
     if do_sft and cfg.sft_sizes:
         # the cached warm start (nodes.sft.build_warm_start): built once per (model, warm-start settings, seed)
@@ -834,7 +849,8 @@ def run_stage(
     if cfg.gradient_checkpointing:
         model.config.use_cache = False
 
-    if do_sft and not cfg.sft_sizes:  # warm start on the stage's own instances: not cached (they vary per run)
+    if do_sft and not cfg.sft_sizes and resume is None:  # on the stage's own instances: not cached (they vary
+        # per run); a resumed stage skips it: the in-stage checkpoint holds the weights trained after it
         from nodes.sft import warm_start as sft_warm_start
 
         sft = sft_warm_start(model, tok, instances, cfg=cfg, out_dir=out_dir, seed=seed, progress=progress)
@@ -848,6 +864,12 @@ def run_stage(
             f"all {len(instances)} prompts of {train_path} are longer than max_prompt_length={cfg.max_prompt_length}"
         )
     reward = MapfReward(tok, reward_state, cfg.prompt_style)
+    if resume is not None:
+        stage_resume.restore_reward(reward, resume[1])
+        metrics["train/resumed_from_step"] = int(resume[1]["global_step"])
+        if progress:
+            log.info("resuming %s from its in-stage checkpoint %s (step %d)", out_dir.name, resume[0],
+                     resume[1]["global_step"])
     args = grpo_config(cfg, out_dir, seed, progress=progress)
     main = args.process_index == 0  # = trainer.is_world_process_zero(); only it writes files
     from nodes.grpo_sampling import make_trainer_class, sampling_metrics
@@ -859,14 +881,15 @@ def run_stage(
         args=args,
         train_dataset=dataset,
         processing_class=tok,
-        callbacks=[_tb_callback(out_dir / "tb", main=main), *_extra_callbacks()],
+        callbacks=[_tb_callback(out_dir / "tb", main=main), *_extra_callbacks(),
+                   *([stage_resume.resume_callback(reward, key, main)] if cfg.save_steps > 0 else [])],
         resample_rounds=cfg.resample_rounds,
         resample_seed=seed,
         group_key=_row_size,  # replacements lean to the sizes where the policy is sometimes right
     )
     _quiet_trainer(trainer, progress, label=f"GRPO {out_dir.name}")
     t0 = time.perf_counter()
-    result = trainer.train()
+    result = trainer.train(resume_from_checkpoint=str(resume[0]) if resume is not None else None)
     grpo_s = time.perf_counter() - t0
     loop_s += grpo_s
     _raise_if_stopped(f"GRPO of {out_dir.name}")
