@@ -109,5 +109,11 @@ def plan_lines(plan: dict[str, Any], settings) -> list[str]:
     cmd = ["vllm", *cmd[cmd.index("serve"):]] if "serve" in cmd else cmd
     out.append("vLLM server (evaluation and self/base engineer; stopped before each stage trains on a GPU): "
                + " ".join(f"{k}={v}" for k, v in sorted(plan["server_env"].items())) + " " + shlex.join(cmd))
+    import os
+
+    launcher = os.environ.get("STAGE_LAUNCHER", "")
+    out.append(f"stage launcher: {launcher}" if launcher else "stage launcher: none (one process, one GPU); several "
+               "GPUs: STAGE_LAUNCHER='accelerate launch --config_file configs/accelerate/multi_gpu.yaml "
+               "--num_processes 8'")
     out += [f"warning: {w}" for w in plan["warnings"]]
     return out

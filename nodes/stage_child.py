@@ -23,6 +23,12 @@ becomes the parent's `StageInterrupted`; `CheckpointError`, `ValueError` and `Fi
 as themselves; any other failure, or a child that dies without a status (killed, segfault, out of memory),
 is one `StageProcessError` line naming the stage and its log. The child dies with its parent (Linux
 `PR_SET_PDEATHSIG`). Progress bars stay visible: the child inherits the terminal's stdout and stderr.
+
+Several GPUs: `STAGE_LAUNCHER` names a launcher that runs the child once per GPU, e.g.
+`STAGE_LAUNCHER="accelerate launch --config_file configs/accelerate/multi_gpu.yaml --num_processes 8"`; the
+command becomes `<launcher> -m nodes.stage_child REQUEST.json`. Only rank 0 writes the status file (the
+trainers write their files on process zero only); the other ranks log to `train.rank<k>.log`. A stop is then
+forwarded as SIGTERM, which the launcher passes on to every rank (their first signal: stop at the next step).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -133,8 +140,11 @@ def run_in_child(
     child_env.update(env or {})
     sys.stderr.flush()
     sys.stdout.flush()
+    launcher = shlex.split(child_env.get("STAGE_LAUNCHER", ""))
+    cmd = [*launcher, "-m", "nodes.stage_child", str(request)] if launcher else [
+        sys.executable, "-m", "nodes.stage_child", str(request)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nodes.stage_child", str(request)],
+        cmd,
         env=child_env,
         stdin=subprocess.DEVNULL,
         preexec_fn=_die_with_parent,  # noqa: PLW1509 - a prctl only, no locks taken
@@ -148,7 +158,8 @@ def run_in_child(
             except subprocess.TimeoutExpired:
                 pass
             if stop.stop_requested() and not forwarded:
-                _signal(proc, signal.SIGUSR1)
+                # a launcher (torchrun) passes SIGTERM on to its ranks, not SIGUSR1
+                _signal(proc, signal.SIGTERM if launcher else signal.SIGUSR1)
                 forwarded = True
     except BaseException:
         # the parent is leaving (KeyboardInterrupt, a second signal): the child must not train on alone
@@ -285,7 +296,8 @@ def child_main(request_path: str) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, _on_signal)
     doc = json.loads(request.read_text())
-    log_file = logs / LOG_FILE
+    rank = int(os.environ.get("RANK", "0") or 0)  # set per process by a multi-GPU launcher (STAGE_LAUNCHER)
+    log_file = logs / (LOG_FILE if rank == 0 else f"train.rank{rank}.log")
     crash = open(log_file, "a", encoding="utf-8")  # noqa: SIM115 - for faulthandler, open until exit
     crash.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {doc.get('label', '')} (pid {os.getpid()})\n")
     crash.flush()
@@ -293,6 +305,8 @@ def child_main(request_path: str) -> int:
     _setup_logging(log_file, int(doc.get("log_level", logging.WARNING)))
 
     def report(payload: dict) -> None:
+        if rank != 0:
+            return
         tmp = status.with_suffix(".tmp")
         tmp.write_text(json.dumps(payload) + "\n")
         os.replace(tmp, status)

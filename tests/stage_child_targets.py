@@ -53,3 +53,8 @@ def wait_for_stop(started: str, timeout_s: float = 60.0) -> None:
 def ok(out: str) -> None:
     Path(out).write_text("done")
 
+
+
+def write_rank(out_dir: str) -> None:
+    rank = os.environ.get("RANK", "none")
+    Path(out_dir, f"rank{rank}").write_text(os.environ.get("WORLD_SIZE", "?"))

@@ -134,3 +134,21 @@ def test_train_stage_node_trains_in_a_child(monkeypatch, tmp_path):
                         runtime)
     assert up["checkpoint"] == "c" and calls and calls[0]["out_dir"] == tmp_path / "stage_1"
     assert calls[0]["label"] == "stage 1 training"
+
+
+def test_a_launcher_runs_one_child_per_process_and_rank_0_reports(tmp_path):
+    """STAGE_LAUNCHER (accelerate launch / torchrun on GPUs) runs the stage once per process."""
+    import sys
+
+    from llm.vllm_server import free_port
+
+    launcher = f"{sys.executable} -m torch.distributed.run --nproc_per_node 2 --master_port {free_port()}"
+    out = tmp_path / "ranks"
+    out.mkdir()
+    run_in_child(tmp_path / "stage_9", {"out_dir": str(out)}, label="stage 9 training",
+                 target="stage_child_targets:write_rank", env={**ENV, "STAGE_LAUNCHER": launcher})
+    assert sorted(p.name for p in out.iterdir()) == ["rank0", "rank1"]
+    assert (out / "rank1").read_text() == "2"
+    logs = tmp_path / "stage_9" / "logs"
+    assert json.loads((logs / "stage_status.json").read_text()) == {"status": "ok"}
+    assert (logs / "train.rank1.log").exists()
