@@ -53,7 +53,7 @@ def find_resume(trl_dir: Path, key: str) -> tuple[Path, dict] | None:
     """The newest complete in-stage checkpoint of the stage with `key` and its marker; None when there is none.
     Checkpoints of another key are removed (they belong to another configuration of this stage folder)."""
     best = None
-    for step, folder in reversed(checkpoints(trl_dir)):
+    for _step, folder in reversed(checkpoints(trl_dir)):
         try:
             marker = json.loads((folder / MARKER).read_text())
         except (OSError, ValueError):
