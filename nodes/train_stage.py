@@ -34,6 +34,13 @@ its ~40 s engine start-up per stage outweighs the ~3.5 s/step it saves over a fe
 
 `use_vllm=True` without CUDA is refused at stage start (`check_generation_backend`), before any model loads.
 
+The graph's `train_stage` node runs `run_stage` in a child process of its own (`nodes.stage_child`; several GPUs:
+`STAGE_LAUNCHER`), so that GPU memory, TRL's RANK/WORLD_SIZE/MASTER_* variables and vLLM's process groups end
+with the stage. `save_steps > 0` saves a resumable checkpoint every N steps and a restarted stage continues from
+it (`nodes.stage_resume`). With vLLM generation, LoRA weight syncs merge into copies, never into the bf16 base
+(`nodes.lora_sync`). `enable_thinking` is the chat template's thinking switch, the same in TRL, prompt counting
+and every vLLM request (paper: off).
+
 Multi-GPU / multi-node goes through TRL's own engine (`accelerate`), with the module CLI and the configs in
 `configs/accelerate/` (copies of TRL's `trl/accelerate_configs/`, documented there):
     accelerate launch --config_file configs/accelerate/multi_gpu.yaml -m nodes.train_stage --preset paper \
