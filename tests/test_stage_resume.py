@@ -81,7 +81,7 @@ def test_on_save_completes_the_new_checkpoint_then_removes_older_ones(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ slow
 
-STEPS = 3
+STEPS = 4
 
 
 def _stage_cmd(tmp_path: Path, base: Path) -> tuple[list[str], dict]:
@@ -100,24 +100,32 @@ def test_a_stage_killed_after_its_first_in_stage_checkpoint_resumes_from_it(tmp_
     write_jsonl(tmp_path / "train.jsonl", generate(uniform_config(), 8, seed=2).instances)
     cmd, env = _stage_cmd(tmp_path, embedded_model_path)
     trl = tmp_path / "stage_0" / "trl"
+
+    def complete() -> list[int]:
+        return [step for step, folder in sr.checkpoints(trl) if (folder / sr.MARKER).exists()]
+
     with open(tmp_path / "first.log", "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 900
-        while not (trl / "checkpoint-1" / sr.MARKER).exists():
+        while not complete():
             assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "no in-stage checkpoint after 15 min"
-            time.sleep(0.2)
+            time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)  # a crash: no clean-up, no final checkpoint
         proc.wait()
+    saved = max(complete())
+    assert saved < STEPS, "the stage finished before it could be killed"
     assert not (tmp_path / "stage_0" / "checkpoint").exists()
-    assert [s for s, _ in sr.checkpoints(trl)][0] == 1
 
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout[r.stdout.index("{"):])
-    assert out["train/resumed_from_step"] == 1  # it continued from the checkpoint, not from step 0 ...
+    assert out["train/resumed_from_step"] == saved  # it continued from the checkpoint, not from step 0 ...
     assert out["train/steps"] == STEPS  # ... and ended with the uninterrupted stage's number of steps
     assert "resuming stage_0 from its in-stage checkpoint" in r.stderr
     meta = json.loads((tmp_path / "stage_0" / "checkpoint" / "trainer_meta.json").read_text())
-    assert meta["grpo_steps"] == STEPS and meta["reward_state"]["updates"] >= STEPS
+    # one reward batch per step (smoke: 4 completions a step), counted once: the batches before the checkpoint came
+    # back with the reward state, and only the steps after it were trained again
+    assert meta["grpo_steps"] == STEPS and meta["reward_state"]["updates"] == STEPS
+    assert out["train/completions"] == STEPS * 4
     assert not trl.exists()  # the in-stage checkpoints go once the stage is done
