@@ -186,7 +186,8 @@ def _raise_from_status(status: Path, code: int, label: str, log_file: Path) -> N
     from nodes import stop
 
     if stop.stop_requested():  # a second signal ended the child at once: still a stop, not a crash
-        raise _known_errors()["StageInterrupted"](f"{label} stopped on request before it finished; nothing was saved")
+        raise _known_errors()["StageInterrupted"](f"{label} stopped on request before it finished; it trains again on resume "
+                                                 "(from its last in-stage checkpoint, if any)")
     how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
     raise StageProcessError(
         f"{label}: its child process {how} before it reported a result (out of memory? see {log_file})"
