@@ -114,7 +114,7 @@ class TrainConfig(BaseModel):
         1024, ge=16, description="prompts longer than this (tokens) are dropped from training, and counted"
     )
     # --- GRPO
-    learning_rate: float = Field(5e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
+    learning_rate: float = Field(1e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
     num_generations: int = Field(8, ge=2, description="completions sampled per prompt (one GRPO group)")
     per_device_train_batch_size: int = Field(
         16, ge=1, description="completions per device per micro-batch (multiple of num_generations)"
@@ -125,7 +125,7 @@ class TrainConfig(BaseModel):
     )
     max_steps: int = Field(8, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
     max_completion_length: int = Field(128, ge=8, description="token limit of one sampled answer")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature of GRPO completions")
+    temperature: float = Field(0.7, gt=0, description="sampling temperature of GRPO completions")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of GRPO completions")
     beta: float = Field(
         0.0, ge=0, description="KL coefficient to the reference model (0: no reference model)"

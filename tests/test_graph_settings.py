@@ -132,7 +132,7 @@ def test_dry_run_engineer_that_does_not_answer_is_one_line(tmp_path, how):
     assert len(errors) == 1 and "engineer 'myendpoint' did not answer" in errors[0], r.stderr
     assert "Traceback" not in r.stderr
     assert calls == (1 if how == "server_errors" else 0)  # one attempt, no retries
-    assert took < 60
+    assert took < 120  # a retry loop would take minutes; a loaded 2-core machine takes up to ~40 s to start
     assert not run_dir.exists()
 
 
