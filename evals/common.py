@@ -320,7 +320,7 @@ def settings_drift(pair: Pair, preset: str, overrides: Mapping[str, Any], env: M
         return []
     diffs = []
     for key in sorted(set(saved) | set(planned)):
-        if key == "run_dir":
+        if key in ("run_dir", "run_id"):  # where and under which thread the run lives: not what it computes
             continue
         a, b = saved.get(key), planned.get(key)
         if key == "train" and isinstance(a, dict) and isinstance(b, dict):
@@ -340,7 +340,7 @@ STAGE0_MAY_DIFFER = frozenset({
     "engineer", "engineer_model", "engineer_base_url", "engineer_max_tokens", "engineer_max_attempts",
     "engineer_temperature", "engineer_structured", "feasibility_n",
     "context", "context_details", "evidence_examples", "evidence_chars", "prompts_dir",
-    "run_dir", "approve", "keep_server",
+    "run_dir", "run_id", "approve", "keep_server",
 })
 
 
