@@ -132,26 +132,20 @@ def _spread(j: int, n: int, w: float) -> bool:
     return (j + 1) * want // n > j * want // n
 
 
-def val_tasks() -> list[tuple]:
+def val_tasks(sizes=SIZES, per_size: int = VAL_PER_SIZE, seed: int = VAL_SEED, prefix: str = "val") -> list[tuple]:
+    """2-agent tasks: `per_size` per size, hole ratios cycling, half of each size asked to need a wait."""
     tasks = []
-    for s in SIZES:
-        for j in range(VAL_PER_SIZE):
+    for s in sizes:
+        for j in range(per_size):
             idx = len(tasks)
             hole = min(HOLE_CYCLE[j % len(HOLE_CYCLE)], max_hole_ratio(s, 2))
-            tasks.append((idx, s, hole, _spread(j, VAL_PER_SIZE, 0.5), 2, slot_seed(VAL_SEED, idx),
-                          TEST_MAX_TRIES, f"val-s{s}-{j:02d}"))
+            tasks.append((idx, s, hole, _spread(j, per_size, 0.5), 2, slot_seed(seed, idx),
+                          TEST_MAX_TRIES, f"{prefix}-s{s}-{j:02d}"))
     return tasks
 
 
 def val_small_tasks() -> list[tuple]:
-    tasks = []
-    for s in VAL_SMALL_SIZES:
-        for j in range(VAL_SMALL_PER_SIZE):
-            idx = len(tasks)
-            hole = min(HOLE_CYCLE[j % len(HOLE_CYCLE)], max_hole_ratio(s, 2))
-            tasks.append((idx, s, hole, _spread(j, VAL_SMALL_PER_SIZE, 0.5), 2, slot_seed(VAL_SMALL_SEED, idx),
-                          TEST_MAX_TRIES, f"vals-s{s}-{j:02d}"))
-    return tasks
+    return val_tasks(VAL_SMALL_SIZES, VAL_SMALL_PER_SIZE, VAL_SMALL_SEED, "vals")
 
 
 def build_val_small(data_dir: str | Path | None = None, workers: int | None = None) -> list[Instance]:

@@ -70,14 +70,8 @@ def render_prompt(instance: Instance, style: str = "full") -> str:
     grid = "\n".join(" ".join(row) for row in cells)
     legend = ", ".join(f"{START_SYMBOLS[i]} = start of agent {i}" for i in range(k))
     legend += ", " + ", ".join(f"{GOAL_SYMBOLS[i]} = goal of agent {i}" for i in range(k))
-    tasks = "\n".join(
-        f"Agent {i} needs to go from ({sr}, {sc}) to ({gr}, {gc})."
-        for i, ((sr, sc), (gr, gc)) in enumerate(zip(instance.starts, instance.goals, strict=True))
-    )
-    example = "\n".join(
-        f"Agent {i}: ({sr},{sc}) ... ({gr},{gc})"
-        for i, ((sr, sc), (gr, gc)) in enumerate(zip(instance.starts, instance.goals, strict=True))
-    )
+    tasks = _agent_lines(instance, "Agent {i} needs to go from ({sr}, {sc}) to ({gr}, {gc}).")
+    example = _agent_lines(instance, "Agent {i}: ({sr},{sc}) ... ({gr},{gc})")
     agents = "agent" if k == 1 else "agents"
     return (
         f"You are a multi-agent path planning expert. There is a {n}x{n} frozen lake map with {k} {agents}:\n"
@@ -103,6 +97,14 @@ def render_prompt(instance: Instance, style: str = "full") -> str:
     )
 
 
+def _agent_lines(instance: Instance, template: str) -> str:
+    """One line per agent: `template` filled with its index `i`, start `sr, sc` and goal `gr, gc`."""
+    return "\n".join(
+        template.format(i=i, sr=sr, sc=sc, gr=gr, gc=gc)
+        for i, ((sr, sc), (gr, gc)) in enumerate(zip(instance.starts, instance.goals, strict=True))
+    )
+
+
 def render_compact_prompt(instance: Instance) -> str:
     """The same instance as `render_prompt` in a few lines, for small models: the map (rows of ``.`` ice and
     ``H`` holes, no agent symbols), the holes as a coordinate list beside it, each agent's start and goal, and
@@ -118,14 +120,8 @@ def render_compact_prompt(instance: Instance) -> str:
     holes = [(r, c) for r, row in enumerate(instance.grid) for c, ch in enumerate(row) if ch == "H"]
     grid = "\n".join("".join("H" if ch == "H" else "." for ch in row) for row in instance.grid)
     hole_text = " ".join(f"({r},{c})" for r, c in holes) if holes else "none"
-    tasks = "\n".join(
-        f"Agent {i}: ({sr},{sc}) -> ({gr},{gc})"
-        for i, ((sr, sc), (gr, gc)) in enumerate(zip(instance.starts, instance.goals, strict=True))
-    )
-    example = "\n".join(
-        f"Agent {i}: ({sr},{sc}) ... ({gr},{gc})"
-        for i, ((sr, sc), (gr, gc)) in enumerate(zip(instance.starts, instance.goals, strict=True))
-    )
+    tasks = _agent_lines(instance, "Agent {i}: ({sr},{sc}) -> ({gr},{gc})")
+    example = _agent_lines(instance, "Agent {i}: ({sr},{sc}) ... ({gr},{gc})")
     return (
         f"Map {n}x{n}, (row,col) from (0,0), H = hole:\n{grid}\nHoles: {hole_text}\n{tasks}\n"
         "Each step every agent moves up, down, left or right, or waits. Never enter a hole or leave the map; "

@@ -549,9 +549,8 @@ def main(argv: list[str] | None = None) -> None:
     if not cfg.sft_sizes:
         p.error("sft_sizes is none: that warm start trains on a run's own instances and is not cached")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    from llm.models import resolve_model
-
     from env import load_split
+    from llm.models import resolve_model
 
     val = [i for s in (3, 4, 5) for i in [x for x in load_split("val-small") if x.size == s][: a.eval]]
     if a.curve and not val:

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     a = p.parse_args(argv)
 
-    from env import SIZES, EnvConfig, generate, load_split, verify, write_jsonl
+    from env import SIZES, EnvConfig, generate, load_split, write_jsonl
     from llm.models import resolve_model
     from nodes.sft import build_warm_start, greedy_valid_rate
     from nodes.train_stage import TrainConfig, load_checkpoint, run_stage
