@@ -320,11 +320,13 @@ def settings_drift(pair: Pair, preset: str, overrides: Mapping[str, Any], env: M
         return []
     diffs = []
     for key in sorted(set(saved) | set(planned)):
-        if key in ("run_dir", "run_id"):  # where and under which thread the run lives: not what it computes
+        if key in ("run_dir", "run_id", "provenance", "keep_checkpoints"):  # where and under which thread the
+            # run lives, what it ran on (issue 20's provenance), what it keeps: not what it computes
             continue
         a, b = saved.get(key), planned.get(key)
         if key == "train" and isinstance(a, dict) and isinstance(b, dict):
-            diffs += [(f"train.{k}", a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            diffs += [(f"train.{k}", a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+                      if a.get(k) != b.get(k) and k != "report_to"]  # where scalars are logged: not computed
         elif a != b:
             diffs.append((key, a, b))
     return [f"{k}: {a!r} -> {b!r}" for k, a, b in diffs if keys is None or keys(k)]
@@ -341,12 +343,13 @@ STAGE0_MAY_DIFFER = frozenset({
     "engineer_temperature", "engineer_structured", "feasibility_n",
     "context", "context_details", "evidence_examples", "evidence_chars", "prompts_dir",
     "run_dir", "run_id", "approve", "keep_server",
+    "provenance", "keep_checkpoints", "train.report_to",
 })
 
 
 def stage0_setting(key: str) -> bool:
     """Whether a donor must have the same value of setting `key` (`train.<name>` for training ones)."""
-    return key.split(".", 1)[0] not in _may_differ()
+    return key not in _may_differ() and key.split(".", 1)[0] not in _may_differ()
 
 
 @functools.cache

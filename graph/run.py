@@ -356,12 +356,74 @@ def _record_person(run_dir: Path, stage: int, record: dict[str, Any]) -> None:
     write_json_atomic(path, doc)
 
 
-def _ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) -> None:
-    """Interrupted before apply: let a person accept, edit or reject the validated proposal.
+APPROVE_PROMPT = "apply it? [y] yes / [n] no, keep the current config / [e] edit it in $EDITOR: "
+KNOBS = ("data_ratio", "hole_ratio", "wait_ratio")
 
-    An edited config goes through validate_config's own checks (strict validation, else projection, then
-    the generator's feasibility dry-run on the next stage's data seed); every answer is recorded in
-    stage_k/validation.json as a decision `by: person`."""
+
+def config_table(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
+    """The proposal as one row per size, each knob `old -> new` (`=` when unchanged), for the terminal."""
+
+    def knob(cfg: dict[str, Any] | None, size: str, name: str) -> float | None:
+        sizes = (cfg or {}).get("sizes") or {}
+        v = (sizes.get(size) or sizes.get(int(size)) or {}) if isinstance(sizes, dict) else {}
+        v = v.get(name) if isinstance(v, dict) else None
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    def cell(a: float | None, b: float | None) -> str:
+        fa = "-" if a is None else f"{a:.3f}"
+        fb = "-" if b is None else f"{b:.3f}"
+        return f"{fa}  =    " if a is not None and b is not None and abs(a - b) <= 1e-9 else f"{fa} -> {fb}"
+
+    sizes = sorted({str(k) for k in ((new or {}).get("sizes") or {})} | {str(k) for k in ((old or {}).get("sizes") or {})},
+                   key=lambda x: (int(x), x) if x.isdigit() else (1 << 30, x))
+    head = f"{'size':<6}" + "".join(f"{KNOB_NAMES[k]:<17}" for k in KNOBS)
+    rows = [head, "-" * len(head)]
+    for n in sizes:
+        cells = [cell(knob(old, n, k), knob(new, n, k)) for k in KNOBS]
+        moved = any("->" in c for c in cells)
+        rows.append(f"{n + 'x' + n:<6}" + "".join(f"{c:<17}" for c in cells) + (" *" if moved else ""))
+    return "\n".join(rows)
+
+
+def _editor_command() -> list[str]:
+    import shlex
+
+    editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or ""
+    cmd = shlex.split(editor)
+    if not cmd:
+        raise ValueError("no editor: set EDITOR (e.g. EDITOR=nano) before the run, or answer y or n")
+    return cmd
+
+
+def _edit_in_editor(path: Path, config: dict[str, Any]) -> Any:
+    """Write `config` to `path`, open $VISUAL/$EDITOR on it, and return the JSON it holds afterwards (raises
+    ValueError with one line when it is not JSON or the editor failed)."""
+    import subprocess
+
+    write_json_atomic(path, {"sizes": config.get("sizes", config)})
+    cmd = _editor_command()
+    try:
+        rc = subprocess.run([*cmd, str(path)]).returncode
+    except OSError as e:
+        raise ValueError(f"cannot start the editor {cmd[0]!r}: {e.strerror or e}") from None
+    if rc != 0:
+        raise ValueError(f"the editor {cmd[0]!r} exited with status {rc}; nothing was changed")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is not JSON any more: {str(e).splitlines()[0]}") from None
+
+
+def _ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) -> None:
+    """Interrupted before apply: let a person apply, reject or edit the validated proposal.
+
+    The proposal is shown as a table (old -> new per size and knob); the answer is explicit: `y` applies
+    it, `n` keeps the current config, `e` opens $VISUAL/$EDITOR on a prefilled file
+    (stage_k/approve_edit.json). An edited config goes through validate_config's own checks (strict
+    validation, else projection, then the generator's feasibility dry-run on the next stage's data seed);
+    an unusable edit is explained and asked about again. Anything else (Enter alone included) is asked
+    again. Every answer is recorded in stage_k/validation.json as a decision `by: person`, and the line
+    after it says what will be applied."""
     snap = graph.get_state(cfg)
     values = snap.values
     if not values.get("accepted") or "config" not in values:
@@ -370,51 +432,63 @@ def _ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path)
     from nodes.validate_config import check_proposal, config_diff, feasibility
 
     accepted = values["accepted"]
+    current = values["config"]
     stage = int(values.get("stage", 0))
-    _say(f"\nProposed config for stage {stage + 1} (decision: {values.get('decision')}):")
-    _say(json.dumps(accepted.get("sizes", accepted), indent=1)[:4000])
+    _say(f"\nProposed config for stage {stage + 1} (decision: {values.get('decision')}; * = changed):")
+    _say(config_table(current, accepted))
     if values.get("rationale"):
         _say(f"rationale: {values['rationale'][:1000]}")
+    edit_path = Path(run_dir) / f"stage_{stage}" / "approve_edit.json"
+    draft = accepted
     while True:
-        _say("[a]ccept, [k]eep the previous config, or a path to an edited JSON config: ")
+        _say(APPROVE_PROMPT)
         line = sys.stdin.readline()
         if not line:
             raise RunError("--approve needs answers on standard input; none came (end of input)")
-        answer = line.strip()
-        if answer in ("a", "accept", ""):
+        answer = line.strip().lower()
+        if answer in ("y", "yes"):
             _record_person(run_dir, stage, {"decision": "approved (person)", "accepted": accepted,
                                             "reason": f"a person approved the engineer's {values.get('decision')} config",
-                                            "diff": config_diff(values["config"], accepted)})
+                                            "diff": config_diff(current, accepted)})
+            _say(f"[approve] applying the engineer's config to stage {stage + 1}: "
+                 f"{diff_summary(config_diff(current, accepted))}")
             return
-        if answer in ("k", "keep"):
-            kept = values["config"]
-            graph.update_state(cfg, {"accepted": kept, "decision": "kept_previous (person)"})
-            _record_person(run_dir, stage, {"decision": "kept_previous (person)", "accepted": kept,
+        if answer in ("n", "no"):
+            graph.update_state(cfg, {"accepted": current, "decision": "kept_previous (person)"})
+            _record_person(run_dir, stage, {"decision": "kept_previous (person)", "accepted": current,
                                             "reason": "a person kept the current config", "diff": {}})
+            _say(f"[approve] keeping stage {stage}'s config for stage {stage + 1} (no change)")
             return
-        try:
-            raw = json.loads(Path(answer).read_text())
-        except (OSError, ValueError) as e:
-            _say(f"cannot use {answer!r}: {e}".splitlines()[0])
+        if answer not in ("e", "edit"):
+            _say(f"please answer y, n or e (got {answer[:40]!r})" if answer else "please answer y, n or e")
             continue
-        checked = check_proposal(raw, values["config"])
+        try:
+            raw = _edit_in_editor(edit_path, draft)
+        except ValueError as e:
+            _say(f"cannot use the edit: {e}"[:500])
+            continue
+        if isinstance(raw, dict) and isinstance(raw.get("sizes"), dict):
+            draft = raw  # a second [e] reopens the person's own last edit
+        checked = check_proposal(raw if isinstance(raw, dict) else None, current)
         if checked["config"] is None:
-            _say(f"cannot use {answer!r}: {'; '.join(checked['errors'])}".splitlines()[0][:500])
+            _say(f"cannot use the edit: {'; '.join(checked['errors'])}".splitlines()[0][:500])
             continue
         feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, stage + 1))
         if not feas["ok"]:
-            _say(f"cannot use {answer!r}: infeasible: {'; '.join(feas['problems'])}"[:500])
+            _say(f"cannot use the edit: infeasible: {'; '.join(feas['problems'])}"[:500])
             continue
         if checked["decision"] == "projected":
-            _say(f"{answer}: projected onto allowed values: {'; '.join(checked['notes'])}"[:500])
+            _say(f"the edit was projected onto allowed values: {'; '.join(checked['notes'])}"[:500])
         edited = checked["config"].model_dump(mode="json")
         graph.update_state(cfg, {"accepted": edited, "decision": "edited (person)"})
         _record_person(run_dir, stage, {
-            "decision": "edited (person)", "accepted": edited, "source": str(answer),
+            "decision": "edited (person)", "accepted": edited, "source": str(edit_path),
             "reason": f"a person replaced the engineer's config ({checked['decision']} by validation)",
-            "errors": checked["errors"], "notes": checked["notes"], "diff": config_diff(values["config"], edited),
+            "errors": checked["errors"], "notes": checked["notes"], "diff": config_diff(current, edited),
             "feasibility": {k: v for k, v in feas.items() if k != "stats"},
         })
+        _say(f"[approve] applying the edited config to stage {stage + 1} ({checked['decision']} by validation):")
+        _say(config_table(current, edited))
         return
 
 
@@ -811,7 +885,10 @@ def main(argv: list[str] | None = None) -> int:
                 created = None  # another process is starting a run in this folder: its folder, not ours
                 raise
             _SIGNALS["run_dir"] = run_dir
-            settings = settings.model_copy(update={"run_dir": run_dir, "run_id": run_dir.name})
+            from graph.provenance import collect as provenance
+
+            settings = settings.model_copy(update={"run_dir": run_dir, "run_id": run_dir.name,
+                                                   "provenance": provenance()})
             settings.save(run_dir / "settings.json")
             _say(f"[run] {run_dir} (preset {settings.preset}, engineer {settings.engineer}, "
                  f"{settings.stages} stages, context {settings.context})")

@@ -46,6 +46,8 @@ MAY_DIFFER = frozenset({
     "context", "context_details", "evidence_examples", "evidence_chars", "prompts_dir",
     # run side: the folder, the person at the terminal, how the policy server is kept (not what it answers)
     "run_dir", "run_id", "approve", "keep_server",
+    # bookkeeping and tracking (issue 20): where and with what the run started, what it keeps and logs to
+    "provenance", "keep_checkpoints", "train.report_to",
 })
 
 # What apply, train_stage and evaluate write into stage_0 (the SFT warm start's tb/sft included). Engineer
@@ -82,8 +84,11 @@ def compare_settings(mine: Settings, donor: Settings) -> tuple[str, Any, Any] | 
             continue
         if isinstance(a.get(field), dict) and isinstance(b.get(field), dict):
             for sub in sorted(set(a[field]) | set(b[field])):
+                if f"{field}.{sub}" in MAY_DIFFER:
+                    continue
                 if a[field].get(sub) != b[field].get(sub):
                     return f"{field}.{sub}", a[field].get(sub), b[field].get(sub)
+            continue
         return field, a.get(field), b.get(field)
     return None
 

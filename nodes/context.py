@@ -133,6 +133,17 @@ class Settings(BaseModel):
         "(instead of a 40-200 s start per engineer call)",
     )
     approve: bool = Field(False, description="pause before each apply for a person to accept or edit")
+    keep_checkpoints: Literal["all", "last"] = Field(
+        "all",
+        description="all: keep every stage's checkpoint; last: delete an older stage's weights once the next "
+        "stage's checkpoint is saved and the run has moved past it (never one a resume, the next stage or the "
+        "final evaluation needs; a run that donates its stage 0 to --stage0-from forks must keep all)",
+    )
+    provenance: dict[str, Any] | None = Field(
+        None,
+        description="where and with what the run was started (git commit, package versions, machine, start "
+        "time): written by the run itself, bookkeeping, not a setting to choose",
+    )
     train: TrainConfig = Field(default_factory=TrainConfig, description="training hyper-parameters")
 
     @field_validator("engineer")
@@ -179,8 +190,11 @@ class RunContext:
         return d
 
 
+# Fields the run writes itself: never from a flag or an environment variable, never a settings change.
+BOOKKEEPING = ("run_id", "provenance")
+
 # Environment variable -> settings field. Training values: TRAIN__<FIELD> (e.g. TRAIN__LEARNING_RATE).
-ENV_VARS = {f.upper(): f for f in Settings.model_fields if f not in ("train", "run_id")}
+ENV_VARS = {f.upper(): f for f in Settings.model_fields if f not in BOOKKEEPING + ("train",)}
 
 
 def _first_error(e: Exception) -> str:
@@ -210,8 +224,8 @@ def build_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] 
             train[var[7:].lower()] = value
             source[f"train.{var[7:].lower()}"] = f"{var} (environment)"
     for key, value in cli.items():
-        if key == "run_id":
-            raise SettingsError("run_id is set by the run itself when it starts; it cannot be chosen")
+        if key in BOOKKEEPING:
+            raise SettingsError(f"{key} is set by the run itself when it starts; it cannot be chosen")
         if key.startswith("train."):
             train[key[6:]] = value
             source[key] = f"--set {key}"

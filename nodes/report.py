@@ -88,7 +88,15 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "final": _read_json(run_dir / "final" / "metrics.json"),
         "settings": _read_json(run_dir / "settings.json") or {},
         "stage0_from": _read_json(run_dir / "stage0_from.json"),
+        "final_mtime": _mtime(run_dir / "final" / "metrics.json"),
     }
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def _size_rate(metrics: dict[str, Any], kind: str, size: int) -> float | None:
@@ -167,8 +175,73 @@ def paper_table_md(final: dict[str, Any], label: str) -> str:
     ]) + "\n"
 
 
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h} h {m:02d} min" if h else f"{m} min {s:02d} s"
+
+
+def _wall_time(data: dict[str, Any]) -> str:
+    """From the run's start (settings.json's provenance) to its final benchmark's metrics, or to now while it
+    runs; a resumed run counts the time it was stopped too."""
+    prov = (data.get("settings") or {}).get("provenance")
+    start = _num(prov.get("started_unix")) if isinstance(prov, dict) else None
+    if start is None:
+        return "unknown (no start time in settings.json)"
+    end = data.get("final_mtime")
+    if isinstance(end, float):
+        return _duration(end - start) + " (start to final benchmark, stops included)"
+    import time
+
+    return _duration(time.time() - start) + " so far (no final benchmark yet)"
+
+
+def header_lines(data: dict[str, Any], title: str) -> list[str]:
+    """The table report.md opens with: run, preset, engineer, seed, policy model, commit, start, wall time."""
+    settings = data.get("settings") or {}
+    prov = settings.get("provenance") if isinstance(settings.get("provenance"), dict) else {}
+    git = prov.get("git") if isinstance(prov.get("git"), dict) else {}
+    commit = git.get("commit")
+    commit_text = "unknown" if not commit else f"`{_code(str(commit)[:12])}`" + (
+        " (uncommitted changes)" if git.get("dirty") else "")
+    mach = prov.get("machine") if isinstance(prov.get("machine"), dict) else {}
+    gpus = mach.get("gpus") if isinstance(mach.get("gpus"), list) else []
+    machine_text = (f"{md_inline(str(mach.get('cpu', '?')))}, {md_inline(str(mach.get('cores', '?')))} cores, "
+                    + (md_inline(", ".join(map(str, gpus))) if gpus else "no GPU")) if mach else "unknown"
+    pk = prov.get("packages") if isinstance(prov.get("packages"), dict) else {}
+    packages = ", ".join(f"{md_inline(str(k))} {md_inline(str(v))}" for k, v in pk.items() if v) or "unknown"
+    rows = [
+        ("run", f"`{_code(settings.get('run_id') or title)}`"),
+        ("preset", f"`{_code(settings.get('preset', '?'))}`"),
+        ("engineer", f"`{_code(settings.get('engineer', '?'))}`"),
+        ("seed", f"`{_code(settings.get('seed', '?'))}`"),
+        ("policy model", f"`{_code(settings.get('policy_model', '?'))}`"),
+        ("commit", commit_text),
+        ("started", md_inline(str(prov.get("started_at") or "unknown"))),
+        ("wall time", _wall_time(data)),
+        ("machine", machine_text),
+        ("packages", packages),
+    ]
+    return ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows] + [""]
+
+
+def zero_variance_stages(data: dict[str, Any]) -> list[int]:
+    """Stages whose GRPO groups all had zero reward variance (no learning signal at all)."""
+    out = []
+    for s in data["stages"]:
+        m = s["metrics"] or {}
+        z = _num(m.get("train/zero_std_groups_trained"))
+        if z is None or z != z:  # absent or NaN (no groups counted): the share before dynamic sampling
+            z = _num(m.get("train/zero_std_groups"))
+        if "train/steps" in m and z is not None and z >= 1.0:
+            out.append(s["stage"])
+    return out
+
+
 def render(data: dict[str, Any], plots: list[str], title: str) -> str:
     lines = [f"# Run report: {md_inline(title)}", ""]
+    lines += header_lines(data, title)
     shared = data.get("stage0_from")
     if shared:
         lines += [
@@ -238,6 +311,9 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             "groups with fresh ones that had signal (`train.resample_rounds`).",
             "",
         ]
+        for k in zero_variance_stages(data):
+            lines += [f"**Warning: stage {k} had zero reward variance in every GRPO group: it learned nothing "
+                      "(every completion of a prompt scored the same).**", ""]
     lines += ["## Configurations and the engineer's decisions", ""]
     for s in data["stages"]:
         cfg = _sizes(s["config"])

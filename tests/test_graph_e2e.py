@@ -181,10 +181,15 @@ def test_approve_lets_a_person_replace_the_proposal(tmp_path, smoke_grid):
     env.update({"PYTHONPATH": str(ROOT), "PRESET": "smoke", "ENGINEER": "fixed"})
     args = ["--run-dir", str(run_dir), "--approve", "--stage0-from", str(smoke_grid[0] / "runs" / "fixed-s0"),
             *set_args()]
+    editor = tmp_path / "editor.sh"  # the person's edit: the prefilled file replaced by edited.json
+    editor.write_text(f"#!/bin/sh\ncp {tmp_path / 'edited.json'} \"$1\"\n")
+    editor.chmod(0o755)
+    env.update({"EDITOR": str(editor)})
+    env.pop("VISUAL", None)
     proc = subprocess.run([sys.executable, "-m", "graph.run", *args], cwd=ROOT, env=env, timeout=900,
-                          input=f"{tmp_path / 'edited.json'}\n", capture_output=True, text=True)
+                          input="e\n", capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count("[a]ccept, [k]eep") == 1  # asked once, for the one proposal (stage 0 -> 1)
+    assert proc.stderr.count("[e] edit it in $EDITOR") == 1  # asked once, for the one proposal (stage 0 -> 1)
     stage1 = json.loads((run_dir / "stage_1" / "config.json").read_text())
     assert {n: stage1["sizes"][str(n)]["data_ratio"] for n in SIZES} == {n: float(n == 3) for n in SIZES}
     rows = [json.loads(line) for line in (run_dir / "stage_1" / "train.jsonl").read_text().splitlines()]

@@ -44,12 +44,12 @@ def test_hostile_reply_leaves_nothing_in_the_run_folder_or_on_the_terminal(tmp_p
     monkeypatch.setenv("ENGINEER_BASE_URL", url)
     monkeypatch.setenv("ENGINEER_MODEL", "fake-model")
     monkeypatch.setenv("ENGINEER_API_KEY", KEY)
-    monkeypatch.setattr(sys, "stdin", io.StringIO("a\n"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
     run_dir = tmp_path / "run"
     assert gr.main(["--run-dir", str(run_dir), "--stages", "2", "--approve",
                     "--set", "engineer_max_attempts=1", *SET]) == 0, capsys.readouterr().err
     err = capsys.readouterr().err
-    assert "[a]ccept" in err and "rationale:" in err  # the --approve prompt showed the rationale
+    assert "[y] yes" in err and "rationale:" in err  # the --approve prompt showed the rationale
     for bad in BAD:
         assert bad not in err, bad
     write_report(run_dir)  # the real report (the stub wrote a placeholder)

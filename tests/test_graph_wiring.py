@@ -145,12 +145,18 @@ def test_approve_resume_at_the_prompt_asks_and_records_the_edit(tmp_path, monkey
     # data ratios summing to 2 fail strict validation: the person's config is projected like an engineer's
     (tmp_path / "edited.json").write_text(json.dumps({"sizes": sizes({5: 1.0, 6: 1.0})}))
     (tmp_path / "bad.json").write_text("{not json")
+    # the editor writes a bad file the first time, the edited config the second
+    editor = tmp_path / "editor.sh"
+    editor.write_text(f"#!/bin/sh\nif [ -f {tmp_path}/once ]; then cp {tmp_path}/edited.json \"$1\"; "
+                      f"else touch {tmp_path}/once; cp {tmp_path}/bad.json \"$1\"; fi\n")
+    editor.chmod(0o755)
+    monkeypatch.setenv("EDITOR", str(editor))
+    monkeypatch.delenv("VISUAL", raising=False)
     capsys.readouterr()
-    _approve_run(tmp_path, monkeypatch, f"{tmp_path / 'bad.json'}\n{tmp_path / 'edited.json'}\n", True,
-                 settings, run_dir)
+    _approve_run(tmp_path, monkeypatch, "e\ne\n", True, settings, run_dir)
     err = capsys.readouterr().err
-    assert err.count("[a]ccept, [k]eep") == 2  # the bad file got a line and another prompt
-    assert "cannot use" in err and "projected onto allowed values" in err
+    assert err.count(gr.APPROVE_PROMPT) == 2  # the bad edit got a line and another prompt
+    assert "cannot use the edit" in err and "projected onto allowed values" in err
     cfg = json.loads((run_dir / "stage_1" / "config.json").read_text())["sizes"]
     assert cfg["5"]["data_ratio"] == pytest.approx(0.5) and cfg["3"]["data_ratio"] == 0
     doc = json.loads((run_dir / "stage_0" / "validation.json").read_text())
@@ -167,7 +173,7 @@ def test_approve_resume_at_the_prompt_asks_and_records_the_edit(tmp_path, monkey
 
 def test_approve_keep_is_recorded(tmp_path, monkeypatch, stub_nodes):
     settings, run_dir = settings_for(tmp_path, stages=2, approve="true")
-    _approve_run(tmp_path, monkeypatch, "k\n", False, settings, run_dir)
+    _approve_run(tmp_path, monkeypatch, "n\n", False, settings, run_dir)
     doc = json.loads((run_dir / "stage_0" / "validation.json").read_text())
     assert doc["final"] == "kept_previous (person)" and doc["decisions"][-1]["by"] == "person"
     s0 = json.loads((run_dir / "stage_0" / "config.json").read_text())

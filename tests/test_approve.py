@@ -1,0 +1,96 @@
+"""--approve (issue 20, point 8): the proposal as an old -> new table per size, explicit y / n / e answers
+(Enter alone and a path are asked again, never taken), e opens $EDITOR on a prefilled file whose result is
+re-validated, and the applied config is confirmed. Stub nodes (tests/test_graph_wiring.py): fast."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+
+from env import SIZES
+from graph import run as gr
+from tests.test_graph_wiring import PROPOSAL, settings_for, sizes, stub_nodes  # noqa: F401 - fixture
+
+
+def _run(monkeypatch, answers: str, settings, run_dir):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(answers))
+    return gr.run_graph(run_dir, settings, resume=False)
+
+
+def _editor(tmp_path, monkeypatch, body: str):
+    """EDITOR = a tiny shell script; `body` runs with the file to edit as $1 (it also saves the prefill)."""
+    script = tmp_path / "editor.sh"
+    script.write_text(f"#!/bin/sh\ncp \"$1\" {tmp_path}/prefilled.json\n{body}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("EDITOR", str(script))
+    monkeypatch.delenv("VISUAL", raising=False)
+
+
+def test_config_table_shows_old_to_new_per_size():
+    old = {"sizes": sizes({3: 1.0})}
+    new = {"sizes": sizes({3: 0.5, 4: 0.5}, wait=0.5)}
+    table = gr.config_table(old, new).splitlines()
+    assert table[0].split() == ["size", "data", "hole", "wait"]
+    rows = {line.split()[0]: line for line in table[2:]}
+    assert set(rows) == {f"{n}x{n}" for n in SIZES}
+    assert "1.000 -> 0.500" in rows["3x3"] and "0.250 -> 0.500" in rows["3x3"] and rows["3x3"].endswith("*")
+    assert "0.000 -> 0.500" in rows["4x4"]
+    assert "0.100  =" in rows["5x5"] and "0.000  =" in rows["5x5"]  # unchanged knobs: no arrow
+    assert "-> 0.000" not in rows["5x5"].split("0.100")[0]
+
+
+def test_enter_and_a_path_are_not_answers_y_applies(tmp_path, monkeypatch, stub_nodes, capsys):  # noqa: F811
+    settings, run_dir = settings_for(tmp_path, stages=2, approve="true")
+    (tmp_path / "y").write_text(json.dumps({"sizes": sizes({9: 1.0})}))  # a file named y must not be read
+    monkeypatch.chdir(tmp_path)
+    _run(monkeypatch, f"\n{tmp_path / 'y'}\ny\n", settings, run_dir)
+    err = capsys.readouterr().err
+    assert err.count(gr.APPROVE_PROMPT) == 3  # Enter and the path were asked again
+    assert "please answer y, n or e" in err
+    assert "size  data" in err and "->" in err  # the table, not vertical JSON
+    assert '"data_ratio"' not in err
+    assert "[approve] applying the engineer's config to stage 1" in err
+    cfg = json.loads((run_dir / "stage_1" / "config.json").read_text())["sizes"]
+    assert cfg["3"]["data_ratio"] == pytest.approx(0.5) and cfg["9"]["data_ratio"] == 0  # the proposal, not ./y
+    doc = json.loads((run_dir / "stage_0" / "validation.json").read_text())
+    assert doc["final"] == "approved (person)"
+
+
+def test_n_keeps_and_confirms(tmp_path, monkeypatch, stub_nodes, capsys):  # noqa: F811
+    settings, run_dir = settings_for(tmp_path, stages=2, approve="true")
+    _run(monkeypatch, "n\n", settings, run_dir)
+    assert "[approve] keeping stage 0's config for stage 1" in capsys.readouterr().err
+    s0 = json.loads((run_dir / "stage_0" / "config.json").read_text())["sizes"]
+    assert json.loads((run_dir / "stage_1" / "config.json").read_text())["sizes"] == s0
+
+
+def test_e_opens_editor_on_prefilled_file_and_revalidates(tmp_path, monkeypatch, stub_nodes, capsys):  # noqa: F811
+    settings, run_dir = settings_for(tmp_path, stages=2, approve="true")
+    # first edit: infeasible-to-parse garbage is refused and asked again; second: a valid config is applied
+    (tmp_path / "good.json").write_text(json.dumps({"sizes": sizes({6: 1.0}, wait=0.5)}))
+    _editor(tmp_path, monkeypatch,
+            f'if [ -f {tmp_path}/once ]; then cp {tmp_path}/good.json "$1"; '
+            f'else touch {tmp_path}/once; echo "{{\\"sizes\\": 7}}" > "$1"; fi')
+    _run(monkeypatch, "e\ne\n", settings, run_dir)
+    err = capsys.readouterr().err
+    prefilled = json.loads((tmp_path / "prefilled.json").read_text())
+    assert prefilled["sizes"]["3"]["data_ratio"] == pytest.approx(PROPOSAL["sizes"]["3"]["data_ratio"])
+    assert "cannot use the edit" in err and err.count(gr.APPROVE_PROMPT) == 2
+    assert "[approve] applying the edited config to stage 1" in err
+    cfg = json.loads((run_dir / "stage_1" / "config.json").read_text())["sizes"]
+    assert cfg["6"]["data_ratio"] == pytest.approx(1.0) and cfg["6"]["wait_ratio"] == pytest.approx(0.5)
+    assert cfg["3"]["data_ratio"] == 0
+    person = json.loads((run_dir / "stage_0" / "validation.json").read_text())["decisions"][-1]
+    assert person["decision"] == "edited (person)" and person["feasibility"]["ok"]
+
+
+def test_e_without_editor_is_one_line_and_asks_again(tmp_path, monkeypatch, stub_nodes, capsys):  # noqa: F811
+    settings, run_dir = settings_for(tmp_path, stages=2, approve="true")
+    monkeypatch.delenv("EDITOR", raising=False)
+    monkeypatch.delenv("VISUAL", raising=False)
+    _run(monkeypatch, "e\nn\n", settings, run_dir)
+    err = capsys.readouterr().err
+    assert "no editor: set EDITOR" in err and err.count(gr.APPROVE_PROMPT) == 2
