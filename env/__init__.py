@@ -53,6 +53,7 @@ from .benchmark import list_splits, load_split
 from .config import SIZES, EnvConfig, SizeKnobs, max_hole_ratio, project, random_config, uniform_config
 from .generator import Generated, generate, make_instance
 from .instance import Instance, read_jsonl, write_jsonl
+from .library import LengthAwareReward, create_dataset, mapf_reward, score_answer, score_answers, to_dataset
 from .prompt import PROMPT_STYLES, ParseFailure, parse_plan, render_compact_prompt, render_prompt
 from .reward import RewardState, accuracy_reward, length_reward, total_reward
 from .solver import Plan, SolverBudgetExceeded, Unsolvable, solve
@@ -68,6 +69,7 @@ __all__ = [
     "EnvConfig",
     "Generated",
     "Instance",
+    "LengthAwareReward",
     "ParseFailure",
     "Plan",
     "RewardState",
@@ -76,11 +78,13 @@ __all__ = [
     "Unsolvable",
     "Verdict",
     "accuracy_reward",
+    "create_dataset",
     "generate",
     "length_reward",
     "list_splits",
     "load_split",
     "make_instance",
+    "mapf_reward",
     "max_hole_ratio",
     "parse_plan",
     "plan_text",
@@ -89,8 +93,11 @@ __all__ = [
     "read_jsonl",
     "render_prompt",
     "render_compact_prompt",
+    "score_answer",
+    "score_answers",
     "PROMPT_STYLES",
     "solve",
+    "to_dataset",
     "total_reward",
     "uniform_config",
     "verify",

@@ -3,7 +3,8 @@
     python -m env generate --config CONFIG.json|random --n N --seed S [--agents K] --out FILE.jsonl
     python -m env verify --instances FILE.jsonl --answers ANSWERS.jsonl --out VERDICTS.jsonl
     python -m env benchmark --list | --split NAME --out FILE.jsonl | --build
-    python -m env show (--instances FILE.jsonl [--id ID] | --split NAME [--id ID]) [--png FILE.png]
+    python -m env export (--split NAME | --instances FILE.jsonl | --config C --n N --seed S) --out ROWS.jsonl
+    python -m env show (--instances FILE.jsonl [--id ID] | --split NAME [--id ID]) [--png FILE.png] [--steps]
 
 Bad input gets one clear line on stderr and exit status 2; output files are written to a temp file and
 renamed into place (``generate --stats``: both files only once both are written), so a failed command
@@ -27,7 +28,7 @@ from .benchmark import BenchmarkIntegrityError, build, list_splits, load_split, 
 from .config import MAX_AGENTS, EnvConfig, format_validation_error, random_config
 from .generator import generate
 from .instance import Instance, atomic_write_lines, dumps, read_jsonl
-from .prompt import render_prompt
+from .prompt import PROMPT_STYLES, render_prompt
 from .reward import accuracy_reward
 from .verify import FAILURES, verify
 
@@ -244,6 +245,45 @@ def cmd_verify(a) -> int:
     print("size " + " ".join(f"{c:>16}" for c in cols))
     for s in sorted(per_size):
         print(f"{s:>4} " + " ".join(f"{per_size[s][c]:>16}" for c in cols))
+    answered = {json.dumps(ans["id"]) for ans in answers}
+    missing = [i for i in instances if json.dumps(i) not in answered]
+    m = len(instances)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        print(f"unanswered: {len(missing)} of {m} instances have no answer and are not in the rates above "
+              f"(over all {m}, unanswered counted as invalid: valid {valid / m:.3f}, optimal {optimal / m:.3f}); "
+              f"ids: {shown}")
+    else:
+        print(f"unanswered: 0 of {m} instances (every instance has an answer)")
+    return 0
+
+
+def cmd_export(a) -> int:
+    from .library import row
+
+    sources = [x for x in (a.split, a.instances, a.config) if x]
+    if len(sources) != 1:
+        raise CLIError("export needs exactly one of --split NAME, --instances FILE.jsonl, or --config CONFIG.json|random "
+                       "(with --n and --seed)")
+    if a.style not in PROMPT_STYLES:
+        raise CLIError(f"--style {a.style!r}: allowed: {', '.join(PROMPT_STYLES)}")
+    if Path(a.out).is_dir():
+        raise CLIError(f"cannot write {a.out}: it is a directory; give a file path")
+    if a.split:
+        try:
+            insts = load_split(a.split)
+        except (BenchmarkIntegrityError, ValueError) as e:
+            raise CLIError(str(e)) from None
+    elif a.instances:
+        insts = _read_instances(a.instances)
+    else:
+        if a.n is None or a.seed is None:
+            raise CLIError("export --config needs --n N and --seed S")
+        if not 0 <= a.n <= MAX_N:
+            raise CLIError(f"--n must be between 0 and {MAX_N}, got {a.n}")
+        insts = generate(_config(a.config, a.seed), a.n, a.seed).instances
+    atomic_write_lines(a.out, (dumps(row(i, a.style)) for i in insts))
+    print(f"wrote {len(insts)} rows (prompt, answer, instance, instance_id, metadata) to {a.out}")
     return 0
 
 
@@ -296,31 +336,76 @@ def draw(inst: Instance, t: int | None = None) -> str:
     return "\n".join(" ".join(row) for row in cells)
 
 
-def _png(inst: Instance, path: str) -> None:
+_COLORS = ["tab:red", "tab:green", "tab:orange", "tab:purple", "tab:brown"]
+STEP_COLUMNS = 4  # panels per row of `show --png --steps`
+
+
+def _draw_map(ax, inst: Instance, t: int | None = None) -> None:
+    """One panel: the terrain, and either the whole plan (t=None) or the agents at step t with their trails."""
+    import matplotlib.pyplot as plt
+
+    n = inst.size
+    for r, row in enumerate(inst.grid):
+        for c, ch in enumerate(row):
+            ax.add_patch(plt.Rectangle((c, n - 1 - r), 1, 1, color="#1f3b5a" if ch == "H" else "#dff1fb"))
+    for i, p in enumerate(inst.plan):
+        shown = p if t is None else p[: min(t, len(p) - 1) + 1]
+        xs = [c + 0.5 + 0.06 * (i - 2) for _, c in shown]
+        ys = [n - 1 - r + 0.5 + 0.06 * (i - 2) for r, _ in shown]
+        gr, gc = inst.goals[i]
+        gx, gy = gc + 0.5 + 0.06 * (i - 2), n - 1 - gr + 0.5 + 0.06 * (i - 2)
+        if t is None:
+            ax.plot(xs, ys, "-o", color=_COLORS[i], ms=3, label=f"agent {i}")
+            ax.text(xs[0], ys[0], "S", color=_COLORS[i], ha="center", va="center", weight="bold")
+        else:  # the trail so far, the agent now as a numbered disc
+            ax.plot(xs, ys, "-", color=_COLORS[i], alpha=0.5, lw=1.5)
+            ax.plot(xs[-1], ys[-1], "o", color=_COLORS[i], ms=14, label=f"agent {i}")
+            ax.text(xs[-1], ys[-1], str(i), color="white", ha="center", va="center", weight="bold", fontsize=8)
+        ax.text(gx, gy, "G", color=_COLORS[i], ha="center", va="center", weight="bold",
+                alpha=1.0 if t is None else 0.6)
+    ax.set_xlim(0, n)
+    ax.set_ylim(0, n)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def plan_figure(inst: Instance, steps: bool = False):
+    """A matplotlib figure of `inst` and its optimal plan: one panel with the whole plan, or with `steps`
+    one panel per time step 0..makespan (agents where the plan puts them at that step, trails behind)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     n = inst.size
-    fig, ax = plt.subplots(figsize=(1 + 0.6 * n, 1 + 0.6 * n))
-    for r, row in enumerate(inst.grid):
-        for c, ch in enumerate(row):
-            ax.add_patch(plt.Rectangle((c, n - 1 - r), 1, 1, color="#1f3b5a" if ch == "H" else "#dff1fb"))
-    colors = ["tab:red", "tab:green", "tab:orange", "tab:purple", "tab:brown"]
-    for i, p in enumerate(inst.plan):
-        xs = [c + 0.5 + 0.06 * (i - 2) for _, c in p]
-        ys = [n - 1 - r + 0.5 + 0.06 * (i - 2) for r, _ in p]
-        ax.plot(xs, ys, "-o", color=colors[i], ms=3, label=f"agent {i}")
-        ax.text(xs[0], ys[0], "S", color=colors[i], ha="center", va="center", weight="bold")
-        ax.text(xs[-1], ys[-1], "G", color=colors[i], ha="center", va="center", weight="bold")
-    ax.set_xlim(0, n)
-    ax.set_ylim(0, n)
-    ax.set_aspect("equal")
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.set_title(f"{inst.id}: cost {inst.optimal_cost}, makespan {inst.makespan}")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    title = f"{inst.id}: cost {inst.optimal_cost}, makespan {inst.makespan}"
+    if not steps:
+        fig, ax = plt.subplots(figsize=(1 + 0.6 * n, 1 + 0.6 * n))
+        _draw_map(ax, inst)
+        ax.set_title(title)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+        return fig
+    panels = inst.makespan + 1
+    cols = min(STEP_COLUMNS, panels)
+    rows = -(-panels // cols)
+    side = 0.9 + 0.35 * n
+    fig, axes = plt.subplots(rows, cols, figsize=(side * cols, side * rows + 0.6), squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        if k >= panels:
+            fig.delaxes(ax)
+            continue
+        _draw_map(ax, inst, t=k)
+        ax.set_title(f"step {k}", fontsize=9)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def _png(inst: Instance, path: str, steps: bool = False) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = plan_figure(inst, steps=steps)
     tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
     fig.savefig(tmp, bbox_inches="tight", dpi=100)
     plt.close(fig)
@@ -357,7 +442,7 @@ def cmd_show(a) -> int:
         for t in range(inst.makespan + 1):
             print(f"\nstep {t}\n{draw(inst, t)}")
     if a.png:
-        _png(inst, a.png)
+        _png(inst, a.png, steps=a.steps)
         print(f"wrote {a.png}")
     return 0
 
@@ -392,16 +477,29 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", help="write the split's instances to this .jsonl")
     b.add_argument("--build", action="store_true", help="regenerate env/data (changes committed files)")
     b.add_argument("--workers", type=int, default=None, help="worker processes for --build")
+    x = sub.add_parser("export", help="write dataset rows with the prompt and the optimal answer",
+                       description="Write one dataset row a line: prompt (chat messages), answer (the optimal plan in "
+                                   "the answer format), instance (JSON), instance_id, metadata. Load it with "
+                                   "datasets.load_dataset('json', data_files=FILE) or env.library.")
+    x.add_argument("--split", help="a benchmark split name (see benchmark --list)")
+    x.add_argument("--instances", help="or an instances .jsonl")
+    x.add_argument("--config", help="or CONFIG.json|random, generated with --n and --seed")
+    x.add_argument("--n", type=int, default=None, help="instances to generate (with --config)")
+    x.add_argument("--seed", type=int, default=None, help="generator seed (with --config)")
+    x.add_argument("--style", default="full", help=f"prompt style: {' | '.join(PROMPT_STYLES)} (default full)")
+    x.add_argument("--out", required=True, help="output .jsonl, one row per instance")
     s = sub.add_parser("show", help="draw an instance and its optimal plan")
     s.add_argument("--instances", help="instances .jsonl to take the instance from")
     s.add_argument("--split", help="or a benchmark split name")
     s.add_argument("--id", help="instance id (default: the first instance)")
     s.add_argument("--png", help="also draw it to this PNG file")
-    s.add_argument("--steps", action="store_true", help="draw every step of the plan")
+    s.add_argument("--steps", action="store_true",
+                   help="print every step of the plan as text; with --png, draw one panel per step")
     s.add_argument("--prompt", action="store_true", help="print the policy prompt instead")
     try:
         a = p.parse_args(argv)
-        return {"generate": cmd_generate, "verify": cmd_verify, "benchmark": cmd_benchmark, "show": cmd_show}[
+        return {"generate": cmd_generate, "verify": cmd_verify, "benchmark": cmd_benchmark, "show": cmd_show,
+                "export": cmd_export}[
             a.cmd
         ](a)
     except CLIError as e:
