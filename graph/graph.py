@@ -21,7 +21,9 @@ from nodes.validate_config import route_after_validation, validate_config
 
 def route_after_evaluate(state: LoopState, runtime) -> Literal["summarize_failures", "final_evaluate"]:
     """After the last stage's evaluation the run ends with the benchmark; otherwise the engineer works."""
-    last = runtime.context.settings.stages - 1
+    from graph.studio import context_from
+
+    last = context_from(runtime.context, runtime).settings.stages - 1
     return "final_evaluate" if state["stage"] >= last else "summarize_failures"
 
 
@@ -41,17 +43,48 @@ def gpu_freed_first(node):
     return wrapped
 
 
+def tracked(name: str, node):
+    """`node` with the run's bookkeeping around it, whoever runs the graph (graph.run, LangGraph's server):
+    - a plain dict as the runtime context (LangGraph Studio / SDK) becomes a validated `RunContext`
+      (`nodes.context.context_from`), through the same Settings validation as `python -m graph.run`;
+    - before `evaluate` with `keep_checkpoints=last`, older stages' weights are deleted (graph.prune);
+    - after it, the loop's TensorBoard / W&B run gets what it produced (graph.tracking)."""
+
+    def wrapped(state, runtime):
+        from graph.studio import context_from
+
+        ctx = context_from(runtime.context, runtime)
+        if ctx is not runtime.context:
+            runtime = runtime.override(context=ctx)
+        if name == "evaluate" and ctx.settings.keep_checkpoints == "last":
+            from graph.prune import prune_older
+            from graph.runfolder import resolve_in_run
+
+            ckpt = state.get("checkpoint")
+            prune_older(ctx.run_dir, int(state.get("stage") or 0),
+                        resolve_in_run(ckpt, ctx.run_dir) if ckpt else None)
+        update = node(state, runtime)
+        from graph.tracking import track
+
+        track(name, state, update, ctx.run_dir, ctx.settings)
+        return update
+
+    wrapped.__name__ = getattr(node, "__name__", name)
+    wrapped.__doc__ = node.__doc__
+    return wrapped
+
+
 def build_graph() -> StateGraph:
     g = StateGraph(LoopState, context_schema=RunContext)
     # Every node sees state paths resolved in the run folder and returns them relative to it.
-    g.add_node("apply", in_run_folder(apply))
-    g.add_node("train_stage", in_run_folder(gpu_freed_first(train_stage)))
-    g.add_node("evaluate", in_run_folder(evaluate))
-    g.add_node("summarize_failures", in_run_folder(summarize_failures))
-    g.add_node("propose_config", in_run_folder(propose_config))
-    g.add_node("validate_config", in_run_folder(validate_config))
-    g.add_node("final_evaluate", in_run_folder(final_evaluate))
-    g.add_node("report", in_run_folder(report))
+    g.add_node("apply", tracked("apply", in_run_folder(apply)))
+    g.add_node("train_stage", tracked("train_stage", in_run_folder(gpu_freed_first(train_stage))))
+    g.add_node("evaluate", tracked("evaluate", in_run_folder(evaluate)))
+    g.add_node("summarize_failures", tracked("summarize_failures", in_run_folder(summarize_failures)))
+    g.add_node("propose_config", tracked("propose_config", in_run_folder(propose_config)))
+    g.add_node("validate_config", tracked("validate_config", in_run_folder(validate_config)))
+    g.add_node("final_evaluate", tracked("final_evaluate", in_run_folder(final_evaluate)))
+    g.add_node("report", tracked("report", in_run_folder(report)))
 
     # Stage 0: apply generates the training set of the random stage-0 config.
     g.add_edge(START, "apply")
@@ -78,5 +111,6 @@ def make_graph(checkpointer=None, interrupt_before: list[str] | None = None):
 
 def studio_graph():
     """The graph `langgraph.json` names (`./graph/graph.py:studio_graph`), for LangGraph's own tooling:
-    compiled without a checkpointer, because the LangGraph server brings its own."""
+    compiled without a checkpointer, because the LangGraph server brings its own. Its runtime context may be
+    a plain dict of settings, e.g. `{"preset": "smoke", "engineer": "fixed"}` (graph.studio)."""
     return make_graph()

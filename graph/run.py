@@ -177,6 +177,17 @@ def _check_thinking(settings: Settings) -> None:
         )
 
 
+def _check_report_to(settings: Settings) -> None:
+    """W&B only when its package is installed (an optional extra), found before any work."""
+    import importlib.util
+
+    if "wandb" in settings.train.report_to.split(",") and importlib.util.find_spec("wandb") is None:
+        raise SettingsError(
+            f"bad setting train.report_to={settings.train.report_to!r}: the wandb package is not installed "
+            "(pip install 'env-engineer[wandb]'); allowed without it: tensorboard, none"
+        )
+
+
 def _check_before_work(settings: Settings) -> None:
     """Checks that need other packages: policy model, prompts folder, engineer backend and keys, benchmark
     splits. One line on failure."""
@@ -185,6 +196,7 @@ def _check_before_work(settings: Settings) -> None:
     _check_policy_model(settings.policy_model)
     _check_prompts_dir(settings.prompts_dir)
     _check_thinking(settings)
+    _check_report_to(settings)
     splits = list_splits()
     for name, split in (("eval_split", settings.eval_split), ("final_split", settings.final_split)):
         if split not in splits:

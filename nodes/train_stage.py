@@ -209,6 +209,24 @@ class TrainConfig(BaseModel):
         "(the template's own default; SmolLM2's template has no such switch). True is refused by the loop: its "
         "evaluation is greedy, which Qwen advises against in thinking mode",
     )
+    # --- tracking (issue 20): the loop's own tracker (graph/tracking.py), one run per loop
+    report_to: str = Field(
+        "tensorboard",
+        description="where the loop logs its scalars (train/* per step, eval/* per stage, final/*) on one global "
+        "step: tensorboard (run_dir/tb), wandb (needs the wandb package: pip install 'env-engineer[wandb]'), "
+        "tensorboard,wandb, or none",
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _report_targets(cls, v: str) -> str:
+        """`tensorboard`, `wandb`, `tensorboard,wandb` (any order, spaces allowed) or `none`."""
+        parts = [p.strip().lower() for p in str(v).split(",") if p.strip()]
+        if parts == ["none"]:
+            return "none"
+        if not parts or any(p not in ("tensorboard", "wandb") for p in parts):
+            raise ValueError(f"report_to={v!r}: allowed: tensorboard, wandb, tensorboard,wandb, none")
+        return ",".join(p for p in ("tensorboard", "wandb") if p in parts)
 
     @field_validator("sft_sizes", mode="before")
     @classmethod
@@ -748,7 +766,7 @@ def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = Tru
         logging_steps=cfg.logging_steps,
         log_completions=cfg.log_completions,
         save_strategy="no",
-        report_to="none",  # our own TensorBoardCallback writes to out_dir/tb
+        report_to="none",  # our TensorBoardCallback writes out_dir/tb; train.report_to: the loop's run (graph/tracking.py)
         seed=seed,
         data_seed=seed,
         disable_tqdm=not progress,  # a step bar with ETA on the terminal
