@@ -1,13 +1,14 @@
 """Which context makes a good engineer? The loop once per (context variant, seed) for one engineer.
 
     python -m evals.ablate_context --config evals/configs/ablate_cpu.yaml [--dry-run] [--tables-only]
+        [--fresh | --out DIR]
 
 Variants (PAPER.md): V1=F, V2=F+G, V3=F+G+H (with stage 0), V4=F+G+H (without), V5=V4+S, V6=V4+T.
 Each variant runs `python -m graph.run --engineer <engineer> --context <V>` once per seed in its own run
 folder `<runs_dir>/<V>-s<seed>`; `baselines:` adds other engineers (e.g. `fixed`) as extra rows so the
 gap can be measured against a curriculum that does not redesign. Same seeds, budgets, resume rules,
-statistics, tables, plots and stage-0 sharing (`share_stage0`) as `evals.compare_engineers` (both use
-`evals.common`).
+statistics, tables, plots, stage-0 sharing (`share_stage0`) and reproduction flags (`--fresh`, `--out DIR`;
+committed results are never overwritten) as `evals.compare_engineers` (both use `evals.common`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,15 @@ from pathlib import Path
 
 from pydantic import Field
 
-from evals.common import Arm, EvalConfigError, LoopConfig, load_config, run_loop_eval
+from evals.common import (
+    Arm,
+    EvalConfigError,
+    LoopConfig,
+    add_reproduce_flags,
+    load_config,
+    retarget_from_args,
+    run_loop_eval,
+)
 
 VARIANTS = ("V1", "V2", "V3", "V4", "V5", "V6")
 
@@ -51,10 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True, type=Path, help="YAML/TOML config (see evals/configs/)")
     p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; run nothing")
     p.add_argument("--tables-only", action="store_true", help="rebuild tables/plots from <out>/verdicts only")
+    add_reproduce_flags(p)
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config, AblateConfig)
         assert isinstance(cfg, AblateConfig)
+        cfg = retarget_from_args(cfg, args)
         return run_loop_eval(arms=arms_of(cfg), cfg=cfg, config_path=args.config, arm_header="context",
                              title=f"Context ablation for engineer `{cfg.engineer}` ({cfg.preset} preset, "
                              f"seeds {cfg.seeds})", dry_run=args.dry_run, tables_only=args.tables_only)

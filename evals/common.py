@@ -137,6 +137,123 @@ def load_config(path: str | os.PathLike, model: type[BaseModel]) -> BaseModel:
         raise EvalConfigError(f"config {path}: field {loc}={err.get('input')!r}: {err['msg']}{hint}") from None
 
 
+# ----------------------------------------------------------------------------- committed results, reproductions
+
+RESULTS_DIR = REPO_ROOT / "evals" / "results"
+
+
+def committed(folder: Path | str) -> bool:
+    """Whether `folder` holds results committed to this repository: git tracks a file under it. Outside a git
+    checkout (an unpacked archive, no git) every folder under evals/results/ counts as committed."""
+    folder = Path(folder).resolve()
+    try:
+        folder.relative_to(REPO_ROOT)
+    except ValueError:
+        return False
+    try:
+        r = subprocess.run(["git", "ls-files", "-z", "--", str(folder)], cwd=REPO_ROOT, capture_output=True,
+                           timeout=60)
+        if r.returncode == 0:
+            return bool(r.stdout)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return folder == RESULTS_DIR.resolve() or RESULTS_DIR.resolve() in folder.parents
+
+
+def retarget(cfg: LoopConfig, out: Path | str | None = None, fresh: bool = False) -> LoopConfig:
+    """`cfg` with its results in another folder, to reproduce a config on purpose.
+
+    `out`: that folder. `fresh`: a new folder beside the config's `out`, named `<out>-<UTC YYYYmmdd-HHMMSS>`
+    (never an existing one). The run folders move with it, to `<parent of the config's runs_dir>/<new name>`,
+    so a reproduction trains every run anew: no finished run or stage-0 donor of the original is reused.
+    Neither given: `cfg` unchanged.
+    """
+    if out is not None and fresh:
+        raise EvalConfigError("--out and --fresh both given: pass one (--fresh picks a new folder beside the "
+                              "config's out, --out DIR names it)")
+    if out is None and not fresh:
+        return cfg
+    if fresh:
+        base = cfg.resolved_out()
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        new = base.with_name(f"{base.name}-{stamp}")
+        k = 2
+        while new.exists():
+            new = base.with_name(f"{base.name}-{stamp}-{k}")
+            k += 1
+    else:
+        new = repo_path(out)
+        if new.exists() and not new.is_dir():
+            raise EvalConfigError(f"--out {out}: is a file; give a folder for the tables, logs and verdicts")
+    return cfg.model_copy(update={"out": new, "runs_dir": cfg.resolved_runs_dir().parent / new.name})
+
+
+def add_reproduce_flags(parser) -> None:
+    """`--out DIR` and `--fresh` on an eval script's argument parser (see `retarget`)."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write tables, logs and verdicts to DIR instead of the config's out (run folders go to "
+                             "runs/evals/<DIR name>): reproduce a config without touching its committed results")
+    parser.add_argument("--fresh", action="store_true",
+                        help="reproduce the config into a new timestamped folder beside its out (<out>-<UTC time>), "
+                             "with new run folders; committed results are never overwritten")
+
+
+def retarget_from_args(cfg: LoopConfig, args) -> LoopConfig:
+    """`retarget` with the parsed `--out` / `--fresh` flags; `--fresh --tables-only` is refused (no verdicts yet)."""
+    if args.fresh and getattr(args, "tables_only", False):
+        raise EvalConfigError("--fresh --tables-only: a fresh folder has no verdicts to tabulate; drop --fresh, or "
+                              "give --out DIR of an earlier reproduction")
+    new = retarget(cfg, out=args.out, fresh=args.fresh)
+    if new is not cfg:
+        print(f"note: results go to {_rel(new.resolved_out())}, run folders to {_rel(new.resolved_runs_dir())}",
+              file=sys.stderr)
+    return new
+
+
+def guard_committed(pairs: Sequence[Pair], cfg: LoopConfig, env: Mapping[str, str]) -> str | None:
+    """Refuse, with one `EvalConfigError` line, to run into a folder of committed results when that would mix
+    settings or do nothing; return a note when it continues a committed grid with the same settings.
+
+    - a committed pair (or a finished or partial run folder of a missing one) whose settings differ from what
+      this config would start: refused (the results would mix settings);
+    - none of this config's pairs committed there (the folder is another config's): refused;
+    - every runnable pair already committed: refused (a silent no-op before; nothing would be reproduced);
+    - else (same settings, pairs missing): the grid is continued; the committed pairs are kept as they are.
+    Not committed: None, nothing checked here (run_grid's usual resume rules).
+    """
+    out = cfg.resolved_out()
+    if not committed(out):
+        return None
+    how = "pass --fresh (a new folder beside it) or --out DIR to reproduce the config"
+    kept, missing = [], []
+    for pair in pairs:
+        saved = out / "verdicts" / pair.name / "settings.json"
+        if saved.is_file():
+            drift = settings_drift(pair, cfg.preset, cfg.set, env, saved_path=saved)
+            kept.append(pair)
+        else:
+            drift = settings_drift(pair, cfg.preset, cfg.set, env) if pair.status() in ("finished", "partial") else []
+            if check_api_engineer(pair.arm, env) is None:
+                missing.append(pair)
+        if drift:
+            more = f"; +{len(drift) - 2} more" if len(drift) > 2 else ""
+            raise EvalConfigError(
+                f"{_rel(out)} holds committed results made with other settings than this config's ({pair.name}: "
+                f"{'; '.join(drift[:2])}{more}); they are not mixed or overwritten: {how}")
+    if not kept:
+        others = sorted(d.name for d in (out / "verdicts").glob("*-s*") if d.is_dir())
+        shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
+        raise EvalConfigError(
+            f"{_rel(out)} holds committed results of other runs than this config's ({shown or 'no verdicts'}); "
+            f"they are not mixed or overwritten: {how}")
+    if not missing:
+        raise EvalConfigError(
+            f"{_rel(out)} already holds the committed results of this config ({len(kept)} runs); nothing to run: "
+            f"{how}, or --tables-only to rebuild the tables from them")
+    return (f"continuing the committed grid in {_rel(out)}: {len(kept)} committed run(s) kept as they are, "
+            f"{len(missing)} to run with the same settings (--fresh reproduces the whole config instead)")
+
+
 # ----------------------------------------------------------------------------- arms and pairs
 
 
@@ -1170,11 +1287,18 @@ def run_loop_eval(
     notes: list[str] = []
     grid = GridResult()
     if not tables_only:
+        env = dict(os.environ if env is None else env)
+        protected = committed(out)
+        note = guard_committed(pairs, cfg, env)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
         grid = run_grid(pairs, preset=cfg.preset, overrides=cfg.set, out=out, dry_run=dry_run,
                         timeout_s=cfg.timeout_s, env=env, share_stage0=cfg.share_stage0)
         if dry_run:
             return 0
         for pair in grid.finished:
+            if protected and (out / "verdicts" / pair.name / "final" / "eval.jsonl").is_file():
+                continue  # committed verdicts are never overwritten, even by a local run of the same settings
             collect_verdicts(pair, out)
     verdicts = {k: v for k, v in verdict_folders(out).items() if k[0] in labels and k[1] in cfg.seeds}
     for label, reason in grid.skipped.items():

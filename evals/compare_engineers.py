@@ -1,6 +1,7 @@
 """Which engineer designs the best curriculum? The full loop once per (engineer, seed), then the paper's table.
 
     python -m evals.compare_engineers --config evals/configs/compare_smoke.yaml [--dry-run] [--tables-only]
+        [--fresh | --out DIR]
 
 Every engineer in the config (`self`, `base`, `openai`, `gemini`, a custom OpenAI-compatible endpoint,
 `fixed`, `random`, `learnability`, `threshold`) runs `python -m graph.run` once per seed, each in its own
@@ -20,6 +21,11 @@ data and training seed; the same preset and `set:` overrides give every engineer
 - `--dry-run` checks the config, the engineers and their keys, and every run's settings, and prints the
   planned commands; no model is called and no run folder is made.
 - `--tables-only` rebuilds the tables and plots from `<out>/verdicts/` alone (what is committed).
+- Reproducing a config: `--fresh` runs it anew into `<out>-<UTC time>` beside its `out` (new run folders too),
+  `--out DIR` into DIR (run folders in `runs/evals/<DIR name>`). Committed results are never overwritten: a
+  config whose `out` holds committed results runs into it only to continue that grid with the same settings;
+  other settings, another config's runs, or nothing left to run are refused with one line naming --fresh / --out
+  (`evals.common.guard_committed`).
 
 Outputs in `<out>`: table.md / table.csv / table.json (valid % / optimal % per agent count and wait subset,
 mean ± 95% t-interval over seeds, gap to the baseline), validation_per_stage.png, allocation.png,
@@ -36,7 +42,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evals.common import Arm, EvalConfigError, LoopConfig, load_config, run_loop_eval
+from evals.common import (
+    Arm,
+    EvalConfigError,
+    LoopConfig,
+    add_reproduce_flags,
+    load_config,
+    retarget_from_args,
+    run_loop_eval,
+)
 
 
 class EngineerSpec(BaseModel):
@@ -80,10 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True, type=Path, help="YAML/TOML config (see evals/configs/)")
     p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; run nothing")
     p.add_argument("--tables-only", action="store_true", help="rebuild tables/plots from <out>/verdicts only")
+    add_reproduce_flags(p)
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config, CompareConfig)
         assert isinstance(cfg, CompareConfig)
+        cfg = retarget_from_args(cfg, args)
         arms = arms_of(cfg)
         if cfg.baseline and cfg.baseline not in [a.label for a in arms]:
             print(f"note: baseline {cfg.baseline!r} is not among the engineers; no gap columns", file=sys.stderr)
