@@ -190,9 +190,10 @@ def retarget(cfg: LoopConfig, out: Path | str | None = None, fresh: bool = False
 
 def add_reproduce_flags(parser) -> None:
     """`--out DIR` and `--fresh` on an eval script's argument parser (see `retarget`)."""
-    parser.add_argument("--out", type=Path, default=None,
-                        help="write tables, logs and verdicts to DIR instead of the config's out (run folders go to "
-                             "runs/evals/<DIR name>): reproduce a config without touching its committed results")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="write tables, logs and verdicts to DIR instead of the config's out (run folders go "
+                             "beside the config's, named <DIR name>): reproduce a config without touching its "
+                             "committed results")
     parser.add_argument("--fresh", action="store_true",
                         help="reproduce the config into a new timestamped folder beside its out (<out>-<UTC time>), "
                              "with new run folders; committed results are never overwritten")
