@@ -27,7 +27,7 @@ from pathlib import Path
 from .benchmark import BenchmarkIntegrityError, build, list_splits, load_split, split_info
 from .config import MAX_AGENTS, EnvConfig, format_validation_error, random_config
 from .generator import generate
-from .instance import Instance, atomic_write_lines, dumps, read_jsonl
+from .instance import Instance, atomic_write_lines, dumps, format_instance_error, read_jsonl
 from .prompt import PROMPT_STYLES, render_prompt
 from .reward import accuracy_reward
 from .verify import FAILURES, verify
@@ -176,12 +176,40 @@ class _Staged:
 
 
 def _read_instances(path: str) -> list[Instance]:
+    """Instances of an instance file, or of a file of `export` rows (each row's `instance`)."""
     try:
         return read_jsonl(path, unique_ids=True)
     except OSError as e:
         raise CLIError(f"cannot read instances {path}: {e.strerror or e}") from None
     except ValueError as e:
-        raise CLIError(str(e).splitlines()[0]) from None
+        rows = _export_rows(path)
+        if rows is None:
+            raise CLIError(str(e).splitlines()[0]) from None
+        return rows
+
+
+def _export_rows(path: str) -> list[Instance] | None:
+    """The instances of a file written by `export` (rows with `prompt` and `instance`), or None if it is not one."""
+    try:
+        lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+        first = json.loads(lines[0]) if lines else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not (isinstance(first, dict) and "prompt" in first and isinstance(first.get("instance"), str)):
+        return None
+    out: list[Instance] = []
+    seen: set[str] = set()
+    for no, line in enumerate(lines, 1):
+        try:
+            inst = Instance.from_json(json.loads(line)["instance"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CLIError(f"{path}: row {no}: not an export row with a valid \"instance\": "
+                           f"{format_instance_error(e)}") from None
+        if inst.id in seen:
+            raise CLIError(f"{path}: row {no}: duplicate instance id {inst.id!r}; ids must be unique within a file")
+        seen.add(inst.id)
+        out.append(inst)
+    return out
 
 
 def _read_answers(path: str) -> list[dict]:

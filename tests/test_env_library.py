@@ -150,6 +150,19 @@ def test_length_aware_reward_is_total_reward_with_one_state_update_per_batch(ins
     assert r.state.updates == 1 and r.state.short_share == RewardState().update([100, 2798]).short_share
 
 
+def test_length_aware_reward_equals_the_projects_training_reward(insts):
+    from nodes.train_stage import MapfReward
+
+    comps = [plan_text(i.plan) for i in insts[:3]] + ["no idea", plan_text(_detour(insts[0]))]
+    raws = [i.to_json() for i in insts[:3]] + [insts[3].to_json(), insts[0].to_json()]
+    ids = [[0] * n for n in (50, 1600, 3000, 10, 5000)]
+    ours, theirs = LengthAwareReward(), MapfReward()
+    for _ in range(3):  # the adaptive weights move the same way batch after batch
+        assert ours(comps, instance=raws, completion_ids=ids) == theirs(completions=comps, instance=raws,
+                                                                        completion_ids=ids)
+        assert ours.state == theirs.state
+
+
 def test_importing_the_public_reward_does_not_import_torch():
     code = ("import sys; from env.library import mapf_reward, create_dataset, score_answer; "
             "import env; print('torch' in sys.modules, 'transformers' in sys.modules, 'trl' in sys.modules)")
@@ -219,6 +232,10 @@ def test_export_rows_carry_the_prompt_and_load_as_a_dataset(tmp_path, capsys):
     assert score_answer(rows[0]["answer"], rows[0]) == 1.0
     ds = load_dataset("json", data_files=str(out), split="train", cache_dir=str(tmp_path / "cache"))
     assert mapf_reward(ds["answer"][:3], instance=ds["instance"][:3]) == [1.0, 1.0, 1.0]
+    # the exported rows are also an instances file for verify and show
+    ans = _write(tmp_path / "a.jsonl", [{"id": r["instance_id"], "text": r["answer"]} for r in rows])
+    assert main(["verify", "--instances", str(out), "--answers", str(ans), "--out", str(tmp_path / "v")]) == 0
+    assert f"{len(rows)} answers: valid 1.000, optimal 1.000" in capsys.readouterr().out
     capsys.readouterr()
     assert main(["export", "--split", "val-mini", "--style", "tiny", "--out", str(tmp_path / "x")]) == 2
     assert "--style 'tiny': allowed: full, compact" in capsys.readouterr().err
