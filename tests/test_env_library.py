@@ -259,3 +259,12 @@ def test_show_png_steps_draws_one_panel_per_step(tmp_path, capsys):
     assert len(plan_figure(inst).axes) == 1
     fig = plan_figure(inst, steps=True)
     assert [ax.get_title() for ax in fig.axes] == [f"step {t}" for t in range(inst.makespan + 1)]
+
+
+def test_library_doctests():
+    import doctest
+
+    import env.library
+
+    result = doctest.testmod(env.library)
+    assert result.failed == 0 and result.attempted >= 4
