@@ -74,8 +74,8 @@ def tracked(name: str, node):
     return wrapped
 
 
-def build_graph() -> StateGraph:
-    g = StateGraph(LoopState, context_schema=RunContext)
+def build_graph(context_schema=RunContext) -> StateGraph:
+    g = StateGraph(LoopState, context_schema=context_schema)
     # Every node sees state paths resolved in the run folder and returns them relative to it.
     g.add_node("apply", tracked("apply", in_run_folder(apply)))
     g.add_node("train_stage", tracked("train_stage", in_run_folder(gpu_freed_first(train_stage))))
@@ -111,6 +111,9 @@ def make_graph(checkpointer=None, interrupt_before: list[str] | None = None):
 
 def studio_graph():
     """The graph `langgraph.json` names (`./graph/graph.py:studio_graph`), for LangGraph's own tooling:
-    compiled without a checkpointer, because the LangGraph server brings its own. Its runtime context may be
-    a plain dict of settings, e.g. `{"preset": "smoke", "engineer": "fixed"}` (graph.studio)."""
-    return make_graph()
+    compiled without a checkpointer, because the LangGraph server brings its own. Its runtime context is a
+    plain dict of settings, e.g. `{"preset": "smoke", "engineer": "fixed"}` (graph.studio: the same Settings
+    validation as `python -m graph.run`); its schema lists every setting, so Studio shows them as a form."""
+    from graph.studio import StudioContext
+
+    return build_graph(context_schema=StudioContext).compile()

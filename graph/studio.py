@@ -22,6 +22,22 @@ from typing import Any
 from nodes.context import RunContext, SettingsError
 
 RUNS_ROOT = Path("runs")
+
+
+def _studio_schema():
+    """A TypedDict of every setting a caller may pass (the LangGraph server keeps only the keys of the
+    context schema): the Settings fields but the run's own bookkeeping, `train` as a nested dict."""
+    from typing import Any as _Any
+    from typing_extensions import TypedDict  # pydantic's JSON schema needs it on Python < 3.12
+
+    from nodes.context import BOOKKEEPING, Settings
+
+    fields = {name: _Any for name in Settings.model_fields if name not in BOOKKEEPING}
+    fields["train"] = dict[str, _Any]
+    return TypedDict("StudioContext", fields, total=False)
+
+
+StudioContext = _studio_schema()
 _CACHE: dict[tuple[str, str], RunContext] = {}
 _LOCK = threading.Lock()
 
@@ -62,7 +78,7 @@ def build_context(values: dict[str, Any], thread: str = "local") -> RunContext:
     if (run_dir / "settings.json").is_file():  # the same run again (a resumed thread): its own settings
         settings = Settings.load(run_dir / "settings.json")
         return RunContext(settings=settings, run_dir=run_dir)
-    settings = build_settings(cli, os.environ)
+    settings = build_settings(cli, os.environ, given_as="context")
     _check_before_work(settings)
     run_dir.mkdir(parents=True, exist_ok=True)
     settings = settings.model_copy(update={"run_dir": run_dir, "run_id": run_dir.name, "provenance": collect()})

@@ -121,7 +121,9 @@ class LoopTracker:
             s = self.settings
             config = s.model_copy(update={"engineer_base_url": mask_url(s.engineer_base_url)}).model_dump(mode="json")
             run_id = re.sub(r"[^A-Za-z0-9_-]", "-", s.run_id or self.run_dir.name)[:120]
-            self._wandb = wandb.init(project="env-engineer", name=s.run_id or self.run_dir.name, id=run_id,
+            import os
+
+            self._wandb = wandb.init(project=os.environ.get("WANDB_PROJECT") or "env-engineer", name=s.run_id or self.run_dir.name, id=run_id,
                                      resume="allow", dir=str(self.run_dir), config=config,
                                      job_type=f"{s.preset}-{s.engineer}", reinit="create_new")
         return self._wandb

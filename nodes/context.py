@@ -205,8 +205,11 @@ def _first_error(e: Exception) -> str:
     return str(e)
 
 
-def build_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> Settings:
-    """Merge preset < environment < CLI into validated `Settings`; raise `SettingsError` (one line)."""
+def build_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+                   given_as: str = "flag") -> Settings:
+    """Merge preset < environment < CLI into validated `Settings`; raise `SettingsError` (one line).
+    `given_as="context"`: the values came as a LangGraph run's context dict (graph.studio), and an error
+    names the context key instead of a flag."""
     cli = {k: v for k, v in (cli or {}).items() if v is not None}
     env = os.environ if env is None else env
     preset = cli.get("preset") or env.get("PRESET") or "cpu"
@@ -228,10 +231,10 @@ def build_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] 
             raise SettingsError(f"{key} is set by the run itself when it starts; it cannot be chosen")
         if key.startswith("train."):
             train[key[6:]] = value
-            source[key] = f"--set {key}"
+            source[key] = f"--set {key}" if given_as == "flag" else f"the run's context key {key!r}"
         else:
             merged[key] = value
-            source[key] = f"--{key.replace('_', '-')}"
+            source[key] = f"--{key.replace('_', '-')}" if given_as == "flag" else f"the run's context key {key!r}"
     merged["train"] = train
     try:
         settings = Settings.model_validate(merged)

@@ -1,0 +1,217 @@
+"""LangGraph tooling (issue 20, point 7): the graph langgraph.json names runs with a plain dict of settings
+as its context (Studio, the SDK, the HTTP API) through the same Settings validation as graph.run;
+`langgraph dev` serves it (tested through the SDK against a real dev server, stopped before training so it
+stays fast; the full smoke run through the server is the `slow` test at the end); .env.example lists
+every environment variable the code reads, with no values."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import graph.graph as gg
+from graph import studio
+from nodes.context import ENV_VARS, SettingsError
+from tests.test_graph_wiring import stub_nodes  # noqa: F401 - fixture
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    studio._CACHE.clear()
+    yield
+    studio._CACHE.clear()
+
+
+def test_studio_graph_runs_with_a_plain_dict_context(tmp_path, monkeypatch, stub_nodes):  # noqa: F811
+    """The compiled studio graph, invoked as LangGraph's tooling does: a dict context, smoke preset."""
+    monkeypatch.delenv("PRESET", raising=False)
+    run_dir = tmp_path / "studio-run"
+    ctx = {"preset": "smoke", "engineer": "fixed", "stages": "2", "seed": 4, "run_dir": str(run_dir),
+           "train": {"instances_per_stage": 8}}
+    final = gg.studio_graph().invoke({}, context=ctx)
+    assert final["stage"] == 1 and final["final_metrics"]
+    saved = json.loads((run_dir / "settings.json").read_text())
+    assert saved["preset"] == "smoke" and saved["seed"] == 4 and saved["train"]["instances_per_stage"] == 8
+    assert saved["run_id"] == "studio-run" and saved["provenance"]["git"]["commit"]
+    assert len((run_dir / "stage_1" / "train.jsonl").read_text().splitlines()) == 8
+
+
+def test_studio_context_schema_lists_the_settings():
+    schema = gg.studio_graph().get_context_jsonschema()
+    props = set(schema["properties"])
+    assert {"preset", "engineer", "seed", "stages", "run_dir", "train"} <= props
+    assert not {"run_id", "provenance"} & props  # the run's own bookkeeping is not for callers
+
+
+@pytest.mark.parametrize("ctx, match", [
+    ({"preset": "smoke", "seed": "-1"}, r"bad setting seed from the run's context key 'seed': '-1'"),
+    ({"preset": "nope"}, r"PRESET='nope' is not a preset; allowed: smoke, cpu, paper"),
+    ({"preset": "smoke", "train": {"report_to": "mlflow"}}, r"train.report_to .*'mlflow'"),
+    ({"preset": "smoke", "openai_api_key": "sk-x"}, r"API keys are read from the environment only"),
+    ({"preset": "smoke", "run_id": "x"}, r"run_id is set by the run itself"),
+])
+def test_bad_context_values_are_one_line(tmp_path, ctx, match):
+    with pytest.raises(SettingsError, match=match):
+        studio.build_context({**ctx, "run_dir": str(tmp_path / "r")})
+    assert not (tmp_path / "r").exists()  # nothing is created for a refused run
+
+
+def test_context_is_built_once_per_thread_and_dict(tmp_path):
+    class Info:
+        thread_id = "t-1"
+
+    class RT:
+        execution_info = Info()
+
+    ctx = {"preset": "smoke", "engineer": "fixed", "run_dir": str(tmp_path / "r")}
+    a = studio.context_from(ctx, RT())
+    assert studio.context_from(dict(ctx), RT()) is a  # every node of a run sees the very same settings
+    assert studio.context_from(a) is a
+
+
+def test_default_run_dir_is_named_after_the_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(studio, "RUNS_ROOT", tmp_path / "runs")
+    rc = studio.build_context({"preset": "smoke", "engineer": "fixed"}, "abc-123")
+    assert rc.run_dir == tmp_path / "runs" / "studio-abc-123" and rc.settings.run_id == "studio-abc-123"
+
+
+# ----------------------------------------------------------------------------- .env.example, langgraph.json
+
+
+def _code_env_names() -> set[str]:
+    names = set(ENV_VARS)
+    pat = re.compile(r"""(?:environ\.get|getenv|environ\[|env\.get|get)\(\s*["']([A-Z][A-Z0-9_]+)["']""")
+    for pkg in ("env", "llm", "nodes", "graph", "evals"):
+        for f in (ROOT / pkg).rglob("*.py"):
+            names |= set(pat.findall(f.read_text()))
+    return names
+
+
+def test_env_example_lists_every_variable_without_values():
+    text = (ROOT / ".env.example").read_text()
+    assigned = {}
+    for line in text.splitlines():
+        m = re.match(r"^([A-Z][A-Z0-9_]*)=(.*)$", line)
+        if m:
+            assigned[m.group(1)] = m.group(2).split("#", 1)[0].strip()
+    mentioned = set(re.findall(r"\b[A-Z][A-Z0-9_]{2,}\b", text))
+    missing = sorted(n for n in _code_env_names() if n not in mentioned)
+    assert not missing, f".env.example lacks {missing}"
+    assert {"ENGINEER_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY", "KEEP_CHECKPOINTS"} <= set(assigned)
+    assert all(v == "" for v in assigned.values()), {k: v for k, v in assigned.items() if v}
+    assert "TRAIN__" in text
+
+
+def test_langgraph_json_and_dev_extra():
+    spec = json.loads((ROOT / "langgraph.json").read_text())
+    assert spec["graphs"] == {"env_engineer": "./graph/graph.py:studio_graph"}
+    assert spec["env"] == ".env"  # optional: copied from .env.example; a missing .env loads nothing
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(d.startswith("langgraph-cli[inmem]") for d in extras["dev"])
+    assert any(d.startswith("wandb") for d in extras["wandb"])
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert not any(d.startswith("wandb") for d in deps)  # never required
+
+
+# ----------------------------------------------------------------------------- a real `langgraph dev`
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def dev_server(tmp_path):
+    exe = shutil.which("langgraph", path=str(Path(sys.executable).parent)) or shutil.which("langgraph")
+    if exe is None:
+        pytest.skip("langgraph-cli is not installed (pip install -e '.[dev]')")
+    pytest.importorskip("langgraph_sdk")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
+    env.update(LANGGRAPH_CLI_NO_ANALYTICS="1", PYTHONPATH=str(ROOT))
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen([exe, "dev", "--no-browser", "--no-reload", "--port", str(port)], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/ok", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"langgraph dev did not start: {(tmp_path / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def _sdk_run(url: str, context: dict, **kw):
+    import asyncio
+
+    from langgraph_sdk import get_client
+
+    async def go():
+        client = get_client(url=url)
+        thread = await client.threads.create()
+        out = await client.runs.wait(thread["thread_id"], "env_engineer", input={}, context=context,
+                                     raise_error=False, **kw)
+        state = await client.threads.get_state(thread["thread_id"])
+        return out, state
+
+    return asyncio.run(go())
+
+
+def test_langgraph_dev_serves_the_graph_through_the_sdk(tmp_path, dev_server):
+    """A smoke-preset run started through the SDK with a dict context validates its settings and applies
+    stage 0 (stopped before training: fast); a bad value fails the run with the one-line SettingsError."""
+    run_dir = tmp_path / "run"
+    out, state = _sdk_run(dev_server, {"preset": "smoke", "engineer": "fixed", "run_dir": str(run_dir)},
+                          interrupt_before=["train_stage"])
+    assert state["next"] == ["train_stage"] and state["values"]["stage"] == 0, out
+    assert json.loads((run_dir / "settings.json").read_text())["preset"] == "smoke"
+    assert (run_dir / "stage_0" / "train.jsonl").is_file()
+    out, _ = _sdk_run(dev_server, {"preset": "smoke", "seed": "-1", "run_dir": str(tmp_path / "bad")})
+    assert out["__error__"]["error"] == "SettingsError"
+    assert "bad setting seed from the run's context key 'seed': '-1'" in out["__error__"]["message"]
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow
+def test_langgraph_dev_runs_the_smoke_preset_to_the_end(tmp_path, dev_server):
+    """The whole loop through the server: smoke preset, fixed engineer, one short stage (real training and
+    evaluation of the embedded model), report written."""
+    run_dir = tmp_path / "run"
+    ctx = {"preset": "smoke", "engineer": "fixed", "run_dir": str(run_dir), "stages": 1, "eval_limit": 2,
+           "final_limit": 2, "train": {"max_steps": 1, "sft_warm_start": False, "instances_per_stage": 4}}
+    out, state = _sdk_run(dev_server, ctx)
+    assert "__error__" not in out, out
+    assert state["next"] == [] and state["values"]["final_metrics"]["final/n"] == 2
+    assert (run_dir / "report.md").read_text().startswith(f"# Run report: {run_dir.name}")
+    assert (run_dir / "stage_0" / "checkpoint").is_dir() and (run_dir / "tb").is_dir()
