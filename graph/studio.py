@@ -28,6 +28,7 @@ def _studio_schema():
     """A TypedDict of every setting a caller may pass (the LangGraph server keeps only the keys of the
     context schema): the Settings fields but the run's own bookkeeping, `train` as a nested dict."""
     from typing import Any as _Any
+
     from typing_extensions import TypedDict  # pydantic's JSON schema needs it on Python < 3.12
 
     from nodes.context import BOOKKEEPING, Settings
