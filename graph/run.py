@@ -60,6 +60,36 @@ class RunError(RuntimeError):
     """A one-line, user-facing error of the run command."""
 
 
+def preset_help() -> str:
+    """One paragraph per preset for --help, built from the presets themselves (so it cannot go stale)."""
+    from nodes.context import PRESETS
+    from nodes.train_stage import TRAIN_PRESETS, TrainConfig
+
+    def train(name: str, field: str) -> Any:
+        return TRAIN_PRESETS[name].get(field, TrainConfig.model_fields[field].default)
+
+    out = []
+    for name, run in PRESETS.items():
+        line = (f"  {name}: {run.get('stages', 3)} stages, {train(name, 'instances_per_stage')} training instances "
+                f"and {train(name, 'max_steps')} GRPO steps per stage (-1: epochs), answers capped at "
+                f"{train(name, 'max_completion_length')} tokens in training and {run.get('eval_max_tokens')} at "
+                f"evaluation, validation on {run.get('eval_split')}"
+                + (f" (first {run['eval_limit']})" if run.get("eval_limit") else "") + ".")
+        if name == "smoke":
+            line += (f" Its training cap makes a valid plan impossible (the shortest plan of the validation splits, "
+                     f"3x3 with two agents, takes about 39 tokens of the embedded model), so every GRPO reward is 0 "
+                     f"by design, and the evaluation cap fits only the shortest plans. It checks the plumbing (every "
+                     f"node, resume, the files) in minutes, never learning; use cpu for that.")
+        elif name == "cpu":
+            line += " The embedded 135M model on a CPU, from a cached SFT warm start (the default)."
+        elif name == "paper":
+            line += " Qwen3-4B with LoRA and vLLM generation on a GPU, the paper's scale."
+        out.append(line)
+    import textwrap
+
+    return "\n".join(textwrap.fill(x, 110, subsequent_indent="    ") for x in out)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m graph.run",
@@ -78,8 +108,13 @@ def _parser() -> argparse.ArgumentParser:
                "eval_max_tokens", "engineer_max_attempts", "prompts_dir", "approve"}
     others = [f"  {env_of[f]:<22} --set {f}=...  {fields[f].description}" for f in fields
               if f not in flagged and f in env_of]
-    p.epilog = (p.epilog or "") + (
+    from nodes.train_stage import TrainConfig
+
+    train = [f"  TRAIN__{f.upper():<22} --set train.{f}=...  {TrainConfig.model_fields[f].description}"
+             for f in TrainConfig.model_fields]
+    p.epilog = (p.epilog or "") + "\n\nPresets:\n" + preset_help() + (
         "\nSettings without a flag (environment variable, or --set):\n" + "\n".join(others)
+        + "\nTraining settings (train.*; the preset's values: python -m graph.run --dry-run):\n" + "\n".join(train)
         + "\nModel serving (environment only):\n"
         "  ENGINEER_SERVING       auto | vllm | transformers: how the self/base engineer is served (auto: vLLM "
         "when installed)\n"
@@ -90,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
         desc = fields[field].description or ""
         p.add_argument(flag, dest=field, default=None, help=f"{desc} [env {env_of[field]}]", **kw)
 
-    add("--preset", "preset", choices=["smoke", "cpu", "paper"])
+    add("--preset", "preset", choices=["smoke", "cpu", "paper"])  # what each one is: "Presets" below
     add("--engineer", "engineer", metavar="NAME")
     add("--engineer-model", "engineer_model", metavar="MODEL")
     add("--engineer-base-url", "engineer_base_url", metavar="URL")
@@ -354,6 +389,26 @@ def _describe_update(node: str, update: dict[str, Any], state: dict[str, Any],
     if node == "report":
         return "[report] written"
     return None
+
+
+def zero_variance_warning(node: str, update: Any, state: dict[str, Any]) -> str | None:
+    """A visible line when a finished stage's GRPO groups all had zero reward variance (no learning signal):
+    the share actually trained on after dynamic sampling, else the share sampled."""
+    if node != "train_stage" or not isinstance(update, dict):
+        return None
+    m = update.get("train_metrics") or {}
+
+    def share(key: str) -> float | None:
+        v = m.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+    z = share("train/zero_std_groups_trained")
+    z = share("train/zero_std_groups") if z is None else z
+    if z is None or z < 1.0:
+        return None
+    stage = update.get("stage", state.get("stage", 0))
+    return (f"[warn] stage {stage}: every GRPO group had zero reward variance (all completions of a prompt scored "
+            "the same), so this stage learned nothing from GRPO; see train/zero_std_groups in its metrics.json")
 
 
 def _record_person(run_dir: Path, stage: int, record: dict[str, Any]) -> None:
@@ -620,6 +675,9 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
                     if line:
                         took = now - started.get(node, now)
                         _say(f"{line}  [{node} {took:.0f}s, run {(now - t_start) / 60:.1f} min]")
+                    warning = zero_variance_warning(node, update, state)
+                    if warning:
+                        _say(warning)
             inputs = None
             snap = graph.get_state(cfg)
             if not snap.next:
@@ -645,29 +703,88 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
 PING_TIMEOUT_S = 30.0
 
 
-def _ping_engineer(settings: Settings, run_dir: Path) -> None:
-    """One short question to a model engineer: one attempt within PING_TIMEOUT_S for an HTTP endpoint (a dry
-    run should say at once that it does not answer, not retry for the run's budget). RunError on failure."""
-    from llm.engineers import check_engineer_env, open_engineer
+def dummy_metrics() -> dict[str, Any]:
+    """Validation metrics for a dry run's dummy context: 4 answers per size, fewer valid on larger grids."""
+    from env.verify import FAILURES
+    from nodes.evaluate import compute_metrics
 
-    msgs = [{"role": "user", "content": "Reply with the single word OK."}]
+    rows = []
+    for size in range(3, 11):
+        for i in range(4):
+            valid = i < max(0, 4 - (size - 2))
+            rows.append({"size": size, "valid": valid, "optimal": valid and i == 0,
+                         "failure": None if valid else FAILURES[(size + i) % len(FAILURES)]})
+    return compute_metrics(rows)
+
+
+def _dry_run_model(settings: Settings):
+    """An HTTP engineer with one attempt within PING_TIMEOUT_S (a dry run says at once that it does not answer,
+    it does not retry for the run's budget); None: `propose` opens the engineer as the run would (self, base)."""
+    from llm.engineers import check_engineer_env
+
     spec = check_engineer_env(settings.engineer, os.environ, model=settings.engineer_model,
                               base_url=settings.engineer_base_url)
-    try:
-        if spec is not None and spec.backend == "http":
-            from llm.openai_chat import OpenAIChat
+    if spec is None or spec.backend != "http":
+        return None
+    from llm.openai_chat import OpenAIChat
 
-            with OpenAIChat(spec.base_url, spec.model, api_key=spec.api_key, backend=spec.kind,
-                            timeout_s=PING_TIMEOUT_S, total_budget_s=PING_TIMEOUT_S, max_attempts=1) as eng:
-                reply = eng.chat(msgs, max_tokens=8)
+    return OpenAIChat(spec.base_url, spec.model, api_key=spec.api_key, backend=spec.kind,
+                      timeout_s=PING_TIMEOUT_S, total_budget_s=PING_TIMEOUT_S, max_attempts=1)
+
+
+def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any]) -> None:
+    """Ask the engineer for one real proposal on a dummy context (stage 0's config and made-up validation
+    results), validate it as the run would (strict, projection, feasibility) and say what came out. A call
+    that fails is a RunError (one line); a reply without a usable config is reported, not an error."""
+    from nodes.apply import stage_seed
+    from nodes.propose_config import propose
+    from nodes.summarize_failures import build_context
+    from nodes.validate_config import check_proposal, config_diff, feasibility
+
+    state: dict[str, Any] = {"stage": 0, "config": config, "metrics": dummy_metrics(), "history": []}
+    try:
+        env_stats = json.loads((Path(run_dir) / "stage_0" / "env_stats.json").read_text())
+    except (OSError, ValueError):
+        env_stats = None
+    state["context"] = build_context(variant=settings.context, state=state, settings=settings, env_stats=env_stats)
+    _say(f"[dry-run] asking the {settings.engineer} engineer for one proposal on a dummy context "
+         f"({len(state['context'])} chars, context {settings.context}) ...")
+    t0 = time.monotonic()
+    model = None if settings.is_classic_engineer else _dry_run_model(settings)
+    try:
+        if model is not None:
+            with model:
+                out = propose(state, settings, run_dir, model=model)
         else:
-            with open_engineer(settings.engineer, checkpoint=None, base_model=settings.policy_model, run_dir=run_dir,
-                               model=settings.engineer_model, base_url=settings.engineer_base_url) as eng:
-                reply = eng.chat(msgs, max_tokens=8)
-    except Exception as e:  # noqa: BLE001 - ChatError, a server that did not start, ...: one line either way
+            out = propose(state, settings, run_dir)
+    except Exception as e:  # noqa: BLE001 - a server that did not start, ...: one line either way
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise RunError(f"[dry-run] engineer {settings.engineer!r} did not answer: {first[:400]}") from None
-    _say(f"[dry-run] engineer {settings.engineer!r} answered in {reply.latency_s:.1f}s: {reply.text.strip()[:60]!r}")
+    took = time.monotonic() - t0
+    feedback = "; ".join(out.get("feedback") or [])
+    if out.get("proposal") is None:
+        if feedback.startswith("the engineer call failed"):
+            raise RunError(f"[dry-run] engineer {settings.engineer!r} did not answer: "
+                           f"{feedback.split(': ', 1)[-1][:400]}")
+        _say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s without a usable config: "
+             f"{feedback[:300]} (a run would ask again, up to engineer_max_attempts={settings.engineer_max_attempts}, "
+             "then keep the current config)")
+        return
+    checked = check_proposal(out["proposal"], config)
+    if checked["config"] is None:
+        _say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s; its config is refused by "
+             f"validation: {'; '.join(checked['errors'])[:300]} (a run would ask again)")
+        return
+    feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, 1))
+    new = checked["config"].model_dump(mode="json")
+    verdict = checked["decision"] + ("" if feas["ok"] else f", but infeasible: {'; '.join(feas['problems'])[:200]}")
+    _say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s: a config, {verdict} "
+         f"({diff_summary(config_diff(config, new))})")
+    if checked["notes"]:
+        _say(f"[dry-run] projection: {'; '.join(checked['notes'])[:300]}")
+    _say(config_table(config, new))
+    if out.get("rationale"):
+        _say(f"[dry-run] rationale: {str(out['rationale'])[:300]}")
 
 
 def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
@@ -679,17 +796,22 @@ def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
     plan = _say_training_plan(settings, run_dir)
     if donor is not None:
         _say(f"[dry-run] stage 0 would be shared from {donor.run_dir} (checkpoint {donor.checkpoint_id})")
+        try:
+            config = json.loads((Path(donor.run_dir) / "stage_0" / "config.json").read_text())
+        except (OSError, ValueError):
+            config = None
     else:
         update = apply_config({}, settings, run_dir)
+        config = update["config"]
         _say(f"[dry-run] stage-0 data generated: {update['train_path']}")
-    if settings.is_classic_engineer:
-        _say(f"[dry-run] engineer {settings.engineer!r} is a classic curriculum: nothing to ping")
-        return
     if plan is not None and plan["gpu_mocked"] and settings.engineer in ("self", "base"):
-        _say(f"[dry-run] engineer {settings.engineer!r} not pinged: it is served by the vLLM server above, on a "
+        _say(f"[dry-run] engineer {settings.engineer!r} not asked: it is served by the vLLM server above, on a "
              "GPU this machine lacks")
         return
-    _ping_engineer(settings, run_dir)
+    if config is None:
+        _say("[dry-run] no stage-0 config to show the engineer; not asked")
+        return
+    _dry_run_proposal(settings, run_dir, config)
 
 
 def _say_training_plan(settings: Settings, run_dir: Path) -> dict | None:
@@ -854,6 +976,7 @@ def _where() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     created: Path | None = None
+    scratch: Path | None = None  # a dry run's temporary folder
     run_dir: Path | None = None
     donor = None
     lock: RunLock | None = None
@@ -882,7 +1005,13 @@ def main(argv: list[str] | None = None) -> int:
                 from graph.stage0 import check_donor
 
                 donor = check_donor(Path(args.stage0_from), settings)
-            run_dir = _new_run_dir(settings, Path(args.runs_root))
+            if args.dry_run and settings.run_dir is None:  # a dry run keeps nothing unless --run-dir asks it to
+                import tempfile
+
+                run_dir = Path(tempfile.mkdtemp(prefix="env-engineer-dry-run-"))
+                scratch = created = run_dir
+            else:
+                run_dir = _new_run_dir(settings, Path(args.runs_root))
             if not run_dir.exists():
                 created = run_dir
             try:
@@ -902,8 +1031,9 @@ def main(argv: list[str] | None = None) -> int:
             settings = settings.model_copy(update={"run_dir": run_dir, "run_id": run_dir.name,
                                                    "provenance": provenance()})
             settings.save(run_dir / "settings.json")
-            _say(f"[run] {run_dir} (preset {settings.preset}, engineer {settings.engineer}, "
-                 f"{settings.stages} stages, context {settings.context})")
+            _say(f"[{'dry-run' if args.dry_run else 'run'}] {run_dir} (preset {settings.preset}, engineer "
+                 f"{settings.engineer}, {settings.stages} stages, context {settings.context})"
+                 + (": a temporary folder, removed at the end (--run-dir DIR keeps the files)" if scratch else ""))
             if donor is not None and not args.dry_run:
                 from graph.stage0 import seed_from_donor
 
@@ -916,6 +1046,12 @@ def main(argv: list[str] | None = None) -> int:
                      "its apply, train_stage and evaluate are not run here")
         if args.dry_run:
             dry_run(run_dir, settings, donor)
+            if scratch is not None:
+                _stop_servers()  # a self/base engineer's server writes its log into the folder
+                lock.release()
+                lock = None
+                shutil.rmtree(scratch, ignore_errors=True)
+                _say("[dry-run] done; nothing kept (--run-dir DIR keeps the dry run's files)")
             return 0
         created = None  # from here on the folder holds finished work: never remove it
         run_graph(run_dir, settings, resume=bool(args.resume))

@@ -245,11 +245,28 @@ def _quiet_trainer(trainer, progress: bool, label: str) -> None:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(_LogDictsToFile())
     if not progress:
         trainer.remove_callback(ProgressCallback)
         return
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(_LabelledProgress(label))
+
+
+class _LogDictsToFile:
+    """Each trainer log dict as one INFO line of the `nodes.trainer` logger: in the stage's child process that
+    is `stage_<k>/logs/train.log` only (its terminal handler shows warnings and up; nodes.stage_child)."""
+
+    def __new__(cls):
+        from transformers.trainer_callback import TrainerCallback
+
+        class LogDicts(TrainerCallback):
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if logs and state.is_world_process_zero:
+                    logging.getLogger("nodes.trainer").info("step %d: %s", state.global_step,
+                                                            json.dumps(logs, default=str))
+
+        return LogDicts()
 
 
 class _LabelledProgress:

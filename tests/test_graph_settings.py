@@ -157,7 +157,8 @@ def test_dry_run_builds_stage_0_data_and_trains_nothing(tmp_path):
     r = run_cli(["--dry-run", "--run-dir", str(run_dir), "--engineer", "fixed", "--seed", "4"],
                 {"PRESET": "smoke"}, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "[dry-run] graph built" in r.stderr and "nothing to ping" in r.stderr
+    assert "[dry-run] graph built" in r.stderr
+    assert "[dry-run] engineer 'fixed' answered" in r.stderr and "a config, accepted" in r.stderr
     rows = (run_dir / "stage_0" / "train.jsonl").read_text().splitlines()
     assert len(rows) == Settings.load(run_dir / "settings.json").train.instances_per_stage
     assert not (run_dir / "stage_0" / "checkpoint").exists() and not (run_dir / "graph.sqlite").exists()
