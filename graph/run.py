@@ -5,7 +5,7 @@ Examples:
     PRESET=smoke ENGINEER=fixed python -m graph.run      # seconds-scale run with the fixed baseline
     ENGINEER=openai OPENAI_API_KEY=... python -m graph.run --stages 3
     python -m graph.run --resume runs/<run-id>           # continue after a crash or Ctrl-C
-    python -m graph.run --dry-run                        # validate, build, generate stage 0, ping engineer
+    python -m graph.run --dry-run                        # validate, build, stage-0 data, one real proposal
     python -m graph.run --stage0-from runs/<donor> --engineer random   # reuse the donor's trained stage 0
 
 Settings come from CLI flags over environment variables over the preset. Every value is checked before
@@ -148,7 +148,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="override any setting, e.g. --set train.learning_rate=1e-5 (repeatable)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR where it stopped")
     p.add_argument("--dry-run", action="store_true",
-                   help="validate settings, build the graph, generate stage-0 data, ping the engineer; no training")
+                   help="validate settings, build the graph, generate stage-0 data, ask the engineer for one real "
+                   "proposal on a dummy context and validate it; no training. Works in a temporary folder, removed "
+                   "at the end, unless --run-dir DIR is given")
     p.add_argument("--stage0-from", metavar="DONOR_RUN_DIR",
                    help="start a new run from DONOR_RUN_DIR's finished stage 0 (trained and evaluated once there, "
                    "linked here); its settings must equal this run's except the engineer, context and run-folder "
@@ -805,8 +807,8 @@ def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
         config = update["config"]
         _say(f"[dry-run] stage-0 data generated: {update['train_path']}")
     if plan is not None and plan["gpu_mocked"] and settings.engineer in ("self", "base"):
-        _say(f"[dry-run] engineer {settings.engineer!r} not asked: it is served by the vLLM server above, on a "
-             "GPU this machine lacks")
+        _say(f"[dry-run] engineer {settings.engineer!r} not pinged for a proposal: it is served by the vLLM server "
+             "above, on a GPU this machine lacks")
         return
     if config is None:
         _say("[dry-run] no stage-0 config to show the engineer; not asked")
