@@ -76,10 +76,10 @@ def preset_help() -> str:
                 f"evaluation, validation on {run.get('eval_split')}"
                 + (f" (first {run['eval_limit']})" if run.get("eval_limit") else "") + ".")
         if name == "smoke":
-            line += (f" Its training cap makes a valid plan impossible (the shortest plan of the validation splits, "
-                     f"3x3 with two agents, takes about 39 tokens of the embedded model), so every GRPO reward is 0 "
-                     f"by design, and the evaluation cap fits only the shortest plans. It checks the plumbing (every "
-                     f"node, resume, the files) in minutes, never learning; use cpu for that.")
+            line += (" Its training cap makes a valid plan impossible (the shortest plan of the validation splits, "
+                     "3x3 with two agents, takes about 39 tokens of the embedded model), so every GRPO reward is 0 "
+                     "by design, and the evaluation cap fits only the shortest plans. It checks the plumbing (every "
+                     "node, resume, the files) in minutes, never learning; use cpu for that.")
         elif name == "cpu":
             line += " The embedded 135M model on a CPU, from a cached SFT warm start (the default)."
         elif name == "paper":
