@@ -753,12 +753,13 @@ def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any])
          f"({len(state['context'])} chars, context {settings.context}) ...")
     t0 = time.monotonic()
     model = None if settings.is_classic_engineer else _dry_run_model(settings)
+    where = Path(run_dir) / "dry_run_engineer"  # its prompt and reply (stage_0/ is the run's own, or a donor's)
     try:
         if model is not None:
             with model:
-                out = propose(state, settings, run_dir, model=model)
+                out = propose(state, settings, where, model=model)
         else:
-            out = propose(state, settings, run_dir)
+            out = propose(state, settings, where)
     except Exception as e:  # noqa: BLE001 - a server that did not start, ...: one line either way
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise RunError(f"[dry-run] engineer {settings.engineer!r} did not answer: {first[:400]}") from None
@@ -810,8 +811,15 @@ def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
         _say(f"[dry-run] engineer {settings.engineer!r} not pinged for a proposal: it is served by the vLLM server "
              "above, on a GPU this machine lacks")
         return
+    if config is not None:
+        from env import EnvConfig
+
+        try:
+            config = EnvConfig.model_validate(config).model_dump(mode="json")
+        except ValueError:
+            config = None
     if config is None:
-        _say("[dry-run] no stage-0 config to show the engineer; not asked")
+        _say("[dry-run] no readable stage-0 config to show the engineer; not asked for a proposal")
         return
     _dry_run_proposal(settings, run_dir, config)
 

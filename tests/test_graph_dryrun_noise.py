@@ -44,7 +44,8 @@ def test_dry_run_keeps_no_run_folder_unless_asked(tmp_path):
     kept = tmp_path / "kept"
     r = run_cli(["--dry-run", "--engineer", "fixed", "--run-dir", str(kept)], {"PRESET": "smoke"}, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert (kept / "settings.json").is_file() and (kept / "stage_0" / "engineer_reply.md").is_file()
+    assert (kept / "settings.json").is_file() and (kept / "stage_0" / "train.jsonl").is_file()
+    assert "engineer fixed" in (kept / "dry_run_engineer" / "stage_0" / "engineer_reply.md").read_text()
 
 
 def test_dry_run_asks_for_a_real_proposal_and_validates_it(tmp_path):
