@@ -948,6 +948,17 @@ def _resume_settings(args: argparse.Namespace, run_dir: Path) -> Settings:
     return settings
 
 
+def _track_shared_stage0(run_dir: Path, settings: Settings, donor) -> None:
+    """A fork's loop run (TensorBoard / W&B) starts with the donor's stage 0, as if trained here: its config,
+    its per-step train/* (stage_0/tb is linked) and its evaluation (graph.tracking)."""
+    from graph.tracking import track
+
+    values = donor.values
+    track("apply", {}, {"stage": 0, "config": values.get("config")}, run_dir, settings)
+    track("train_stage", {"stage": 0}, {"train_metrics": values.get("train_metrics")}, run_dir, settings)
+    track("evaluate", {"stage": 0}, {"metrics": values.get("metrics")}, run_dir, settings)
+
+
 def _check_model_cache(settings: Settings) -> None:
     """The embedded policy is converted once into the model cache: a cache that cannot be written is found
     now (and by --dry-run), not when stage 0 loads the model."""
@@ -1051,6 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
                     record = seed_from_donor(donor, run_dir, settings)
                 except (OSError, sqlite3.Error, RuntimeError, ValueError) as e:
                     raise RunError(f"--stage0-from {str(donor.run_dir)!r}: could not share stage 0: {e}") from None
+                _track_shared_stage0(run_dir, settings, donor)
                 _say(f"[run] stage 0 shared from {donor.run_dir} (checkpoint {donor.checkpoint_id}; "
                      f"{record['files']['linked']} files linked, {record['files']['copied']} copied): "
                      "its apply, train_stage and evaluate are not run here")

@@ -221,9 +221,23 @@ def header_lines(data: dict[str, Any], title: str) -> list[str]:
         ("started", md_inline(str(prov.get("started_at") or "unknown"))),
         ("wall time", _wall_time(data)),
         ("machine", machine_text),
+        ("tracking", _tracking_text(settings)),
         ("packages", packages),
     ]
     return ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows] + [""]
+
+
+def _tracking_text(settings: dict[str, Any]) -> str:
+    train = settings.get("train") if isinstance(settings.get("train"), dict) else {}
+    targets = str(train.get("report_to") or "tensorboard")
+    if targets == "none":
+        return "none (train.report_to=none)"
+    out = []
+    if "tensorboard" in targets:
+        out.append("TensorBoard run `tb/` (`tensorboard --logdir tb`)")
+    if "wandb" in targets:
+        out.append("Weights & Biases (`wandb/` when offline)")
+    return "; ".join(out) + ", one global step across stages"
 
 
 def zero_variance_stages(data: dict[str, Any]) -> list[int]:

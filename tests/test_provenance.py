@@ -68,7 +68,7 @@ def test_new_run_records_provenance_without_secrets(tmp_path, monkeypatch, stub_
     head = report.split("## ")[0]
     for needle in (f"| run | `{run_dir.name}` |", "| preset | `smoke` |", "| engineer | `fixed` |", "| seed | `0` |",
                    "| policy model | `smollm2-135m` |", f"| commit | `{prov['git']['commit'][:12]}`", "| wall time |",
-                   "| started |"):
+                   "| started |", "| tracking | TensorBoard run `tb/`"):
         assert needle in head, needle
     assert "so far (no final benchmark yet)" in head  # the stub final_evaluate wrote no file
     (run_dir / "final").mkdir(exist_ok=True)

@@ -157,3 +157,22 @@ def test_wandb_asked_for_but_not_installed_is_one_line(monkeypatch):
     settings = build_settings({"engineer": "fixed", "train.report_to": "wandb"}, {"PRESET": "smoke"})
     with pytest.raises(SettingsError, match=r"train.report_to='wandb': the wandb package is not installed"):
         gr._check_report_to(settings)
+
+
+def test_a_fork_logs_the_shared_stage_0(tmp_path):
+    """--stage0-from: the fork's loop run starts with the donor's stage 0 (its linked stage_0/tb and state)."""
+    from types import SimpleNamespace
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    settings, run_dir = settings_for(tmp_path, stages=2)
+    with SummaryWriter(log_dir=str(run_dir / "stage_0" / "tb")) as w:
+        for step in (1, 2):
+            w.add_scalar("train/reward", step / 10, step)
+    (run_dir / "stage_0" / "metrics.json").write_text(json.dumps({"train/steps": 2}))
+    donor = SimpleNamespace(values={"config": {"sizes": {}}, "train_metrics": {"train/reward_mean": 0.1},
+                                    "metrics": {"eval/valid_rate": 0.25}})
+    gr._track_shared_stage0(run_dir, settings, donor)
+    tracking.close_all()
+    tags = scalars(run_dir / "tb")
+    assert tags["train/reward"] == [(1, 0.1), (2, 0.2)] and tags["eval/valid_rate"] == [(2, 0.25)]
