@@ -143,6 +143,8 @@ def dev_server(tmp_path):
         pytest.skip("langgraph-cli is not installed (pip install -e '.[dev]')")
     pytest.importorskip("langgraph_sdk")
     port = _free_port()
+    state_dir = ROOT / ".langgraph_api"  # the in-memory server's persistence, in its working folder
+    existed = state_dir.exists()
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
     env.update(LANGGRAPH_CLI_NO_ANALYTICS="1", PYTHONPATH=str(ROOT))
     log = open(tmp_path / "server.log", "w")
@@ -170,6 +172,8 @@ def dev_server(tmp_path):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+        if not existed:
+            shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def _sdk_run(url: str, context: dict, **kw):
