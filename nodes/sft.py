@@ -566,6 +566,7 @@ def main(argv: list[str] | None = None) -> None:
     if not cfg.sft_sizes:
         p.error("sft_sizes is none: that warm start trains on a run's own instances and is not cached")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("nodes.trainer").setLevel(logging.WARNING)  # trainer log dicts: not beside the bar
     from env import load_split
     from llm.models import resolve_model
 
