@@ -1103,6 +1103,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, CheckpointError) as e:
         p.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("nodes.trainer").setLevel(logging.WARNING)  # trainer log dicts: not beside the bar
     ws = {"auto": None, "yes": True, "no": False}[a.warm_start]
     res = run_stage(
         train_path=a.train_path,
