@@ -38,6 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from evals.common import (
     EvalConfigError,
     EventLog,
+    _rel,
+    committed,
     config_command,
     load_config,
     machine,
@@ -259,11 +261,42 @@ def _timings(out: Path, names: list[str]) -> dict[str, Any]:
     return {n: timings[n] for n in names if isinstance(timings.get(n), dict)}
 
 
+def _left(out: Path, name: str, instances: list[Any]) -> int:
+    """How many of `instances` model `name` has not answered yet in `out`."""
+    path = out / name / "eval.jsonl"
+    done = {r["id"] for r in read_jsonl(path)} if path.is_file() else set()
+    return sum(1 for i in instances if i.id not in done)
+
+
+def reproduce_target(out: Path, args) -> Path:
+    """The folder answers go to: `--out DIR`, a new `<out>-<UTC time>` for `--fresh`, else the config's `out`."""
+    if args.out is not None and args.fresh:
+        raise EvalConfigError("--out and --fresh both given: pass one (--fresh picks a new folder beside the "
+                              "config's out, --out DIR names it)")
+    if args.fresh and args.tables_only:
+        raise EvalConfigError("--fresh --tables-only: a fresh folder has no answers to tabulate; drop --fresh")
+    if args.out is not None:
+        return repo_path(args.out)
+    if args.fresh:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        new, k = out.with_name(f"{out.name}-{stamp}"), 2
+        while new.exists():
+            new, k = out.with_name(f"{out.name}-{stamp}-{k}"), k + 1
+        print(f"note: answers and tables go to {_rel(new)}", file=sys.stderr)
+        return new
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m evals.solve_direct", description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, type=Path, help="YAML/TOML config (see evals/configs/)")
     p.add_argument("--dry-run", action="store_true", help="check config, split and keys; call no model")
     p.add_argument("--tables-only", action="store_true", help="rebuild the tables from the eval.jsonl files")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="write answers and tables to DIR instead of the config's out: reproduce a config without "
+                        "touching its committed results")
+    p.add_argument("--fresh", action="store_true",
+                   help="reproduce the config into a new timestamped folder beside its out (<out>-<UTC time>)")
     args = p.parse_args(argv)
     env = dict(os.environ)
     try:
@@ -282,10 +315,20 @@ def main(argv: list[str] | None = None) -> int:
             instances = limit_instances(load_split(cfg.split), cfg.limit)
         except Exception as e:  # noqa: BLE001 - a missing or corrupt split file: one line, not a traceback
             raise EvalConfigError(f"cannot load split {cfg.split!r}: {str(e).splitlines()[0]}") from None
+        out = reproduce_target(repo_path(cfg.out), args)
+        if not args.tables_only and args.out is None and not args.fresh and committed(out):
+            todo = [m.name for m in cfg.models if not m.missing(env) and _left(out, m.name, instances)]
+            if todo:
+                raise EvalConfigError(
+                    f"{_rel(out)} holds committed results and {', '.join(todo)} would add answers to them: pass "
+                    "--fresh (a new folder beside it) or --out DIR to reproduce the config, or --tables-only")
+            print(f"note: every model already answered every instance in {_rel(out)} (committed); nothing was asked "
+                  "or written. Pass --fresh or --out DIR to reproduce the config, --tables-only to rebuild its tables",
+                  file=sys.stderr)
+            return 0
     except EvalConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = repo_path(cfg.out)
     command = config_command(args.config)
     if command is None:
         print(f"warning: {args.config} does not open with a comment holding the command that runs it",
@@ -303,9 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                 notes.append(f"`{spec.name}` skipped: {why}")
                 continue
             if args.dry_run:
-                path = out / spec.name / "eval.jsonl"
-                done = {r["id"] for r in read_jsonl(path)} if path.is_file() else set()
-                n_todo = sum(1 for i in instances if i.id not in done)
+                n_todo = _left(out, spec.name, instances)
                 where = (spec.base_url if spec.kind == "openai" else f"{local_weights(spec.checkpoint)} ({spec.backend}"
                          + (f", base {local_weights(spec.base_model)})" if spec.base_model else ")"))
                 log(f"[plan] {spec.name}: {n_todo} of {len(instances)} {cfg.split} instances to ask via "

@@ -153,3 +153,31 @@ def test_local_embedded_model_answers(tmp_path):
     timing = json.loads((tmp_path / "out" / "timings.json").read_text())["base"]
     assert timing["answered"] == 2 and timing["wall_s"] > 0 and timing["machine"] == common.machine()
     assert "| base | " in (tmp_path / "out" / "table.md").read_text()
+
+
+def _committed_cfg(tmp_path, models: str) -> Path:
+    cfg = tmp_path / "solve.yaml"
+    cfg.write_text("# python -m evals.solve_direct --config solve.yaml\nsplit: test-mini\nmax_tokens: 64\n"
+                   f"out: evals/results/solve_direct_mini\nmodels:\n{models}")
+    return cfg
+
+
+def test_committed_results_are_never_added_to_without_out_or_fresh(tmp_path, capsys):
+    """Reproduce on purpose (issue 20): a model with answers left in a committed folder is refused in one line;
+    --out DIR plans into DIR; --out with --fresh is refused; the committed folder is untouched."""
+    from evals.solve_direct import main
+
+    committed_dir = Path(__file__).resolve().parents[1] / "evals/results/solve_direct_mini"
+    before = {p: p.stat().st_mtime_ns for p in committed_dir.rglob("*") if p.is_file()}
+    cfg = _committed_cfg(tmp_path, "  - {name: another-run, kind: local, checkpoint: smollm2-135m}\n")
+    assert main(["--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds committed results" in err[0] and "--fresh" in err[0] and "another-run" in err[0]
+    out = tmp_path / "repro"
+    assert main(["--config", str(cfg), "--out", str(out), "--dry-run"]) == 0
+    assert "[plan] another-run: 72 of 72 test-mini instances" in capsys.readouterr().err
+    assert not out.exists()  # a dry run creates nothing
+    assert main(["--config", str(cfg), "--out", str(out), "--fresh"]) == 2
+    assert "--out and --fresh" in capsys.readouterr().err
+    after = {p: p.stat().st_mtime_ns for p in committed_dir.rglob("*") if p.is_file()}
+    assert after == before
