@@ -194,3 +194,29 @@ def test_approve_lets_a_person_replace_the_proposal(tmp_path, smoke_grid):
     assert {n: stage1["sizes"][str(n)]["data_ratio"] for n in SIZES} == {n: float(n == 3) for n in SIZES}
     rows = [json.loads(line) for line in (run_dir / "stage_1" / "train.jsonl").read_text().splitlines()]
     assert rows and {r["size"] for r in rows} == {3}
+
+
+def test_cpu_preset_end_to_end_through_the_stage_child(tmp_path):
+    """The cpu preset (compact prompt, cached SFT warm start, dynamic sampling, vLLM evaluation and
+    self-engineer) runs end to end with every stage trained in its own child process (issue 18), shrunk in
+    length only: 2 stages, 1 GRPO step each, a 2-step warm start in a cache of its own."""
+    run_dir = tmp_path / "cpu-run"
+    args = ["--preset", "cpu", "--run-dir", str(run_dir), "--set", "stages=2", "--set", "eval_limit=12",
+            "--set", "final_limit=6", "--set", "train.max_steps=1", "--set", "train.sft_steps=2",
+            "--set", "train.sft_instances=16", "--set", "engineer_max_attempts=1"]
+    log = tmp_path / "run.log"
+    proc = start_run(args, {"ENV_ENGINEER_CACHE": str(tmp_path / "cache")}, log)
+    try:
+        rc = proc.wait(timeout=1800)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert rc == 0, log.read_text()[-3000:]
+    check_finished_run(run_dir, 2)
+    settings = json.loads((run_dir / "settings.json").read_text())
+    assert settings["preset"] == "cpu" and settings["train"]["prompt_style"] == "compact"
+    for k in range(2):  # each stage was trained by a child process, from its request file
+        assert (run_dir / f"stage_{k}" / "logs" / "stage_request.json").is_file()
+    m0 = json.loads((run_dir / "stage_0" / "metrics.json").read_text())
+    assert m0["sft/cache_hit"] is False and str(tmp_path / "cache") in m0["sft/cache_path"]
+    assert m0["eval/n"] == 12
