@@ -366,7 +366,7 @@ def short_command(cmd: Sequence[str]) -> str:
 def check_api_engineer(arm: Arm, env: Mapping[str, str]) -> str | None:
     """None when the arm's engineer can run here, else the reason it cannot (missing key, unknown name).
 
-    Uses `llm.engineers.check_engineer_env`, the check graph.run itself makes before starting, on the
+    Uses `llm_backends.engineers.check_engineer_env`, the check graph.run itself makes before starting, on the
     environment the arm's child would get (`child_env`). An arm with `api_key_env` needs that variable set.
     """
     if arm.engineer in CLASSIC_ENGINEERS:
@@ -374,13 +374,13 @@ def check_api_engineer(arm: Arm, env: Mapping[str, str]) -> str | None:
     if arm.api_key_env and not env.get(arm.api_key_env):
         return f"engineer {arm.label!r} needs an API key: set {arm.api_key_env}"
     env = child_env(arm, env)
-    if arm.engineer_model:  # the flags graph.run gets, as the variables llm.engineers reads
+    if arm.engineer_model:  # the flags graph.run gets, as the variables llm_backends.engineers reads
         env["ENGINEER_MODEL"] = arm.engineer_model
     if arm.engineer_base_url:
         env["ENGINEER_BASE_URL"] = arm.engineer_base_url
     try:
-        from llm.engineers import EngineerConfigError, check_engineer_env
-    except ImportError:  # llm.engineers not there yet: the minimal key check
+        from llm_backends.engineers import EngineerConfigError, check_engineer_env
+    except ImportError:  # llm_backends.engineers not there yet: the minimal key check
         return _fallback_key_check(arm, env) if arm.is_api else None
     try:
         check_engineer_env(arm.engineer, env)

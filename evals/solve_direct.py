@@ -5,8 +5,8 @@
 Each model in the config answers every instance of `split` (the same prompt the policy sees at evaluation,
 `env.render_prompt`), every answer is verified by `env.verify`, and one verdict row per instance is
 appended to `<out>/<model name>/eval.jsonl` (the row format of `nodes.evaluate`). Models are reached
-through `llm`: any OpenAI-compatible endpoint (`kind: openai`, via `llm.openai_chat.OpenAIChat`) or a
-local checkpoint (`kind: local`, via `llm.policy.open_policy`).
+through `llm_backends`: any OpenAI-compatible endpoint (`kind: openai`, via `llm_backends.openai_chat.OpenAIChat`) or a
+local checkpoint (`kind: local`, via `llm_backends.policy.open_policy`).
 
 - Resumable: ids already in a model's eval.jsonl are not asked again; rerun the same command after a crash.
 - A model whose API key variable is unset is skipped with a visible `[skip]` line and a note in the table.
@@ -116,12 +116,12 @@ def local_weights(name: str | None) -> str | None:
 
 def _open(spec: ModelSpec, log_dir: Path, env: Mapping[str, str]):
     if spec.kind == "openai":
-        from llm.openai_chat import OpenAIChat
+        from llm_backends.openai_chat import OpenAIChat
 
         key = env.get(spec.api_key_env) if spec.api_key_env else None
         return OpenAIChat(spec.base_url, spec.model, api_key=key, backend=spec.name, timeout_s=spec.timeout_s,
                           max_concurrency=spec.max_concurrency)
-    from llm.policy import open_policy
+    from llm_backends.policy import open_policy
 
     return open_policy(local_weights(spec.checkpoint), spec.backend, log_dir, base_model=local_weights(spec.base_model))
 

@@ -28,14 +28,14 @@ def route_after_evaluate(state: LoopState, runtime) -> Literal["summarize_failur
 
 
 def gpu_freed_first(node):
-    """`node` after `llm.policy.release_gpu_for_training()`: on a GPU build no kept vLLM server holds GPU memory
+    """`node` after `llm_backends.policy.release_gpu_for_training()`: on a GPU build no kept vLLM server holds GPU memory
     while a stage trains (the node itself, looked up at build time, may be a test's stub)."""
 
     def wrapped(state, runtime):
         import sys
 
-        if "llm.policy" in sys.modules:  # no server can be kept before llm.policy was ever imported
-            sys.modules["llm.policy"].release_gpu_for_training()
+        if "llm_backends.policy" in sys.modules:  # no server can be kept before llm_backends.policy was ever imported
+            sys.modules["llm_backends.policy"].release_gpu_for_training()
         return node(state, runtime)
 
     wrapped.__name__ = getattr(node, "__name__", "train_stage")

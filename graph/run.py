@@ -171,8 +171,8 @@ def _cli_values(args: argparse.Namespace) -> dict[str, Any]:
 
 def _check_policy_model(name: str) -> None:
     """The embedded short name, an existing model folder, or something shaped like a hub id (`org/name`):
-    the same three forms `llm.models.resolve_model` accepts, checked without loading or downloading."""
-    from llm.models import EMBEDDED, is_model_dir
+    the same three forms `llm_backends.models.resolve_model` accepts, checked without loading or downloading."""
+    from llm_backends.models import EMBEDDED, is_model_dir
 
     allowed = f"allowed: {', '.join(sorted(EMBEDDED))}, a model folder (config.json), or a Hugging Face id like Qwen/Qwen3-4B"
     path = Path(name).expanduser()
@@ -239,7 +239,7 @@ def _check_before_work(settings: Settings) -> None:
         if split not in splits:
             raise SettingsError(f"bad setting {name}={split!r}: allowed: {', '.join(splits)}")
     if not settings.is_classic_engineer:
-        from llm.engineers import EngineerConfigError, check_engineer_env
+        from llm_backends.engineers import EngineerConfigError, check_engineer_env
 
         try:
             check_engineer_env(settings.engineer, os.environ, model=settings.engineer_model,
@@ -621,7 +621,7 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
     if problem is not None and (done or problem not in ("missing", "empty (0 bytes)")):
         raise _refuse_lost_state(run_dir, problem, done)
     thread = thread_id(run_dir, settings.run_id)
-    from llm.policy import set_enable_thinking
+    from llm_backends.policy import set_enable_thinking
 
     set_enable_thinking(settings.train.enable_thinking)  # every evaluation and engineer request, as in training
     graph, conn = _open_graph(run_dir, settings)
@@ -722,13 +722,13 @@ def dummy_metrics() -> dict[str, Any]:
 def _dry_run_model(settings: Settings):
     """An HTTP engineer with one attempt within PING_TIMEOUT_S (a dry run says at once that it does not answer,
     it does not retry for the run's budget); None: `propose` opens the engineer as the run would (self, base)."""
-    from llm.engineers import check_engineer_env
+    from llm_backends.engineers import check_engineer_env
 
     spec = check_engineer_env(settings.engineer, os.environ, model=settings.engineer_model,
                               base_url=settings.engineer_base_url)
     if spec is None or spec.backend != "http":
         return None
-    from llm.openai_chat import OpenAIChat
+    from llm_backends.openai_chat import OpenAIChat
 
     return OpenAIChat(spec.base_url, spec.model, api_key=spec.api_key, backend=spec.kind,
                       timeout_s=PING_TIMEOUT_S, total_budget_s=PING_TIMEOUT_S, max_attempts=1)
@@ -875,7 +875,7 @@ def _write_now(text: str) -> None:
 
 def _kill_children() -> None:
     """SIGKILL the vLLM servers (their groups and engine cores) and every other process below this one."""
-    from llm.vllm_server import descendants, kill_all
+    from llm_backends.vllm_server import descendants, kill_all
 
     try:
         kill_all()
@@ -889,7 +889,7 @@ def _kill_children() -> None:
 
 
 def _install_signal_handlers() -> None:
-    from llm.vllm_server import defer_signal_cleanup
+    from llm_backends.vllm_server import defer_signal_cleanup
 
     _SIGNALS.update(count=0, interruptible=True, run_dir=None)
     stop.reset()
@@ -924,7 +924,7 @@ def _env_given(settings: Settings, env: dict[str, str]) -> list[str]:
 def _resume_settings(args: argparse.Namespace, run_dir: Path) -> Settings:
     """settings.json of the run (+ --approve), with the full engineer URL when settings.json masked its
     credentials; announces every flag and environment variable it ignores."""
-    from llm.redact import has_masked_credentials, mask_url
+    from llm_backends.redact import has_masked_credentials, mask_url
 
     settings = Settings.load(run_dir / "settings.json")
     given = _cli_values(args)
@@ -962,7 +962,7 @@ def _track_shared_stage0(run_dir: Path, settings: Settings, donor) -> None:
 def _check_model_cache(settings: Settings) -> None:
     """The embedded policy is converted once into the model cache: a cache that cannot be written is found
     now (and by --dry-run), not when stage 0 loads the model."""
-    from llm.models import check_cache_writable
+    from llm_backends.models import check_cache_writable
 
     try:
         check_cache_writable(settings.policy_model)
@@ -1126,10 +1126,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _stop_servers() -> None:
-    if "llm.vllm_server" not in sys.modules:
+    if "llm_backends.vllm_server" not in sys.modules:
         return
-    from llm.policy import stop_kept_server
-    from llm.vllm_server import stop_all
+    from llm_backends.policy import stop_kept_server
+    from llm_backends.vllm_server import stop_all
 
     try:
         stop_kept_server()

@@ -116,7 +116,7 @@ class LoopTracker:
         if self._wandb is None and "wandb" in self.targets:
             import wandb
 
-            from llm.redact import mask_url
+            from llm_backends.redact import mask_url
 
             s = self.settings
             config = s.model_copy(update={"engineer_base_url": mask_url(s.engineer_base_url)}).model_dump(mode="json")

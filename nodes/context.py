@@ -5,7 +5,7 @@ precedence, CLI flags, environment variables and a named preset (`smoke`, `cpu`,
 through LangGraph's runtime context (`runtime.context.settings`); it is never part of the graph state,
 so a resumed run reads the very settings it was started with (`settings.json` in the run folder).
 
-Secrets are not settings: API keys are read from the environment by `llm.engineers` at the moment of
+Secrets are not settings: API keys are read from the environment by `llm_backends.engineers` at the moment of
 use and never stored here, logged or written to the run folder.
 """
 
@@ -163,7 +163,7 @@ class Settings(BaseModel):
     def save(self, path: Path) -> None:
         """settings.json, written atomically, with credentials in engineer_base_url masked (a resume takes
         the full URL from ENGINEER_BASE_URL again)."""
-        from llm.redact import mask_url
+        from llm_backends.redact import mask_url
         from nodes.files import write_text_atomic
 
         safe = self.model_copy(update={"engineer_base_url": mask_url(self.engineer_base_url)})
@@ -247,7 +247,7 @@ def build_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] 
             allowed = f"unknown setting; known: {', '.join(sorted(TrainConfig.model_fields if loc.startswith('train.') else Settings.model_fields))}"
         raise SettingsError(f"bad setting {loc} from {where}: {err.get('input')!r}: {allowed}") from None
     if settings.policy_backend == "auto":  # resolved here, so that settings.json says what the run used
-        from llm.vllm_server import resolve_backend
+        from llm_backends.vllm_server import resolve_backend
 
         settings.policy_backend = resolve_backend("auto")
     return settings

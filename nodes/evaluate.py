@@ -98,7 +98,7 @@ def answer_and_verify(
     progress: bool = True,
     prompt_style: str = "full",
 ) -> list[dict]:
-    """Ask `model` (a `llm.base.ChatModel`) every instance's prompt in batches and verify each answer.
+    """Ask `model` (a `llm_backends.base.ChatModel`) every instance's prompt in batches and verify each answer.
 
     The prompt is the policy's own (`nodes.train_stage.prompt_messages` in `prompt_style`, the run's
     `train.prompt_style`), so the policy is evaluated on the prompt it was trained on.
@@ -315,7 +315,7 @@ def run_eval(
             prompt_style=settings.train.prompt_style,
         )
     else:
-        from llm.policy import open_policy
+        from llm_backends.policy import open_policy
 
         with open_policy(
             checkpoint or settings.policy_model,

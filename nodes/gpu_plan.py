@@ -1,7 +1,7 @@
 """What a stage would run on a GPU, built on any machine (`python -m graph.run --dry-run`, tests).
 
 `mock_cuda()` makes torch report one bf16-capable CUDA device, so that the very functions the stage calls
-(`nodes.train_stage.grpo_config`, `_lora_config`, `llm.vllm_server.VLLMServer.command`) build the objects a
+(`nodes.train_stage.grpo_config`, `_lora_config`, `llm_backends.vllm_server.VLLMServer.command`) build the objects a
 GPU run would build; nothing is loaded and no kernel runs. `training_plan(settings, run_dir)` returns those
 objects and `plan_lines(plan)` says what would run, one line each.
 """
@@ -45,8 +45,8 @@ def training_plan(settings, run_dir: Path | None = None, *, stage: int = 0) -> d
     """
     import torch
 
-    from llm.policy import _lora_rank
-    from llm.vllm_server import VLLMServer, is_cpu_build
+    from llm_backends.policy import _lora_rank
+    from llm_backends.vllm_server import VLLMServer, is_cpu_build
     from nodes.train_stage import _lora_config, check_generation_backend, grpo_config
 
     cfg = settings.train

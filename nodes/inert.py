@@ -58,13 +58,13 @@ def _html(text: str) -> str:
 
 
 def inert_reply(text: str) -> str:
-    """An engineer reply as the run keeps it: keys redacted (`llm.redact`), no control characters, no HTML
+    """An engineer reply as the run keeps it: keys redacted (`llm_backends.redact`), no control characters, no HTML
     tags. JSON in it still decodes (the escapes change only the insides of strings).
 
     >>> inert_reply('{"rationale": "<b>hi</b>\\x1b[2J"}')
     '{"rationale": "&lt;b&gt;hi&lt;/b&gt;"}'
     """
-    from llm.redact import redact
+    from llm_backends.redact import redact
 
     return _html(for_terminal(redact(text)))
 

@@ -343,7 +343,7 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
 
 def _ask(model, messages, kwargs, state, settings, run_dir) -> tuple[str, dict]:
     """Send the messages; a failed call becomes an empty reply with the error (never a crash)."""
-    from llm.base import ChatError
+    from llm_backends.base import ChatError
 
     def call(m) -> tuple[str, dict]:
         try:
@@ -363,7 +363,7 @@ def _ask(model, messages, kwargs, state, settings, run_dir) -> tuple[str, dict]:
         return call(model)
     import os
 
-    from llm.engineers import open_engineer
+    from llm_backends.engineers import open_engineer
 
     # Settings given as CLI flags reach open_engineer through its environment mapping (the contract).
     env = dict(os.environ)

@@ -369,7 +369,7 @@ def warm_start_key(spec: dict) -> str:
 
 def warm_start_root(cache_dir=None) -> Path:
     """`<model cache>/warm_start` (`$ENV_ENGINEER_CACHE` or ~/.cache/env-engineer): outside every run folder."""
-    from llm.models import cache_root
+    from llm_backends.models import cache_root
 
     return cache_root(cache_dir) / "warm_start"
 
@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("nodes.trainer").setLevel(logging.WARNING)  # trainer log dicts: not beside the bar
     from env import load_split
-    from llm.models import resolve_model
+    from llm_backends.models import resolve_model
 
     val = [i for s in (3, 4, 5) for i in [x for x in load_split("val-small") if x.size == s][: a.eval]]
     if a.curve and not val:

@@ -799,7 +799,7 @@ def run_stage(
     Args:
         train_path: the stage's instances (`.jsonl`, one `env.Instance` a line).
         init_checkpoint: a local folder: the previous stage's checkpoint, or the base model's folder
-            (`llm.models.resolve_model(...)`) for the first stage. A missing or corrupt folder raises
+            (`llm_backends.models.resolve_model(...)`) for the first stage. A missing or corrupt folder raises
             `CheckpointError`.
         out_dir: the stage folder.
         cfg: hyper-parameters.
@@ -1006,7 +1006,7 @@ def train_stage(state: dict, runtime) -> dict:
 
     Returns {"checkpoint", "reward_state", "train_metrics"}. Stage folder: `run_dir / f"stage_{k}"`.
     """
-    from llm.models import resolve_model
+    from llm_backends.models import resolve_model
 
     settings = runtime.context.settings
     stage = int(state["stage"])
@@ -1056,7 +1056,7 @@ def train_stage(state: dict, runtime) -> dict:
 
 
 def init_from_arg(text: str) -> Path:
-    """The folder named by `--init`: an existing folder, else a model name for `llm.models.resolve_model`.
+    """The folder named by `--init`: an existing folder, else a model name for `llm_backends.models.resolve_model`.
 
     Text that looks like a local path (absolute, `./`, `~`, two or more `/`, or `a/b` where `a` is a local
     folder, e.g. `runs/x/stage_0/checkpoint`) but does not exist raises `CheckpointError`, rather than going
@@ -1077,7 +1077,7 @@ def init_from_arg(text: str) -> Path:
             f"--init {text}: no such checkpoint folder ({path.resolve()}); pass the previous stage's "
             "checkpoint folder (runs/<run>/stage_<k>/checkpoint), a base model folder, or a model name"
         )
-    from llm.models import resolve_model
+    from llm_backends.models import resolve_model
 
     return resolve_model(text)
 

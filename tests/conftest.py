@@ -30,14 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `from fakeopenai imp
 
 @pytest.fixture(scope="session")
 def embedded_model_path() -> Path:
-    from llm.models import resolve_model
+    from llm_backends.models import resolve_model
 
     return resolve_model()
 
 
 @pytest.fixture(scope="session")
 def vllm_installed() -> None:
-    from llm.vllm_server import vllm_available
+    from llm_backends.vllm_server import vllm_available
 
     if not vllm_available():
         # ./install.sh installs vLLM: its absence is a broken set-up, not a reason to pass silently.
@@ -50,7 +50,7 @@ def vllm_installed() -> None:
 
 @pytest.fixture(scope="session")
 def vllm_server(vllm_installed, embedded_model_path, tmp_path_factory):
-    from llm.vllm_server import VLLMServer
+    from llm_backends.vllm_server import VLLMServer
 
     log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
     with VLLMServer(embedded_model_path, log_path=log_path, enable_lora=True, served_model_name="smollm2") as server:

@@ -107,7 +107,7 @@ def test_local_checkpoint_paths_are_read_from_the_repo_root(tmp_path, monkeypatc
     the current directory; short names and Hugging Face ids pass through; base_model reaches open_policy."""
     import contextlib
 
-    import llm.policy
+    import llm_backends.policy
 
     opened = []
 
@@ -116,7 +116,7 @@ def test_local_checkpoint_paths_are_read_from_the_repo_root(tmp_path, monkeypatc
         opened.append((checkpoint, backend, base_model))
         yield EchoModel()
 
-    monkeypatch.setattr(llm.policy, "open_policy", fake_open_policy)
+    monkeypatch.setattr(llm_backends.policy, "open_policy", fake_open_policy)
     monkeypatch.chdir(tmp_path)  # not the repo root
     cfg = tmp_path / "solve.yaml"
     cfg.write_text(

@@ -101,9 +101,9 @@ def test_one_thinking_setting_reaches_grpo_config_prompt_counting_and_every_requ
                   chat_template_kwargs(cfg.enable_thinking))
     assert tok.calls and all(c.get("enable_thinking") is False for c in tok.calls)
     # every request to the policy's vLLM server
-    import llm.policy as lp
-    import llm.vllm_server as vs
-    from llm.openai_chat import OpenAIChat
+    import llm_backends.policy as lp
+    import llm_backends.vllm_server as vs
+    from llm_backends.openai_chat import OpenAIChat
 
     class FakeServer:
         def __init__(self, *a, **k):
@@ -138,7 +138,7 @@ def test_one_thinking_setting_reaches_grpo_config_prompt_counting_and_every_requ
 
 
 def test_in_process_engine_renders_with_the_same_switch():
-    from llm.local import LocalEngine
+    from llm_backends.local import LocalEngine
 
     eng = object.__new__(LocalEngine)
     eng.tokenizer = RecordingTokenizer()

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 import graph.graph as gg
-import llm.policy as lp
-import llm.vllm_server as vs
+import llm_backends.policy as lp
+import llm_backends.vllm_server as vs
 from graph import run as gr
-from llm.vllm_server import VLLMServer, serving_defaults
+from llm_backends.vllm_server import VLLMServer, serving_defaults
 from nodes.context import build_settings
 
 

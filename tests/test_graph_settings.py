@@ -189,14 +189,14 @@ def test_lora_is_automatic_for_large_models():
 def test_policy_backend_auto_is_resolved_and_recorded(monkeypatch):
     """The cpu preset answers evaluations with vLLM where it is installed, in-process elsewhere; settings.json
     (what a resume and a stage-0 fork compare) records the backend actually used, never `auto`."""
-    from llm.vllm_server import vllm_available
+    from llm_backends.vllm_server import vllm_available
 
     s = build_settings({}, {})
     assert s.preset == "cpu"
     assert s.policy_backend == ("vllm" if vllm_available() else "transformers")
     assert build_settings({}, {"PRESET": "smoke"}).policy_backend == "transformers"  # the smoke preset stays in-process
     assert build_settings({"policy_backend": "transformers"}, {}).policy_backend == "transformers"  # a flag beats auto
-    monkeypatch.setattr("llm.vllm_server.vllm_available", lambda: False)  # a machine without vLLM
+    monkeypatch.setattr("llm_backends.vllm_server.vllm_available", lambda: False)  # a machine without vLLM
     s = build_settings({"policy_backend": "auto"}, {"PRESET": "paper"})
     assert s.policy_backend == "transformers"
     assert Settings.model_validate_json(s.model_dump_json()).policy_backend == "transformers"

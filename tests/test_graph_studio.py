@@ -93,7 +93,7 @@ def test_default_run_dir_is_named_after_the_thread(tmp_path, monkeypatch):
 def _code_env_names() -> set[str]:
     names = set(ENV_VARS)
     pat = re.compile(r"""(?:environ\.get|getenv|environ\[|env\.get|get)\(\s*["']([A-Z][A-Z0-9_]+)["']""")
-    for pkg in ("env", "llm", "nodes", "graph", "evals"):
+    for pkg in ("env", "llm_backends", "nodes", "graph", "evals"):
         for f in (ROOT / pkg).rglob("*.py"):
             names |= set(pat.findall(f.read_text()))
     return names

@@ -279,7 +279,7 @@ def test_nodes_sft_cli_builds_then_reuses(embedded_model_path, tmp_path, monkeyp
     from nodes.sft import main
 
     monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path))
-    monkeypatch.setattr("llm.models.resolve_model", lambda name, cache_dir=None: embedded_model_path)
+    monkeypatch.setattr("llm_backends.models.resolve_model", lambda name, cache_dir=None: embedded_model_path)
     args = ["--preset", "smoke", "--set", "sft_steps=1", "--set", "train.sft_instances=2"]
     main(args)
     out = json.loads(capsys.readouterr().out)

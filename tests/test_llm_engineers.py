@@ -7,9 +7,9 @@ import logging
 import pytest
 from fakeopenai import FakeOpenAI, Fault
 
-from llm.base import ChatError
-from llm.engineers import DEFAULTS, EngineerConfigError, check_engineer_env, open_engineer
-from llm.openai_chat import OpenAIChat
+from llm_backends.base import ChatError
+from llm_backends.engineers import DEFAULTS, EngineerConfigError, check_engineer_env, open_engineer
+from llm_backends.openai_chat import OpenAIChat
 
 PLANTED = "sk-planted-Zq9xW2vK7mN4pL8r"
 
@@ -59,8 +59,8 @@ def test_bad_choices_fail_with_one_clear_line(kind, env, needle):
 
 def test_open_engineer_fails_before_any_work(monkeypatch, tmp_path):
     started = []
-    monkeypatch.setattr("llm.vllm_server.VLLMServer.start", lambda self: started.append(self))
-    monkeypatch.setattr("llm.local.LocalEngine.__init__", lambda self, *a, **k: started.append(self))
+    monkeypatch.setattr("llm_backends.vllm_server.VLLMServer.start", lambda self: started.append(self))
+    monkeypatch.setattr("llm_backends.local.LocalEngine.__init__", lambda self, *a, **k: started.append(self))
     for kind in ("openai", "nonsense", "fixed"):
         with pytest.raises(EngineerConfigError):
             with open_engineer(kind, checkpoint=None, base_model=None, run_dir=tmp_path, env={}):
@@ -136,7 +136,7 @@ def test_planted_key_never_reaches_logs_errors_repr_or_files(tmp_path, caplog, c
 
 def test_vllm_server_process_gets_no_api_key(tmp_path, monkeypatch):
     """The local server needs no secret: none reaches its environment, so none can reach its log."""
-    from llm.vllm_server import VLLMServer
+    from llm_backends.vllm_server import VLLMServer
 
     monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
     monkeypatch.setenv("GEMINI_API_KEY", PLANTED)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llm.base import ChatModel, extract_json
-from llm.local import LocalEngine
+from llm_backends.base import ChatModel, extract_json
+from llm_backends.local import LocalEngine
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +68,7 @@ def test_sampling_and_schema_prompt(engine):
 
 
 def test_open_policy_with_transformers(embedded_model_path, tmp_path):
-    from llm.policy import open_policy
+    from llm_backends.policy import open_policy
 
     with open_policy(None, "transformers", tmp_path) as policy:
         r = policy.chat_batch([[{"role": "user", "content": "Say hello."}]] * 2, max_tokens=6)

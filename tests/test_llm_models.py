@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from llm import models
-from llm.models import DEFAULT_POLICY, embedded_gguf, resolve_model
+from llm_backends import models
+from llm_backends.models import DEFAULT_POLICY, embedded_gguf, resolve_model
 
 
 def test_embedded_gguf_is_found_without_importing_the_package():
@@ -83,8 +83,8 @@ def test_lora_base_falls_back_like_the_vllm_path(tmp_path, monkeypatch):
     import peft
     import transformers
 
-    from llm import policy
-    from llm.local import LocalEngine
+    from llm_backends import policy
+    from llm_backends.local import LocalEngine
 
     base = tmp_path / "base"
     base.mkdir()

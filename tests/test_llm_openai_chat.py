@@ -10,8 +10,8 @@ import time
 import pytest
 from fakeopenai import FakeOpenAI, Fault, Reply
 
-from llm.base import ChatError, ChatModel, extract_json
-from llm.openai_chat import OpenAIChat
+from llm_backends.base import ChatError, ChatModel, extract_json
+from llm_backends.openai_chat import OpenAIChat
 
 HI = [{"role": "user", "content": "hi"}]
 KEY = "sk-test-0123456789abcdef"

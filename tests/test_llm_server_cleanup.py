@@ -3,7 +3,7 @@ processes are stand-ins (python scripts), the cleanup code is the real one.
 
 - `VLLMServer.stop()` kills a descendant that left the server's process group (an engine core in a
   session of its own), which a process-group kill alone misses;
-- the launcher's watchdog (`llm.vllm_launch._watch_parent`) kills the server's group and descendants once
+- the launcher's watchdog (`llm_backends.vllm_launch._watch_parent`) kills the server's group and descendants once
   its parent is gone (SIGKILL), instead of vLLM's minutes-long SIGTERM shutdown;
 - a client of a server whose process died gets one error at once, not retries for its whole budget.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from llm.base import ChatError
-from llm.vllm_server import VLLMServer, free_port
+from llm_backends.base import ChatError
+from llm_backends.vllm_server import VLLMServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +74,7 @@ def test_launcher_watchdog_kills_the_group_when_its_parent_dies(tmp_path):
     launcher = textwrap.dedent(f"""
         import os, subprocess, sys, threading, time
         sys.path.insert(0, {str(ROOT)!r})
-        from llm.vllm_launch import _watch_parent
+        from llm_backends.vllm_launch import _watch_parent
         parent = os.getppid()
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
         print(os.getpid(), child.pid, flush=True)

@@ -16,7 +16,7 @@ import time
 import jsonschema
 import pytest
 
-from llm.vllm_server import VLLMServer, VLLMStartError
+from llm_backends.vllm_server import VLLMServer, VLLMStartError
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France? Answer in one short sentence."}]
 SCHEMA = {
@@ -138,7 +138,7 @@ def test_start_failure_raises_with_the_log_tail(vllm_installed, embedded_model_p
 FAKE_CLASS = textwrap.dedent(
     """
     import sys
-    from llm.vllm_server import VLLMServer
+    from llm_backends.vllm_server import VLLMServer
 
     class Fake(VLLMServer):
         def command(self):
@@ -158,7 +158,7 @@ FAKE_OWNER = FAKE_CLASS + textwrap.dedent(
     """
     import gc, threading, time
     from pathlib import Path
-    import llm.vllm_server as vs
+    import llm_backends.vllm_server as vs
     vs.vllm_available = lambda: True  # the stand-in needs no vLLM
 
     model, log, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
@@ -254,7 +254,7 @@ def test_a_dropped_server_is_still_stopped_at_exit(tmp_path):
 def test_off_main_thread_start_installs_no_handler_until_a_main_thread_call(monkeypatch):
     import threading
 
-    from llm import vllm_server as vs
+    from llm_backends import vllm_server as vs
 
     monkeypatch.setattr(vs, "_HANDLERS_INSTALLED", False)
     chained = []
@@ -297,7 +297,7 @@ def test_server_gets_sigterm_when_its_owner_is_killed(tmp_path):
 
 
 def test_context_manager_stops_the_group_even_on_error(tmp_path, monkeypatch):
-    monkeypatch.setattr("llm.vllm_server.vllm_available", lambda: True)  # the stand-in needs no vLLM
+    monkeypatch.setattr("llm_backends.vllm_server.vllm_available", lambda: True)  # the stand-in needs no vLLM
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text("{}")
@@ -319,8 +319,8 @@ def test_kept_server_follows_the_checkpoint(vllm_server, embedded_model_path, tm
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from llm import policy
-    from llm.engineers import open_engineer
+    from llm_backends import policy
+    from llm_backends.engineers import open_engineer
 
     copy = tmp_path / "stage_1_full"
     copy.mkdir()
@@ -360,7 +360,7 @@ def test_kept_server_follows_the_checkpoint(vllm_server, embedded_model_path, tm
 def test_a_kept_server_marks_each_later_use_in_its_log(tmp_path, monkeypatch):
     """The kept server logs to its first caller's file: each later use writes where it starts there, and
     a pointer to that log into the log file it would have used."""
-    from llm import policy
+    from llm_backends import policy
 
     weights = tmp_path / "stage_1"
     weights.mkdir()

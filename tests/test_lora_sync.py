@@ -137,7 +137,7 @@ def test_run_stage_installs_the_exact_sync_before_any_vllm_stage(tmp_path, monke
     from trl.generation.vllm_generation import VLLMGeneration
 
     from env import generate, uniform_config, write_jsonl
-    from llm.models import resolve_model
+    from llm_backends.models import resolve_model
     from nodes import stage_resume, train_stage
     from nodes.gpu_plan import mock_cuda
 

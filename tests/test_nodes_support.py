@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from llm.base import ChatResult
+from llm_backends.base import ChatResult
 from nodes.context import Settings
 
 

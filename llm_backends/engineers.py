@@ -4,7 +4,7 @@
 kind      what answers
 ========  ======================================================================================
 self      the current policy checkpoint: a vLLM server on it (LoRA adapters on their base), or
-          :class:`~llm.local.LocalEngine` in-process when vLLM is not installed
+          :class:`~llm_backends.local.LocalEngine` in-process when vLLM is not installed
 base      the same, on the base model (``base_model``; default the embedded SmolLM2-135M)
 openai    ``https://api.openai.com/v1``, model ``ENGINEER_MODEL`` or :data:`DEFAULTS` ("gpt-5.4", the
           paper's GPT engineer); key ``ENGINEER_API_KEY`` or ``OPENAI_API_KEY``
@@ -31,9 +31,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llm.base import ChatModel
-from llm.models import DEFAULT_POLICY
-from llm.redact import mask_url
+from llm_backends.base import ChatModel
+from llm_backends.models import DEFAULT_POLICY
+from llm_backends.redact import mask_url
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def check_engineer_env(
         backend = env.get("ENGINEER_SERVING", "auto")
         if backend not in ("auto", "vllm", "transformers"):
             raise EngineerConfigError(f"ENGINEER_SERVING={backend!r} is not one of auto, vllm, transformers")
-        from llm.vllm_server import resolve_backend
+        from llm_backends.vllm_server import resolve_backend
 
         return EngineerSpec(kind=kind, backend=resolve_backend(backend))
 
@@ -170,14 +170,14 @@ def open_engineer(
         keep_server: self/base on vLLM: keep one server up across calls and load new weights into it.
             None (the default here) reads ``LLM_KEEP_SERVER`` (off unless set to 1); the loop passes
             ``Settings.keep_server``, which is True by default. The kept server logs to the file of the
-            call that started it; see :mod:`llm.policy`.
-        timeout_s / total_budget_s / max_concurrency: passed to :class:`~llm.openai_chat.OpenAIChat`.
+            call that started it; see :mod:`llm_backends.policy`.
+        timeout_s / total_budget_s / max_concurrency: passed to :class:`~llm_backends.openai_chat.OpenAIChat`.
     """
     spec = check_engineer_env(kind, env, model=model, base_url=base_url)
     if spec is None:
         raise EngineerConfigError(f"ENGINEER={kind} has no model to open: nodes/ runs it without an LLM")
     if spec.backend == "http":
-        from llm.openai_chat import OpenAIChat
+        from llm_backends.openai_chat import OpenAIChat
 
         log.info("engineer %s", spec.describe())
         chat = OpenAIChat(
@@ -197,7 +197,7 @@ def open_engineer(
     base = base_model or DEFAULT_POLICY
     weights = checkpoint if (spec.kind == "self" and checkpoint) else base
     log_dir = Path(run_dir) / "logs" if run_dir else Path.cwd() / "logs"
-    from llm.policy import open_checkpoint
+    from llm_backends.policy import open_checkpoint
 
     with open_checkpoint(
         weights,

@@ -1,11 +1,11 @@
 """The current policy checkpoint as a chat model, for the evaluate node and the self/base engineers.
 
-``open_policy(checkpoint, backend, log_dir)`` yields a :class:`~llm.base.ChatModel`:
+``open_policy(checkpoint, backend, log_dir)`` yields a :class:`~llm_backends.base.ChatModel`:
 
-- ``backend="transformers"``: :class:`~llm.local.LocalEngine` in this process (works everywhere);
+- ``backend="transformers"``: :class:`~llm_backends.local.LocalEngine` in this process (works everywhere);
 - ``backend="auto"``: ``vllm`` when vLLM is installed, else ``transformers``;
-- ``backend="vllm"``: a :class:`~llm.vllm_server.VLLMServer` started on the checkpoint (a LoRA adapter is
-  served on its base model with runtime LoRA loading) and an :class:`~llm.openai_chat.OpenAIChat` on it;
+- ``backend="vllm"``: a :class:`~llm_backends.vllm_server.VLLMServer` started on the checkpoint (a LoRA adapter is
+  served on its base model with runtime LoRA loading) and an :class:`~llm_backends.openai_chat.OpenAIChat` on it;
   the server is stopped on exit and its log kept in ``log_dir``.
 
 A checkpoint is a folder with full weights or a LoRA adapter (``adapter_config.json``), a short name
@@ -33,8 +33,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from llm.base import ChatModel
-from llm.models import DEFAULT_POLICY, adapter_base, resolve_model
+from llm_backends.base import ChatModel
+from llm_backends.models import DEFAULT_POLICY, adapter_base, resolve_model
 
 BACKENDS = ("auto", "transformers", "vllm")
 _LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's --max-lora-rank accepts
@@ -88,13 +88,13 @@ def open_checkpoint(
     keep_server: bool | None = None,
     enable_thinking: bool | None | object = ...,
 ) -> Iterator[ChatModel]:
-    """Shared by :func:`open_policy` and :func:`llm.engineers.open_engineer`.
+    """Shared by :func:`open_policy` and :func:`llm_backends.engineers.open_engineer`.
 
     ``enable_thinking``: the chat template's thinking switch for every request (vLLM: the request's
     ``chat_template_kwargs``; transformers: ``apply_chat_template``); None passes nothing; not given: the
     process's choice (:func:`set_enable_thinking`, which graph.run sets from ``train.enable_thinking``).
     """
-    from llm.vllm_server import resolve_backend
+    from llm_backends.vllm_server import resolve_backend
 
     if keep_server is None:
         keep_server = os.environ.get("LLM_KEEP_SERVER", "").lower() in ("1", "true", "yes")
@@ -102,7 +102,7 @@ def open_checkpoint(
     template = template_kwargs(_THINKING["value"] if enable_thinking is ... else enable_thinking)
     path = resolve_model(weights)
     if backend == "transformers":
-        from llm.local import LocalEngine
+        from llm_backends.local import LocalEngine
 
         engine = LocalEngine(path, batch_size=batch_size, base_model=base_model, chat_template_kwargs=template)
         try:
@@ -112,7 +112,7 @@ def open_checkpoint(
         return
     if backend != "vllm":
         raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
-    from llm.vllm_server import VLLMServer
+    from llm_backends.vllm_server import VLLMServer
 
     adapter = adapter_config(path)
     extra = {"extra_body": {"chat_template_kwargs": template}} if template else {}
@@ -178,7 +178,7 @@ def _arch(path: Path) -> tuple:
 
 
 def _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency, **client_kw):
-    from llm.vllm_server import VLLMServer
+    from llm_backends.vllm_server import VLLMServer
 
     weights = path if adapter is None else adapter_base(path, adapter, base_model)
     server = _KEPT.get("server")
@@ -223,7 +223,7 @@ def release_gpu_for_training() -> bool:
     share of the GPU while the trainer (and TRL's colocated vLLM) needs all of it. The next evaluation starts
     a new server. On the CPU build the kept server stays (it holds no GPU; a restart costs 40-90 s there).
     Returns True when a server was stopped."""
-    from llm.vllm_server import is_cpu_build
+    from llm_backends.vllm_server import is_cpu_build
 
     server = _KEPT.get("server")
     if server is None or is_cpu_build():

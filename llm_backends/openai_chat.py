@@ -3,7 +3,7 @@
 The ``openai`` client does the HTTP with its own retries switched off (``max_retries=0``); tenacity does
 the retrying, so that one policy covers every backend: exponential back-off with jitter on timeouts,
 connection errors, 429, 5xx and garbled bodies, a server's ``Retry-After`` honoured (capped by what is left
-of the budget), and a total time budget per call after which one :class:`~llm.base.ChatError` names the
+of the budget), and a total time budget per call after which one :class:`~llm_backends.base.ChatError` names the
 backend and the last cause. Other 4xx answers are not retried.
 
 Servers differ in what they accept; the client learns once per instance and remembers:
@@ -37,8 +37,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 import openai
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, stop_after_delay
 
-from llm.base import ChatError, ChatResult, Messages, UsageStats, extract_json, with_schema_in_prompt
-from llm.redact import mask_url, redact
+from llm_backends.base import ChatError, ChatResult, Messages, UsageStats, extract_json, with_schema_in_prompt
+from llm_backends.redact import mask_url, redact
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class _Cancelled(_Fatal):
 
 
 class OpenAIChat:
-    """A :class:`~llm.base.ChatModel` on an OpenAI-compatible ``base_url``.
+    """A :class:`~llm_backends.base.ChatModel` on an OpenAI-compatible ``base_url``.
 
     Args:
         base_url: e.g. ``https://api.openai.com/v1`` or ``http://127.0.0.1:8000/v1``.
@@ -162,7 +162,7 @@ class OpenAIChat:
     ) -> list[ChatResult]:
         """Answers in input order; at most ``max_concurrency`` requests in flight.
 
-        Fails fast: the first request that fails for good raises its :class:`~llm.base.ChatError` at once;
+        Fails fast: the first request that fails for good raises its :class:`~llm_backends.base.ChatError` at once;
         requests not yet sent are never sent and those in flight are not retried (their threads end with
         their current HTTP attempt). ``deadline_s`` (default ``batch_deadline_s``) bounds the whole batch:
         each call's budget is cut to what is left of it, and a batch still unanswered at the deadline
