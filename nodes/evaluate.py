@@ -351,12 +351,13 @@ def evaluate_stage(state: dict, settings: Any, run_dir: Path, model: Any = None)
         model=model,
     )
     metrics = compute_metrics(rows)
-    # stage_k/metrics.json already holds train_stage's `train/...` figures: keep them beside `eval/...`.
+    # stage_k/metrics.json already holds train_stage's figures (`train/...`, and at stage 0 the warm start's `sft/...`:
+    # which cached start the run used): keep them beside `eval/...`.
     on_disk = out_dir / "metrics.json"
     kept = {}
     if on_disk.is_file():
         try:
-            kept = {k: v for k, v in json.loads(on_disk.read_text()).items() if k.startswith("train/")}
+            kept = {k: v for k, v in json.loads(on_disk.read_text()).items() if k.startswith(("train/", "sft/"))}
         except (OSError, ValueError):
             kept = {}
     write_json(on_disk, {**kept, **metrics})

@@ -58,6 +58,21 @@ def test_evaluate_on_val_mini_with_real_verdicts(tmp_path):
     assert len(policy.calls) == 9
 
 
+def test_evaluate_keeps_the_stages_training_and_warm_start_figures(tmp_path):
+    """train_stage wrote `train/...` and, at stage 0, the cached warm start's `sft/...` (which start the run used)
+    into metrics.json first: the evaluation adds its `eval/...` beside them and drops nothing of theirs."""
+    settings = make_settings(eval_limit=3)
+    instances = limit_instances(load_split(settings.eval_split), 3)
+    sdir = tmp_path / "stage_0"
+    sdir.mkdir()
+    before = {"train/steps": 8, "sft/cache_key": "a02e6d680f065497", "sft/cache_hit": True, "eval/n": 99}
+    (sdir / "metrics.json").write_text(json.dumps(before))
+    evaluate_stage({"stage": 0, "checkpoint": None}, settings, tmp_path, model=scripted_policy(instances, _answer))
+    on_disk = json.loads((sdir / "metrics.json").read_text())
+    assert on_disk["train/steps"] == 8 and on_disk["sft/cache_key"] == "a02e6d680f065497" and on_disk["sft/cache_hit"]
+    assert on_disk["eval/n"] == 3  # a stale evaluation figure is replaced, not kept
+
+
 def test_final_evaluate_writes_paper_tables(tmp_path):
     settings = make_settings(final_limit=18)
     instances = limit_instances(load_split(settings.final_split), 18)
