@@ -160,6 +160,26 @@ def committed(folder: Path | str) -> bool:
     return folder == RESULTS_DIR.resolve() or RESULTS_DIR.resolve() in folder.parents
 
 
+def reproduce_folder(base: Path, out: Path | str | None, fresh: bool) -> Path | None:
+    """Where a reproduction of a config whose results folder is `base` writes: `out` (`--out DIR`), a new
+    `<base>-<UTC YYYYmmdd-HHMMSS>` beside `base` (`--fresh`; never an existing folder), or None (neither)."""
+    if out is not None and fresh:
+        raise EvalConfigError("--out and --fresh both given: pass one (--fresh picks a new folder beside the "
+                              "config's out, --out DIR names it)")
+    if fresh:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        new, k = base.with_name(f"{base.name}-{stamp}"), 2
+        while new.exists():
+            new, k = base.with_name(f"{base.name}-{stamp}-{k}"), k + 1
+        return new
+    if out is None:
+        return None
+    new = repo_path(out)
+    if new.exists() and not new.is_dir():
+        raise EvalConfigError(f"--out {out}: is a file; give a folder for the results")
+    return new
+
+
 def retarget(cfg: LoopConfig, out: Path | str | None = None, fresh: bool = False) -> LoopConfig:
     """`cfg` with its results in another folder, to reproduce a config on purpose.
 
@@ -168,23 +188,9 @@ def retarget(cfg: LoopConfig, out: Path | str | None = None, fresh: bool = False
     so a reproduction trains every run anew: no finished run or stage-0 donor of the original is reused.
     Neither given: `cfg` unchanged.
     """
-    if out is not None and fresh:
-        raise EvalConfigError("--out and --fresh both given: pass one (--fresh picks a new folder beside the "
-                              "config's out, --out DIR names it)")
-    if out is None and not fresh:
+    new = reproduce_folder(cfg.resolved_out(), out, fresh)
+    if new is None:
         return cfg
-    if fresh:
-        base = cfg.resolved_out()
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        new = base.with_name(f"{base.name}-{stamp}")
-        k = 2
-        while new.exists():
-            new = base.with_name(f"{base.name}-{stamp}-{k}")
-            k += 1
-    else:
-        new = repo_path(out)
-        if new.exists() and not new.is_dir():
-            raise EvalConfigError(f"--out {out}: is a file; give a folder for the tables, logs and verdicts")
     return cfg.model_copy(update={"out": new, "runs_dir": cfg.resolved_runs_dir().parent / new.name})
 
 

