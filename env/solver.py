@@ -97,25 +97,34 @@ class GridMap:
         return dist
 
 
+OBJECTIVES = ("soc", "makespan")
+
+
 def solve(
     grid: list[str],
     starts: list[Cell],
     goals: list[Cell],
     max_nodes: int | None = None,
     method: str = "auto",
+    objective: str = "soc",
 ) -> Plan:
-    """Return an optimal (minimum sum of costs) conflict-free plan.
+    """Return an optimal conflict-free plan: minimum sum of costs (``objective="soc"``) or minimum makespan
+    (``objective="makespan"``, the latest arrival; the paper's "makespan-optimal").
 
-    `method` is ``auto`` (joint A* for up to 2 agents, CBS otherwise), ``joint`` or ``cbs``.
+    `method` is ``auto`` (joint A* for up to 2 agents, CBS otherwise), ``joint`` or ``cbs``; the makespan
+    objective always uses CBS (optimal for it too: an agent's shortest path under its constraints never
+    lengthens the latest arrival, so best-first on the makespan pops an optimal plan first).
     Raises `SolverBudgetExceeded` after `max_nodes` expansions, `Unsolvable` when no plan exists,
     `ValueError` on malformed input (a start or goal on a hole or off the map, shared starts or goals).
     """
-    return solve_on(GridMap(grid), starts, goals, max_nodes, method)
+    return solve_on(GridMap(grid), starts, goals, max_nodes, method, objective)
 
 
 def solve_on(gm: GridMap, starts: list[Cell], goals: list[Cell], max_nodes: int | None = None,
-             method: str = "auto") -> Plan:
+             method: str = "auto", objective: str = "soc") -> Plan:
     """`solve` on an already built `GridMap` (the generator reuses the one it drew)."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective {objective!r}: allowed: {', '.join(OBJECTIVES)}")
     k = len(starts)
     if k != len(goals) or k == 0:
         raise ValueError(f"need one goal per start and at least one agent; got {k} starts, {len(goals)} goals")
@@ -127,6 +136,13 @@ def solve_on(gm: GridMap, starts: list[Cell], goals: list[Cell], max_nodes: int 
     for i in range(k):
         if dists[i][s[i]] < 0:
             raise Unsolvable(f"agent {i}'s goal {goals[i]} is unreachable from its start {starts[i]}")
+    if objective == "makespan":
+        if method == "joint":
+            raise ValueError("method 'joint' minimises the sum of costs only; use 'cbs' or 'auto' for makespan")
+        if method == "auto" and k <= 2:  # breadth-first over joint positions: exact, and it proves impossibility
+            paths = _joint_makespan(gm, s, g, dists, max_nodes or DEFAULT_MAX_NODES["joint"])
+            return _plan(gm, paths, dists, s)
+        method = "cbs"
     if method == "auto":
         method = "joint" if k <= 2 else "cbs"
     if max_nodes is None:
@@ -136,13 +152,55 @@ def solve_on(gm: GridMap, starts: list[Cell], goals: list[Cell], max_nodes: int 
             raise ValueError("method 'joint' supports at most 2 agents; use 'cbs'")
         paths = _joint(gm, s, g, dists, max_nodes)
     elif method == "cbs":
-        paths = _cbs(gm, s, g, dists, max_nodes)
+        paths = _cbs(gm, s, g, dists, max_nodes, makespan=objective == "makespan")
     else:
         raise ValueError(f"unknown method {method!r}; use 'auto', 'joint' or 'cbs'")
+    return _plan(gm, paths, dists, s)
+
+
+def _plan(gm: GridMap, paths: list[list[int]], dists: list[list[int]], s: list[int]) -> Plan:
     size = gm.size
     out = [[divmod(x, size) for x in p] for p in paths]
     return Plan(paths=out, cost=sum(len(p) - 1 for p in paths), makespan=max(len(p) - 1 for p in paths),
-                shortest=[dists[i][s[i]] for i in range(k)])
+                shortest=[dists[i][s[i]] for i in range(len(s))])
+
+
+def _joint_makespan(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]], max_nodes: int) -> list[list[int]]:
+    """Breadth-first over joint positions of 1-2 agents until all stand on their goals at once (then they stay:
+    goals are distinct, so staying is conflict-free); each path is then cut after its agent's last arrival."""
+    start, goal = tuple(s), tuple(g)
+    parent: dict[tuple, tuple | None] = {start: None}
+    frontier = [start]
+    while frontier and goal not in parent:
+        nxt_frontier = []
+        for u in frontier:
+            for v in _joint_steps(gm, u):
+                if v not in parent:
+                    parent[v] = u
+                    nxt_frontier.append(v)
+        if len(parent) > max_nodes:
+            raise SolverBudgetExceeded(f"joint makespan search passed {max_nodes} states ({gm.size}x{gm.size} map)")
+        frontier = nxt_frontier
+    if goal not in parent:
+        raise Unsolvable("no conflict-free plan exists (every joint position reachable was searched)")
+    states = [goal]
+    while parent[states[-1]] is not None:
+        states.append(parent[states[-1]])
+    states.reverse()
+    paths = []
+    for i in range(len(s)):
+        p = [st[i] for st in states]
+        while len(p) > 1 and p[-2] == g[i]:  # cost = last arrival: drop trailing waits on the goal
+            p.pop()
+        paths.append(p)
+    return paths
+
+
+def _joint_steps(gm: GridMap, pos: tuple) -> list[tuple]:
+    if len(pos) == 1:
+        return [(v,) for v in gm.moves[pos[0]]]
+    a, b = pos
+    return [(u, v) for u in gm.moves[a] for v in gm.moves[b] if u != v and not (u == b and v == a)]
 
 
 def _index(gm: GridMap, p: Cell, what: str) -> int:
@@ -365,7 +423,9 @@ def _avoid_tables(paths: list[list[int] | None], skip: int, n: int) -> tuple[dic
     return avoid, goal
 
 
-def _cbs(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]], max_nodes: int) -> list[list[int]]:
+def _cbs(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]], max_nodes: int,
+         makespan: bool = False) -> list[list[int]]:
+    """Best-first over constraint nodes by sum of costs, or (``makespan``) by the latest arrival, then the sum."""
     k = len(s)
     n = gm.n
     empty: frozenset[int] = frozenset()
@@ -381,10 +441,12 @@ def _cbs(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]], max_no
     counter = 0
     nconf, first = _first_conflict(paths)
     cost = sum(len(p) - 1 for p in paths)
-    heap = [(cost, nconf, counter, vcons, econs, paths, first)]
+    span = max(len(p) - 1 for p in paths) if makespan else 0
+    heap = [(span, nconf if makespan else cost, cost if makespan else nconf, counter, vcons, econs, paths, first)]
     nodes = 0
     while heap:
-        cost, nconf, _, vcons, econs, paths, first = heapq.heappop(heap)
+        span, _, _, _, vcons, econs, paths, first = heapq.heappop(heap)
+        cost = sum(len(p) - 1 for p in paths)
         if first is None:
             return paths
         nodes += 1
@@ -414,5 +476,7 @@ def _cbs(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]], max_no
             np_[a] = p
             c2, f2 = _first_conflict(np_)
             counter += 1
-            heapq.heappush(heap, (cost - (len(paths[a]) - 1) + (len(p) - 1), c2, counter, nv, ne, np_, f2))
+            span2 = max(len(x) - 1 for x in np_) if makespan else 0
+            cost2 = cost - (len(paths[a]) - 1) + (len(p) - 1)
+            heapq.heappush(heap, (span2, c2 if makespan else cost2, cost2 if makespan else c2, counter, nv, ne, np_, f2))
     raise Unsolvable("no conflict-free plan exists (CBS ran out of branches)")

@@ -117,6 +117,87 @@ def test_solver_matches_exhaustive_search(method, k):
         checked += 1
 
 
+def exhaustive_makespan(grid, starts, goals):
+    """Independent check of the makespan optimum: breadth-first over joint positions until every agent stands on
+    its goal at once (goals are distinct, so they can stay there for ever). Same moves and conflicts as above."""
+    n = len(grid)
+    k = len(starts)
+    steps = [(0, 0), (1, 0), (-1, 0), (0, 1), (0, -1)]
+    start, goal = tuple(starts), tuple(goals)
+    seen = {start: 0}
+    frontier = [start]
+    while frontier:
+        if goal in seen:
+            return seen[goal]
+        nxt = []
+        for pos in frontier:
+            opts = [[(r + dr, c + dc) for dr, dc in steps
+                     if 0 <= r + dr < n and 0 <= c + dc < n and grid[r + dr][c + dc] != "H"] for r, c in pos]
+            for new in itertools.product(*opts):
+                if len(set(new)) < k or new in seen:
+                    continue
+                if any(new[i] == pos[j] and new[j] == pos[i] for i in range(k) for j in range(i + 1, k)):
+                    continue
+                seen[new] = seen[pos] + 1
+                nxt.append(new)
+        frontier = nxt
+    return None
+
+
+@pytest.mark.parametrize("method,k", [("auto", 2), ("cbs", 2), ("cbs", 3)])
+def test_makespan_optimum_matches_exhaustive_search(method, k):
+    """The paper's criterion: the latest arrival is minimal. The plan found is legal and that short."""
+    rng = random.Random(11 + k)
+    checked = 0
+    while checked < (30 if k == 2 else 12):
+        drawn = _random_small(rng, rng.choice((3, 4)) if k == 2 else 3, k)
+        if drawn is None:
+            continue
+        grid, starts, goals = drawn
+        truth = exhaustive_makespan(grid, starts, goals)
+        try:
+            plan = solve(grid, starts, goals, method=method, objective="makespan", max_nodes=4000)
+        except Unsolvable:
+            assert truth is None
+            checked += 1
+            continue
+        except SolverBudgetExceeded:
+            continue  # CBS cannot prove unsolvability (the joint search for 2 agents can, and does)
+        assert plan.makespan == truth, (grid, starts, goals)
+        assert verify(make_like(grid, starts, goals, plan), plan_text(plan.paths)).valid
+        checked += 1
+
+
+def test_the_two_optima_disagree_where_they_should():
+    """On small random maps, some sum-of-costs optimum finishes later than the makespan optimum, which in turn
+    pays more steps in total: each criterion's plan is optimal for its own measure only."""
+    rng = random.Random(5)
+    found = 0
+    for _ in range(3000):
+        drawn = _random_small(rng, 4, 2)
+        if drawn is None:
+            continue
+        grid, starts, goals = drawn
+        if exhaustive_makespan(grid, starts, goals) is None:
+            continue
+        soc, span = solve(grid, starts, goals), solve(grid, starts, goals, objective="makespan")
+        assert soc.cost <= span.cost and span.makespan <= soc.makespan
+        if soc.makespan > span.makespan and span.cost > soc.cost:
+            assert span.makespan == exhaustive_makespan(grid, starts, goals)
+            assert soc.cost == exhaustive_soc(grid, starts, goals)
+            found += 1
+            if found == 3:
+                break
+    assert found == 3, f"only {found} maps where the criteria disagree"
+
+
+def test_objective_is_checked():
+    with pytest.raises(ValueError, match="objective 'fastest': allowed: soc, makespan"):
+        solve(["FF", "FF"], [(0, 0)], [(1, 1)], objective="fastest")
+    with pytest.raises(ValueError, match="method 'joint' minimises the sum of costs only"):
+        solve(["FF", "FF"], [(0, 0)], [(1, 1)], method="joint", objective="makespan")
+
+
 def make_like(grid, starts, goals, plan):
     from env import Instance
 
