@@ -47,8 +47,8 @@ from graph.runfolder import (
     resolve_in_run,
     thread_id,
 )
+from graph.settings import CONTEXT_VARIANTS, ENV_VARS, RunContext, Settings, SettingsError, build_settings
 from nodes import stop
-from nodes.context import CONTEXT_VARIANTS, ENV_VARS, RunContext, Settings, SettingsError, build_settings
 from nodes.files import RunFileError, write_json_atomic
 from nodes.inert import for_terminal
 
@@ -62,7 +62,7 @@ class RunError(RuntimeError):
 
 def preset_help() -> str:
     """One paragraph per preset for --help, built from the presets themselves (so it cannot go stale)."""
-    from nodes.context import PRESETS
+    from graph.settings import PRESETS
     from nodes.train_stage import TRAIN_PRESETS, TrainConfig
 
     def train(name: str, field: str) -> Any:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from graph.runfolder import RunFolderError, relative_to_run, state_paths, thread_id
-from nodes.context import RunContext, Settings, SettingsError
+from graph.settings import RunContext, Settings, SettingsError
 from nodes.files import write_json_atomic
 
 # Settings that may differ between a donor and a fork: they act only after stage 0's evaluation (who

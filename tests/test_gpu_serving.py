@@ -9,8 +9,8 @@ import graph.graph as gg
 import llm_backends.policy as lp
 import llm_backends.vllm_server as vs
 from graph import run as gr
+from graph.settings import build_settings
 from llm_backends.vllm_server import VLLMServer, serving_defaults
-from nodes.context import build_settings
 
 
 @pytest.fixture

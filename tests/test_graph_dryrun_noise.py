@@ -17,7 +17,7 @@ import graph.graph as gg
 from env import SIZES
 from graph import run as gr
 from graph.prune import prune_older
-from nodes.context import build_settings
+from graph.settings import build_settings
 from tests.test_graph_settings import run_cli
 from tests.test_graph_wiring import settings_for, stub_nodes  # noqa: F401 - fixture
 

@@ -96,8 +96,8 @@ def test_a_fork_that_evaluates_stage_0_again_never_writes_into_its_donor(tmp_pat
     (a fork's stage 0 evaluated again) through atomic writes: new files in the fork, the donor's unchanged."""
     import os
 
+    from graph.settings import Settings
     from graph.stage0 import check_donor, seed_from_donor
-    from nodes.context import Settings
     from nodes.evaluate import evaluate_stage
 
     try:

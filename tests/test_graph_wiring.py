@@ -17,7 +17,7 @@ from langgraph.errors import GraphRecursionError
 import graph.graph as gg
 from env import SIZES
 from graph import run as gr
-from nodes.context import build_settings
+from graph.settings import build_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from graph.settings import Settings
 from llm_backends.base import ChatResult
-from nodes.context import Settings
 
 
 def make_settings(**over) -> Settings:

@@ -14,7 +14,7 @@ import pytest
 import graph.graph as gg
 from graph import run as gr
 from graph import tracking
-from nodes.context import SettingsError, build_settings
+from graph.settings import SettingsError, build_settings
 from tests.test_graph_wiring import settings_for, stub_nodes  # noqa: F401 - fixture
 
 STEPS = {0: 3, 1: 2, 2: 4}
