@@ -6,7 +6,7 @@ placeholder) and, as the user message, the context from `summarize_failures` plu
 validation errors of the previous attempt. Structured output (`json_schema`) is asked for unless
 `settings.engineer_structured` is False; backends that cannot enforce it put the schema in the prompt.
 
-Classic engineers (fixed | random | learnability | threshold, `nodes/engineers.py`) answer through the same
+Classic engineers (fixed | random | learnability | threshold, `nodes/curricula.py`) answer through the same
 node with the same answer shape, and their answers go through the same validation.
 
 Files (stage_<k>/): `engineer_prompt.md` (the request parameters, max_tokens, temperature and whether a
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from env import SIZES, EnvConfig
-from nodes.engineers import CLASSIC
+from nodes.curricula import CLASSIC
 from nodes.files import append_text_atomic, write_text_atomic
 from nodes.inert import inert_reply, inert_value
 from nodes.summarize_failures import fill, load_template

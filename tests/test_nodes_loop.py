@@ -10,7 +10,7 @@ import pytest
 
 from env import EnvConfig, load_split, plan_text, uniform_config
 from nodes.apply import apply
-from nodes.engineers import LEARNABILITY_STEP
+from nodes.curricula import LEARNABILITY_STEP
 from nodes.evaluate import evaluate_stage, limit_instances
 from nodes.propose_config import propose_config
 from nodes.summarize_failures import fenced_spans, summarize_failures
