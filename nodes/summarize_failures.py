@@ -44,6 +44,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "V5": ("F", "G", "H", "S"),
     "V6": ("F", "G", "H", "T"),
 }
+CONTEXT_VARIANTS: tuple[str, ...] = tuple(VARIANTS)  # the variant names, in order (Settings.context, --context)
 FENCE_OPEN = "<<<UNTRUSTED POLICY ANSWER"
 FENCE_CLOSE = "<<<END UNTRUSTED POLICY ANSWER"
 QUOTE = "│ "
