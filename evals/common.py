@@ -50,9 +50,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from env import SIZES
+from llm_backends.engineers import CLASSIC_ENGINEERS
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CLASSIC_ENGINEERS = ("fixed", "random", "learnability", "threshold")
-SIZES = tuple(range(3, 11))
 METRICS = ("valid", "optimal")
 EXIT_BAD_SETTINGS = 2  # graph.run's status for a refused setting (and argparse's for an unknown flag)
 # The paper's columns, always shown (an empty one as "–" with n=0, never dropped silently).
