@@ -182,11 +182,6 @@ class RunContext:
     settings: Settings
     run_dir: Path
 
-    def stage_dir(self, stage: int) -> Path:
-        d = self.run_dir / f"stage_{stage}"
-        d.mkdir(parents=True, exist_ok=True)
-        return d
-
 
 # Fields the run writes itself: never from a flag or an environment variable, never a settings change.
 BOOKKEEPING = ("run_id", "provenance")

@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nodes.files import stage_dir
+
 TB_DIR = "tb"
 LOGGED_FILE = "logged.json"
 KNOBS = ("data_ratio", "hole_ratio", "wait_ratio")
@@ -56,7 +58,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def stage_steps(run_dir: Path, stage: int) -> int:
-    m = _read_json(Path(run_dir) / f"stage_{stage}" / "metrics.json") or {}
+    m = _read_json(stage_dir(run_dir, stage) / "metrics.json") or {}
     v = m.get("train/steps")
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
 
@@ -66,9 +68,9 @@ def stage_offset(run_dir: Path, stage: int) -> int:
     return sum(stage_steps(run_dir, j) for j in range(stage))
 
 
-def stage_train_scalars(stage_dir: Path) -> list[tuple[str, int, float]]:
+def stage_train_scalars(folder: Path) -> list[tuple[str, int, float]]:
     """(tag, step, value) of every `train/*` scalar in the stage's own TensorBoard run (stage_k/tb/)."""
-    tb = Path(stage_dir) / TB_DIR
+    tb = Path(folder) / TB_DIR
     if not tb.is_dir() or not any(tb.glob("events.out.tfevents.*")):
         return []
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -167,7 +169,7 @@ class LoopTracker:
         if key in self._logged():
             return
         offset = stage_offset(self.run_dir, stage)
-        rows = stage_train_scalars(self.run_dir / f"stage_{stage}")
+        rows = stage_train_scalars(stage_dir(self.run_dir, stage))
         by_step: dict[int, dict[str, float]] = {}
         for tag, step, value in rows:
             by_step.setdefault(offset + step, {})[tag] = value

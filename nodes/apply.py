@@ -27,7 +27,7 @@ from typing import Any
 
 from env import EnvConfig, generate, random_config
 from env.instance import write_jsonl
-from nodes.files import write_json_atomic, write_text_atomic
+from nodes.files import stage_dir, write_json_atomic, write_text_atomic
 
 
 def stage_seed(seed: int, stage: int) -> int:
@@ -35,15 +35,15 @@ def stage_seed(seed: int, stage: int) -> int:
     return int(hashlib.sha256(f"train-data:{seed}:{stage}".encode()).hexdigest()[:8], 16)
 
 
-def generate_stage(cfg: EnvConfig, stage_dir: Path, *, n: int, seed: int) -> dict[str, Any]:
+def generate_stage(cfg: EnvConfig, out_dir: Path, *, n: int, seed: int) -> dict[str, Any]:
     """Write config.json, train.jsonl and env_stats.json for one stage; return the env stats."""
-    stage_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
     cfg = EnvConfig.model_validate({**cfg.model_dump(), "num_instances": n})
     config_json = json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n"
     cfg_path, data_path, stats_path = (
-        stage_dir / "config.json",
-        stage_dir / "train.jsonl",
-        stage_dir / "env_stats.json",
+        out_dir / "config.json",
+        out_dir / "train.jsonl",
+        out_dir / "env_stats.json",
     )
     if (
         data_path.is_file()
@@ -54,7 +54,7 @@ def generate_stage(cfg: EnvConfig, stage_dir: Path, *, n: int, seed: int) -> dic
         stats = json.loads(stats_path.read_text())
         if stats.get("seed") == seed and stats.get("n") == n:
             return stats
-    where = stage_dir.name
+    where = out_dir.name
     print(f"apply: generating {n} training instances for {where} (seed {seed}) ...", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     gen = generate(cfg, n, seed, num_agents=cfg.num_agents)
@@ -106,13 +106,13 @@ def apply_config(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
         how = state.get("decision") or "accepted"
     n = int(settings.train.instances_per_stage)
     seed = stage_seed(settings.seed, stage)
-    stage_dir = Path(run_dir) / f"stage_{stage}"
-    stats = generate_stage(cfg, stage_dir, n=n, seed=seed)
-    config = json.loads((stage_dir / "config.json").read_text())
+    out_dir = stage_dir(run_dir, stage)
+    stats = generate_stage(cfg, out_dir, n=n, seed=seed)
+    config = json.loads((out_dir / "config.json").read_text())
     return {
         "stage": stage,
         "config": config,
-        "train_path": str(stage_dir / "train.jsonl"),
+        "train_path": str(out_dir / "train.jsonl"),
         "history": history,
         "proposal": None,
         "attempts": 0,

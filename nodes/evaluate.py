@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from env import FAILURES, load_split, verify
+from nodes.files import stage_dir, write_text_atomic
 from nodes.train_stage import prompt_messages
 
 # ----------------------------------------------------------------------------- answering and verifying
@@ -274,8 +275,6 @@ def final_table_md(final: dict[str, Any]) -> str:
 
 def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
     """Written to a temporary file and renamed (`nodes.files`): never half a file, never a donor's inode."""
-    from nodes.files import write_text_atomic
-
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
@@ -286,8 +285,6 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    from nodes.files import write_text_atomic
-
     write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
@@ -341,7 +338,7 @@ def run_eval(
 def evaluate_stage(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dict[str, Any]:
     """Plain-function form of the `evaluate` node (`model` overrides the policy, for tests)."""
     stage = int(state.get("stage") or 0)
-    out_dir = Path(run_dir) / f"stage_{stage}"
+    out_dir = stage_dir(run_dir, stage)
     rows = run_eval(
         settings.eval_split,
         out_dir,
@@ -386,8 +383,6 @@ def final_evaluate_run(state: dict, settings: Any, run_dir: Path, model: Any = N
     )
     final = compute_final_metrics(rows)
     write_json(out_dir / "metrics.json", final)
-    from nodes.files import write_text_atomic
-
     write_text_atomic(out_dir / "table.md", final_table_md(final))
     line = (
         f"final on {settings.final_split} (n={final['final/n']}): "

@@ -39,7 +39,7 @@ from typing import Any
 
 from env import SIZES, EnvConfig
 from nodes.curricula import CLASSIC
-from nodes.files import append_text_atomic, write_text_atomic
+from nodes.files import append_text_atomic, stage_dir, write_text_atomic
 from nodes.inert import inert_reply, inert_value
 from nodes.summarize_failures import fill, load_template
 
@@ -261,7 +261,7 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
     extraction error when proposal is None, else []), engineer_memory (classic engineers), log.
     """
     stage = int(state.get("stage") or 0)
-    stage_dir = Path(run_dir) / f"stage_{stage}"
+    out_dir = stage_dir(run_dir, stage)
     retry = state.get("decision") == "retry"
     attempt = int(state.get("attempts") or 0) + 1 if retry else 1
     feedback = list(state.get("feedback") or []) if retry else []
@@ -280,14 +280,14 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
             "memory": state.get("engineer_memory") or {},
         }
         _write(
-            stage_dir / "engineer_prompt.md",
+            out_dir / "engineer_prompt.md",
             f"# {header}\n\nClassic engineer; its inputs:\n\n```json\n"
             + json.dumps(inputs, indent=1, default=str)
             + "\n```\n",
             append,
         )
         _write(
-            stage_dir / "engineer_reply.md",
+            out_dir / "engineer_reply.md",
             f"# {header}\n\n{rationale}\n\n```json\n{json.dumps(raw, indent=1)}\n```\n",
             append,
         )
@@ -310,7 +310,7 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
         "temperature": float(getattr(settings, "engineer_temperature", 0.0)),
         "json_schema": answer_schema() if getattr(settings, "engineer_structured", True) else None,
     }
-    _write(stage_dir / "engineer_prompt.md", _messages_md(messages, header, kwargs), append)
+    _write(out_dir / "engineer_prompt.md", _messages_md(messages, header, kwargs), append)
     t0 = time.monotonic()
     text, meta = _ask(model, messages, kwargs, state, settings, run_dir)
     # the reply is untrusted: a key it echoes (or any key-shaped token), control sequences and HTML never
@@ -319,7 +319,7 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
     if meta.get("error"):
         meta["error"] = inert_reply(str(meta["error"]))
     meta["wall_s"] = round(time.monotonic() - t0, 3)
-    _write(stage_dir / "engineer_reply.md", f"# {header}\n\n<!-- {json.dumps(meta)} -->\n\n{text}\n", append)
+    _write(out_dir / "engineer_reply.md", f"# {header}\n\n<!-- {json.dumps(meta)} -->\n\n{text}\n", append)
 
     ex = (
         extract_proposal(text, meta.get("finish_reason"))

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from env import FAILURES
-from nodes.files import RunFileError, write_text_atomic
+from nodes.files import RunFileError, stage_dir, write_text_atomic
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
@@ -419,16 +419,16 @@ def _read_rows(path: Path) -> list[dict]:
 def summarize_stage(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
     """Plain-function form of the node: reads stage_k/{eval.jsonl, env_stats.json}, writes summary.md."""
     stage = int(state.get("stage") or 0)
-    stage_dir = Path(run_dir) / f"stage_{stage}"
+    out_dir = stage_dir(run_dir, stage)
     context = build_context(
         variant=getattr(settings, "context", "V6"),
         state=state,
         settings=settings,
-        eval_rows=_read_rows(stage_dir / "eval.jsonl"),
-        env_stats=_read_json(stage_dir / "env_stats.json"),
+        eval_rows=_read_rows(out_dir / "eval.jsonl"),
+        env_stats=_read_json(out_dir / "env_stats.json"),
     )
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(stage_dir / "summary.md", context)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out_dir / "summary.md", context)
     return {"context": context}
 
 

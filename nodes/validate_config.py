@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from env import EnvConfig, generate, project
 from env.config import format_validation_error
-from nodes.files import write_json_atomic
+from nodes.files import stage_dir, write_json_atomic
 
 KNOBS = ("data_ratio", "hole_ratio", "wait_ratio")
 DEFAULT_FEASIBILITY_N = 16
@@ -225,7 +225,7 @@ def validate(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
         "feasibility": _brief(feas),
         "accepted": accepted,
     }
-    _append_record(Path(run_dir) / f"stage_{stage}" / "validation.json", stage, record)
+    _append_record(stage_dir(run_dir, stage) / "validation.json", stage, record)
     moved = len(record["diff"])
     return {
         "accepted": accepted,
