@@ -16,7 +16,7 @@ from nodes.propose_config import propose_config
 from nodes.report import report
 from nodes.summarize_failures import summarize_failures
 from nodes.train_stage import train_stage
-from nodes.validate_config import route_after_validation, validate_config
+from nodes.validate_config import validate_config
 
 
 def route_after_evaluate(state: LoopState, runtime) -> Literal["summarize_failures", "final_evaluate"]:
@@ -25,6 +25,12 @@ def route_after_evaluate(state: LoopState, runtime) -> Literal["summarize_failur
 
     last = context_from(runtime.context, runtime).settings.stages - 1
     return "final_evaluate" if state["stage"] >= last else "summarize_failures"
+
+
+def route_after_validation(state: LoopState) -> Literal["propose_config", "apply"]:
+    """A "retry" goes back to the engineer with the errors; anything else (accepted, projected or kept) is
+    applied."""
+    return "propose_config" if state.get("decision") == "retry" else "apply"
 
 
 def gpu_freed_first(node):

@@ -23,11 +23,17 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from env import EnvConfig, generate, random_config
 from env.instance import write_jsonl
 from nodes.files import stage_dir, write_json_atomic, write_text_atomic
+
+if TYPE_CHECKING:
+    from langgraph.runtime import Runtime
+
+    from graph.settings import RunContext
+    from graph.state import LoopState
 
 
 def stage_seed(seed: int, stage: int) -> int:
@@ -74,12 +80,14 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def apply_config(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
-    """Plain-function form of the node; see the module docstring for how stage 0 is recognised.
+def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+    """Node: build the training set of the next stage (or of stage 0; see the module docstring for how
+    stage 0 is recognised).
 
     Returns: stage, config, train_path, history, and the per-proposal keys reset for the next round
     (proposal None, attempts 0, feedback []), plus a log line.
     """
+    settings, run_dir = runtime.context.settings, runtime.context.run_dir
     first = not state.get("train_path")
     if first:
         stage = int(state.get("stage") or 0)
@@ -122,7 +130,3 @@ def apply_config(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
         ],
     }
 
-
-def apply(state: dict, runtime) -> dict[str, Any]:
-    """Node: build the training set of the next stage (or of stage 0); returns {stage, config, train_path, ...}."""
-    return apply_config(state, runtime.context.settings, runtime.context.run_dir)

@@ -35,13 +35,20 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from env import SIZES, EnvConfig
 from nodes.curricula import CLASSIC
 from nodes.files import append_text_atomic, stage_dir, write_text_atomic
 from nodes.inert import inert_reply, inert_value
 from nodes.summarize_failures import fill, load_template
+
+if TYPE_CHECKING:
+    from langgraph.runtime import Runtime
+
+    from graph.settings import RunContext, Settings
+    from graph.state import LoopState
+    from llm_backends.base import ChatModel
 
 MAX_RATIONALE_CHARS = 2000
 MAX_REPLY_CHARS = 200_000  # longer replies are cut to this before extraction (bounded work and memory)
@@ -253,13 +260,17 @@ def _write(path: Path, text: str, append: bool) -> None:
 # ----------------------------------------------------------------------------- the node
 
 
-def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dict[str, Any]:
-    """Plain-function form of the node. `model` (a ChatModel) replaces `open_engineer` (for tests).
+def propose_config(
+    state: LoopState, runtime: Runtime[RunContext], model: ChatModel | None = None
+) -> dict[str, Any]:
+    """Node: the engineer proposes the next stage's config. `model` answers instead of `open_engineer`'s
+    (tests, graph.run's dry run).
 
     Reads state: stage, config, metrics, context, checkpoint, decision/attempts/feedback (a retry is
     `decision == "retry"`), engineer_memory. Returns: proposal, rationale, attempts, feedback (the
     extraction error when proposal is None, else []), engineer_memory (classic engineers), log.
     """
+    settings, run_dir = runtime.context.settings, runtime.context.run_dir
     stage = int(state.get("stage") or 0)
     out_dir = stage_dir(run_dir, stage)
     retry = state.get("decision") == "retry"
@@ -300,15 +311,14 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
             "log": [f"stage {stage}: {engineer} engineer proposed (attempt {attempt})"],
         }
 
-    pdir = getattr(settings, "prompts_dir", None)
     messages = [
-        {"role": "system", "content": system_prompt(pdir)},
+        {"role": "system", "content": system_prompt(settings.prompts_dir)},
         {"role": "user", "content": user_message(state.get("context") or "", feedback)},
     ]
     kwargs = {
-        "max_tokens": int(getattr(settings, "engineer_max_tokens", 512)),
-        "temperature": float(getattr(settings, "engineer_temperature", 0.0)),
-        "json_schema": answer_schema() if getattr(settings, "engineer_structured", True) else None,
+        "max_tokens": settings.engineer_max_tokens,
+        "temperature": settings.engineer_temperature,
+        "json_schema": answer_schema() if settings.engineer_structured else None,
     }
     _write(out_dir / "engineer_prompt.md", _messages_md(messages, header, kwargs), append)
     t0 = time.monotonic()
@@ -341,11 +351,13 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
     }
 
 
-def _ask(model, messages, kwargs, state, settings, run_dir) -> tuple[str, dict]:
+def _ask(
+    model: ChatModel | None, messages: list[dict], kwargs: dict, state: LoopState, settings: Settings, run_dir: Path
+) -> tuple[str, dict]:
     """Send the messages; a failed call becomes an empty reply with the error (never a crash)."""
     from llm_backends.base import ChatError
 
-    def call(m) -> tuple[str, dict]:
+    def call(m: ChatModel) -> tuple[str, dict]:
         try:
             res = m.chat(messages, **kwargs)
         except ChatError as e:
@@ -355,7 +367,7 @@ def _ask(model, messages, kwargs, state, settings, run_dir) -> tuple[str, dict]:
             "latency_s": round(res.latency_s, 3),
             "prompt_tokens": res.prompt_tokens,
             "completion_tokens": res.completion_tokens,
-            "finish_reason": getattr(res, "finish_reason", None),
+            "finish_reason": res.finish_reason,
             "error": None,
         }
 
@@ -367,21 +379,16 @@ def _ask(model, messages, kwargs, state, settings, run_dir) -> tuple[str, dict]:
 
     # Settings given as CLI flags reach open_engineer through its environment mapping (the contract).
     env = dict(os.environ)
-    if getattr(settings, "engineer_model", None):
-        env["ENGINEER_MODEL"] = str(settings.engineer_model)
-    if getattr(settings, "engineer_base_url", None):
-        env["ENGINEER_BASE_URL"] = str(settings.engineer_base_url)
+    if settings.engineer_model:
+        env["ENGINEER_MODEL"] = settings.engineer_model
+    if settings.engineer_base_url:
+        env["ENGINEER_BASE_URL"] = settings.engineer_base_url
     with open_engineer(
         settings.engineer,
         checkpoint=state.get("checkpoint"),
         base_model=settings.policy_model,
         run_dir=Path(run_dir),
         env=env,
-        keep_server=getattr(settings, "keep_server", None),
+        keep_server=settings.keep_server,
     ) as m:
         return call(m)
-
-
-def propose_config(state: dict, runtime) -> dict[str, Any]:
-    """Node: the engineer proposes the next stage's config; returns {proposal, rationale, attempts, ...}."""
-    return propose(state, runtime.context.settings, runtime.context.run_dir)
