@@ -15,7 +15,9 @@ first, `nodes.inert.inert_reply`: API keys and key-shaped tokens redacted, contr
 `<`/`>` escaped; the reply is untrusted, and a remote engineer may echo a key);
 attempt 1 writes them, later attempts append a section each (written atomically, `nodes.files`).
 
-The extraction is tolerant (`extract_proposal`): the whole reply as JSON, else code-fenced JSON, else the
+The reply is parsed once: the JSON object the chat backend decoded (`ChatResult.parsed`, when a json_schema
+was asked for) is the proposal's source when there is one. Otherwise the extraction is tolerant
+(`extract_proposal`): the whole reply as JSON, else code-fenced JSON, else the
 first balanced `{...}` that decodes (a size-keyed object is preferred), trailing commas forgiven; a bare
 `{"3": {...}, ...}` is wrapped as `{"sizes": ...}`; a string `rationale` key is taken out of the object,
 otherwise prose around the JSON serves as the rationale. When nothing usable is found the proposal is
@@ -148,8 +150,12 @@ def _balanced_end(text: str, start: int, limit: int = 200_000) -> int | None:
     return None
 
 
-def extract_proposal(text: str, finish_reason: str | None = None) -> Extracted:
+def extract_proposal(text: str, finish_reason: str | None = None, parsed: Any = None) -> Extracted:
     """The config object and rationale in an engineer's reply, tolerant of fences and prose.
+
+    `parsed` is the JSON the chat backend already decoded from the reply (`ChatResult.parsed`, when a
+    json_schema was asked for): when it is an object it is the only candidate, so the reply is parsed once;
+    the prose around the reply's outermost braces then serves as the rationale when it has no key for one.
 
     >>> e = extract_proposal('Here: ```json\\n{"sizes": {}, "rationale": "why"}\\n``` ok')
     >>> e.config, e.rationale
@@ -165,7 +171,12 @@ def extract_proposal(text: str, finish_reason: str | None = None) -> Extracted:
         notes.append(f"the reply was cut to its first {MAX_REPLY_CHARS} characters ({cut} more not read)")
     first_dict: tuple[dict, int, int] | None = None
     found: tuple[dict, int, int] | None = None
-    for obj, start, end in _candidates(text):
+    if isinstance(parsed, dict):
+        start, end = text.find("{"), text.rfind("}") + 1
+        candidates = iter([(parsed, start, end) if 0 <= start < end else (parsed, 0, len(text))])
+    else:  # no JSON object from the backend (no schema asked, or a fake): the tolerant scan of the text
+        candidates = _candidates(text)
+    for obj, start, end in candidates:
         if _is_proposal(obj):
             found = (obj, start, end)
             break
@@ -322,9 +333,10 @@ def propose_config(
     }
     _write(out_dir / "engineer_prompt.md", _messages_md(messages, header, kwargs), append)
     t0 = time.monotonic()
-    text, meta = _ask(model, messages, kwargs, state, settings, run_dir)
+    text, parsed, meta = _ask(model, messages, kwargs, state, settings, run_dir)
     # the reply is untrusted: a key it echoes (or any key-shaped token), control sequences and HTML never
     # reach engineer_reply.md, validation.json, the graph state or a terminal; everything below reads this
+    # (and `parsed`, made inert with the proposal)
     text = inert_reply(text)
     if meta.get("error"):
         meta["error"] = inert_reply(str(meta["error"]))
@@ -332,7 +344,7 @@ def propose_config(
     _write(out_dir / "engineer_reply.md", f"# {header}\n\n<!-- {json.dumps(meta)} -->\n\n{text}\n", append)
 
     ex = (
-        extract_proposal(text, meta.get("finish_reason"))
+        extract_proposal(text, meta.get("finish_reason"), parsed)
         if meta.get("error") is None
         else Extracted(None, error=f"the engineer call failed: {meta['error']}")
     )
@@ -353,16 +365,17 @@ def propose_config(
 
 def _ask(
     model: ChatModel | None, messages: list[dict], kwargs: dict, state: LoopState, settings: Settings, run_dir: Path
-) -> tuple[str, dict]:
-    """Send the messages; a failed call becomes an empty reply with the error (never a crash)."""
+) -> tuple[str, Any, dict]:
+    """Send the messages; returns (text, the JSON the backend decoded or None, meta). A failed call becomes
+    an empty reply with the error (never a crash)."""
     from llm_backends.base import ChatError
 
-    def call(m: ChatModel) -> tuple[str, dict]:
+    def call(m: ChatModel) -> tuple[str, Any, dict]:
         try:
             res = m.chat(messages, **kwargs)
         except ChatError as e:
-            return "", {"error": str(e)}
-        return res.text or "", {
+            return "", None, {"error": str(e)}
+        return res.text or "", res.parsed, {
             "model": res.model,
             "latency_s": round(res.latency_s, 3),
             "prompt_tokens": res.prompt_tokens,
@@ -373,22 +386,15 @@ def _ask(
 
     if model is not None:
         return call(model)
-    import os
-
     from llm_backends.engineers import open_engineer
 
-    # Settings given as CLI flags reach open_engineer through its environment mapping (the contract).
-    env = dict(os.environ)
-    if settings.engineer_model:
-        env["ENGINEER_MODEL"] = settings.engineer_model
-    if settings.engineer_base_url:
-        env["ENGINEER_BASE_URL"] = settings.engineer_base_url
     with open_engineer(
         settings.engineer,
         checkpoint=state.get("checkpoint"),
         base_model=settings.policy_model,
         run_dir=Path(run_dir),
-        env=env,
+        model=settings.engineer_model,
+        base_url=settings.engineer_base_url,
         keep_server=settings.keep_server,
     ) as m:
         return call(m)

@@ -333,3 +333,10 @@ def test_classic_engineer_goes_through_the_same_node(tmp_path):
     assert out["accepted"]["sizes"]["3"]["hole_ratio"] > state["config"]["sizes"]["3"]["hole_ratio"]
     assert out["engineer_memory"]["levels"] == {"3": 1}
     assert (tmp_path / "stage_1" / "engineer_reply.md").read_text().count("threshold") >= 1
+
+
+def test_extract_takes_the_backends_parsed_json_without_parsing_the_text_again():
+    parsed = {"sizes": {"4": {}}, "rationale": "why"}  # differs from the text on purpose: the text is not read
+    e = extract_proposal('prose {"sizes": {"3": {}}} more', parsed=parsed)
+    assert e.config == {"sizes": {"4": {}}} and e.rationale == "why"
+    assert extract_proposal('Because. {"sizes": {}}', parsed={"sizes": {}}).rationale == "Because."
