@@ -76,7 +76,7 @@ def feasibility(cfg: EnvConfig, n: int, seed: int) -> dict[str, Any]:
     at least 4. A warning (kept, shown to the engineer through the env statistics): a wait-share shortfall.
     """
     t0 = time.monotonic()
-    cfg = EnvConfig.model_validate({**cfg.model_dump(), "num_instances": n})
+    cfg = cfg.model_copy(update={"num_instances": n})  # cfg is checked; only the count changes
     try:
         gen = generate(cfg, n, seed, num_agents=cfg.num_agents, workers=1)
     except Exception as e:  # any generator failure is a reason to reject, never a crash of the run
@@ -135,11 +135,10 @@ def check_proposal(
     for key in proposal:
         if key != "sizes":
             notes.append(f"{key}: dropped (the engineer sets only 'sizes')")
-    cur = EnvConfig.model_validate(current)
-    candidate = {
+    candidate = {  # `current` is the dump of a checked config (apply's): its run-level fields are kept
         "sizes": proposal.get("sizes"),
-        "num_agents": cur.num_agents,
-        "num_instances": cur.num_instances,
+        "num_agents": current["num_agents"],
+        "num_instances": current["num_instances"],
     }
     try:
         return {
@@ -214,7 +213,7 @@ def validate_config(state: LoopState, runtime: Runtime[RunContext]) -> dict[str,
         feedback = errors
     else:
         decision = "kept_previous"
-        accepted = EnvConfig.model_validate(current).model_dump(mode="json")
+        accepted = current
         reason = f"unusable proposal after {attempts} attempt(s); the current config is kept"
         feedback = errors
 

@@ -105,8 +105,8 @@ def test_env_stats_module_from_a_real_generated_set(tmp_path):
     # required); the other sizes ask for none
     sizes = {str(s): {"data_ratio": 0.5 if s in (3, 6) else 0.0, "hole_ratio": 0.2, "wait_ratio": 1.0 if s == 3 else 0.0}
              for s in SIZES}
-    cfg = EnvConfig.model_validate({"sizes": sizes})
-    stats = generate_stage(cfg, tmp_path / "stage_2", n=16, seed=5)
+    cfg = EnvConfig.model_validate({"sizes": sizes, "num_instances": 16})
+    stats = generate_stage(cfg, tmp_path / "stage_2", seed=5)
     row3 = stats["sizes"]["3"]
     for key in ("asked_hole_ratio", "achieved_hole_ratio", "asked_wait_ratio", "achieved_wait_share", "wait_shortfall"):
         assert key in row3, key  # the names the generator really writes
