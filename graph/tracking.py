@@ -27,9 +27,12 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nodes.files import stage_dir
+from nodes.files import stage_dir, write_json_atomic
+
+if TYPE_CHECKING:
+    from graph.settings import Settings
 
 TB_DIR = "tb"
 LOGGED_FILE = "logged.json"
@@ -87,7 +90,7 @@ def stage_train_scalars(folder: Path) -> list[tuple[str, int, float]]:
 class LoopTracker:
     """The loop's TensorBoard writer and W&B run, opened lazily (one per run folder and process)."""
 
-    def __init__(self, run_dir: Path, settings):
+    def __init__(self, run_dir: Path, settings: Settings):
         self.run_dir = Path(run_dir)
         self.settings = settings
         self.targets = targets(settings.train.report_to)
@@ -101,8 +104,6 @@ class LoopTracker:
         return set(doc.get("logged") or [])
 
     def _mark(self, key: str) -> None:
-        from nodes.files import write_json_atomic
-
         done = self._logged() | {key}
         write_json_atomic(self.logged_path, {"logged": sorted(done)})
 
@@ -214,7 +215,7 @@ class LoopTracker:
 _TRACKERS: dict[str, LoopTracker] = {}
 
 
-def tracker(run_dir: Path, settings) -> LoopTracker | None:
+def tracker(run_dir: Path, settings: Settings) -> LoopTracker | None:
     if not targets(settings.train.report_to):
         return None
     key = str(Path(run_dir).resolve())
@@ -232,7 +233,7 @@ def close_all() -> None:
     _TRACKERS.clear()
 
 
-def track(node: str, state: dict[str, Any], update: Any, run_dir: Path, settings) -> None:
+def track(node: str, state: dict[str, Any], update: Any, run_dir: Path, settings: Settings) -> None:
     """Log what `node` just produced (see the module docstring); a failure is one warning line."""
     if not isinstance(update, dict):
         return
