@@ -28,8 +28,7 @@ from evals.common import (
     retarget_from_args,
     run_loop_eval,
 )
-
-VARIANTS = ("V1", "V2", "V3", "V4", "V5", "V6")
+from nodes.summarize_failures import CONTEXT_VARIANTS
 
 
 class AblateConfig(LoopConfig):
@@ -41,14 +40,14 @@ class AblateConfig(LoopConfig):
     engineer_api_key_env: str | None = Field(
         None, description="environment variable holding the endpoint's key (its runs see it as ENGINEER_API_KEY)"
     )
-    variants: list[str] = Field(default_factory=lambda: list(VARIANTS), min_length=1, description="V1..V6")
+    variants: list[str] = Field(default_factory=lambda: list(CONTEXT_VARIANTS), min_length=1, description="V1..V6")
     baselines: list[str] = Field(default_factory=list, description="extra engineers run as rows (e.g. fixed)")
 
 
 def arms_of(cfg: AblateConfig) -> list[Arm]:
-    bad = [v for v in cfg.variants if v not in VARIANTS]
+    bad = [v for v in cfg.variants if v not in CONTEXT_VARIANTS]
     if bad:
-        raise EvalConfigError(f"variants: {bad} unknown; allowed: {', '.join(VARIANTS)}")
+        raise EvalConfigError(f"variants: {bad} unknown; allowed: {', '.join(CONTEXT_VARIANTS)}")
     arms = [Arm(label=v, engineer=cfg.engineer, context=v, engineer_model=cfg.engineer_model,
                 engineer_base_url=cfg.engineer_base_url, api_key_env=cfg.engineer_api_key_env) for v in cfg.variants]
     arms += [Arm(label=b, engineer=b) for b in cfg.baselines if b not in cfg.variants]

@@ -50,9 +50,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from env import SIZES
+from llm_backends.engineers import CLASSIC_ENGINEERS
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CLASSIC_ENGINEERS = ("fixed", "random", "learnability", "threshold")
-SIZES = tuple(range(3, 11))
 METRICS = ("valid", "optimal")
 EXIT_BAD_SETTINGS = 2  # graph.run's status for a refused setting (and argparse's for an unknown flag)
 # The paper's columns, always shown (an empty one as "–" with n=0, never dropped silently).
@@ -418,7 +419,7 @@ def _fallback_key_check(arm: Arm, env: Mapping[str, str]) -> str | None:
 def check_settings(pair: Pair, preset: str, overrides: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
     """Build the pair's graph.run settings in-process (no model, no files); the error line or None."""
     from env import list_splits
-    from nodes.context import SettingsError, build_settings
+    from graph.settings import SettingsError, build_settings
 
     try:
         settings = build_settings(pair.cli_values(preset, overrides), env)
@@ -435,7 +436,7 @@ def settings_drift(pair: Pair, preset: str, overrides: Mapping[str, Any], env: M
                    saved_path: Path | None = None, keys: Callable[[str], bool] | None = None) -> list[str]:
     """Fields (those `keys` selects, default all) where an existing run's settings.json (default: the run
     folder's) differs from what this config would start."""
-    from nodes.context import Settings, build_settings
+    from graph.settings import Settings, build_settings
 
     try:
         saved = Settings.load(saved_path or pair.run_dir / "settings.json").model_dump(mode="json")
@@ -517,7 +518,7 @@ def find_donor(pair: Pair, candidates: Iterable[Path], preset: str, overrides: M
                env: Mapping[str, str]) -> Path | None:
     """The first candidate that has finished stage 0 with this pair's stage-0 settings, or None. Runs that
     trained their own stage 0 come before runs that forked it (the same stage 0, one copy fewer)."""
-    from nodes.context import build_settings
+    from graph.settings import build_settings
 
     try:
         if build_settings(pair.cli_values(preset, overrides), env).stages < 2:

@@ -1,5 +1,5 @@
 """Wiring of the environment-engineer loop. Only add_node / add_edge and routing live here; each node is
-a plain function in nodes/, fixed settings reach it through the runtime context (nodes.context)."""
+a plain function in nodes/, fixed settings reach it through the runtime context (graph.settings)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ from typing import Literal
 from langgraph.graph import END, START, StateGraph
 
 from graph.runfolder import in_run_folder
+from graph.settings import RunContext
 from graph.state import LoopState
 from nodes.apply import apply
-from nodes.context import RunContext
 from nodes.evaluate import evaluate, final_evaluate
 from nodes.propose_config import propose_config
 from nodes.report import report
 from nodes.summarize_failures import summarize_failures
 from nodes.train_stage import train_stage
-from nodes.validate_config import route_after_validation, validate_config
+from nodes.validate_config import validate_config
 
 
 def route_after_evaluate(state: LoopState, runtime) -> Literal["summarize_failures", "final_evaluate"]:
@@ -25,6 +25,12 @@ def route_after_evaluate(state: LoopState, runtime) -> Literal["summarize_failur
 
     last = context_from(runtime.context, runtime).settings.stages - 1
     return "final_evaluate" if state["stage"] >= last else "summarize_failures"
+
+
+def route_after_validation(state: LoopState) -> Literal["propose_config", "apply"]:
+    """A "retry" goes back to the engineer with the errors; anything else (accepted, projected or kept) is
+    applied."""
+    return "propose_config" if state.get("decision") == "retry" else "apply"
 
 
 def gpu_freed_first(node):
@@ -46,7 +52,7 @@ def gpu_freed_first(node):
 def tracked(name: str, node):
     """`node` with the run's bookkeeping around it, whoever runs the graph (graph.run, LangGraph's server):
     - a plain dict as the runtime context (LangGraph Studio / SDK) becomes a validated `RunContext`
-      (`nodes.context.context_from`), through the same Settings validation as `python -m graph.run`;
+      (`graph.studio.context_from`), through the same Settings validation as `python -m graph.run`;
     - before `evaluate` with `keep_checkpoints=last`, older stages' weights are deleted (graph.prune);
     - after it, the loop's TensorBoard / W&B run gets what it produced (graph.tracking)."""
 

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nodes.files import stage_dir, write_json_atomic
+
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 
 
@@ -52,7 +54,7 @@ def prune_older(run_dir: Path, stage: int, current: str | Path | None) -> list[i
                 frontier.append(base)
     pruned = []
     for j in range(stage):
-        ckpt = run_dir / f"stage_{j}" / "checkpoint"
+        ckpt = stage_dir(run_dir, j) / "checkpoint"
         if not ckpt.is_dir() or ckpt.resolve() in keep or any(k.is_relative_to(ckpt.resolve()) for k in keep):
             continue
         files = sorted(f for pat in WEIGHT_PATTERNS for f in ckpt.rglob(pat) if f.is_file())
@@ -68,8 +70,6 @@ def prune_older(run_dir: Path, stage: int, current: str | Path | None) -> list[i
             "deleted": [str(f.relative_to(ckpt)) for f in files],
             "bytes_freed": freed,
         }
-        from nodes.files import write_json_atomic
-
-        write_json_atomic(run_dir / f"stage_{j}" / "pruned.json", record)
+        write_json_atomic(stage_dir(run_dir, j) / "pruned.json", record)
         pruned.append(j)
     return pruned

@@ -47,8 +47,8 @@ from graph.runfolder import (
     resolve_in_run,
     thread_id,
 )
+from graph.settings import CONTEXT_VARIANTS, ENV_VARS, RunContext, Settings, SettingsError, build_settings
 from nodes import stop
-from nodes.context import CONTEXT_VARIANTS, ENV_VARS, RunContext, Settings, SettingsError, build_settings
 from nodes.files import RunFileError, write_json_atomic
 from nodes.inert import for_terminal
 
@@ -62,7 +62,7 @@ class RunError(RuntimeError):
 
 def preset_help() -> str:
     """One paragraph per preset for --help, built from the presets themselves (so it cannot go stale)."""
-    from nodes.context import PRESETS
+    from graph.settings import PRESETS
     from nodes.train_stage import TRAIN_PRESETS, TrainConfig
 
     def train(name: str, field: str) -> Any:
@@ -738,8 +738,10 @@ def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any])
     """Ask the engineer for one real proposal on a dummy context (stage 0's config and made-up validation
     results), validate it as the run would (strict, projection, feasibility) and say what came out. A call
     that fails is a RunError (one line); a reply without a usable config is reported, not an error."""
+    from langgraph.runtime import Runtime
+
     from nodes.apply import stage_seed
-    from nodes.propose_config import propose
+    from nodes.propose_config import propose_config
     from nodes.summarize_failures import build_context
     from nodes.validate_config import check_proposal, config_diff, feasibility
 
@@ -757,9 +759,9 @@ def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any])
     try:
         if model is not None:
             with model:
-                out = propose(state, settings, where, model=model)
+                out = propose_config(state, Runtime(context=RunContext(settings, where)), model=model)
         else:
-            out = propose(state, settings, where)
+            out = propose_config(state, Runtime(context=RunContext(settings, where)))
     except Exception as e:  # noqa: BLE001 - a server that did not start, ...: one line either way
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise RunError(f"[dry-run] engineer {settings.engineer!r} did not answer: {first[:400]}") from None
@@ -791,8 +793,10 @@ def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any])
 
 
 def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
+    from langgraph.runtime import Runtime
+
     from graph.graph import make_graph
-    from nodes.apply import apply_config
+    from nodes.apply import apply
 
     make_graph()
     _say("[dry-run] graph built")
@@ -804,7 +808,7 @@ def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
         except (OSError, ValueError):
             config = None
     else:
-        update = apply_config({}, settings, run_dir)
+        update = apply({}, Runtime(context=RunContext(settings, run_dir)))
         config = update["config"]
         _say(f"[dry-run] stage-0 data generated: {update['train_path']}")
     if plan is not None and plan["gpu_mocked"] and settings.engineer in ("self", "base"):

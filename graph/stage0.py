@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from graph.runfolder import RunFolderError, relative_to_run, state_paths, thread_id
-from nodes.context import RunContext, Settings, SettingsError
-from nodes.files import write_json_atomic
+from graph.settings import RunContext, Settings, SettingsError
+from nodes.files import stage_dir, write_json_atomic
 
 # Settings that may differ between a donor and a fork: they act only after stage 0's evaluation (who
 # designs the next stages and from what context) or on the run's bookkeeping, never on what stage 0
@@ -144,7 +144,7 @@ def check_donor(donor_dir: Path, settings: Settings) -> Donor:
         raise SettingsError(f"{flag}: the donor has not finished stage 0's evaluate yet ({where}); "
                             "wait for it or choose another donor")
     snap = found[-1]
-    missing = [n for n in REQUIRED if not (donor_dir / "stage_0" / n).exists()]
+    missing = [n for n in REQUIRED if not (stage_dir(donor_dir, 0) / n).exists()]
     if missing:
         raise SettingsError(f"{flag}: its stage_0 lacks {', '.join(missing)}")
 
@@ -154,7 +154,7 @@ def check_donor(donor_dir: Path, settings: Settings) -> Donor:
 
     first = history[-1].created_at if history else None
     after_apply, after_train = at("train_stage"), at("evaluate")
-    metrics = json.loads((donor_dir / "stage_0" / "metrics.json").read_text())
+    metrics = json.loads((stage_dir(donor_dir, 0) / "metrics.json").read_text())
     timings = {  # wall-clock between the donor's checkpoints (a crash and resume in between counts too)
         "apply_s": _seconds(first, after_apply),
         "train_stage_s": _seconds(after_apply, after_train),
@@ -231,7 +231,7 @@ def seed_from_donor(donor: Donor, run_dir: Path, settings: Settings) -> dict[str
 
     Returns what `stage0_from.json` records. The thread id is `settings.run_id`, as in `graph.run.run_graph`.
     """
-    src, dst = donor.run_dir / "stage_0", Path(run_dir) / "stage_0"
+    src, dst = stage_dir(donor.run_dir, 0), stage_dir(run_dir, 0)
     counts = {"linked": 0, "copied": 0}
     for name in STAGE0_FILES:
         if (src / name).exists():

@@ -41,7 +41,9 @@ class LoopState(TypedDict, total=False):
     feedback: list[str]
     """Validation errors sent back to the engineer on a retry."""
     accepted: dict[str, Any] | None
-    """The config validate_config accepted (or kept) for the next stage."""
+    """The final config of the next stage (EnvConfig dump, num_instances included): what validate_config
+    accepted, projected or kept, or a person's edit under --approve after the same checks. Its one check
+    was there: apply generates from it as is, without validating it again."""
     decision: str
     """validate_config's decision: accepted | projected | kept_previous | retry."""
     engineer_memory: dict[str, Any]

@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from nodes.context import RunContext, SettingsError
+from graph.settings import RunContext, SettingsError
 
 RUNS_ROOT = Path("runs")
 
@@ -31,7 +31,7 @@ def _studio_schema():
 
     from typing_extensions import TypedDict  # pydantic's JSON schema needs it on Python < 3.12
 
-    from nodes.context import BOOKKEEPING, Settings
+    from graph.settings import BOOKKEEPING, Settings
 
     fields = {name: _Any for name in Settings.model_fields if name not in BOOKKEEPING}
     fields["train"] = dict[str, _Any]
@@ -68,7 +68,7 @@ def build_context(values: dict[str, Any], thread: str = "local") -> RunContext:
 
     from graph.provenance import collect
     from graph.run import _check_before_work
-    from nodes.context import Settings, build_settings
+    from graph.settings import Settings, build_settings
 
     cli = _flatten(dict(values))
     secret = sorted(k for k in cli if "key" in k.lower() or "token" in k.lower() or "secret" in k.lower())

@@ -27,7 +27,12 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from nodes.files import stage_dir, write_json_atomic
+
+if TYPE_CHECKING:
+    from graph.settings import Settings
 
 TB_DIR = "tb"
 LOGGED_FILE = "logged.json"
@@ -56,7 +61,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def stage_steps(run_dir: Path, stage: int) -> int:
-    m = _read_json(Path(run_dir) / f"stage_{stage}" / "metrics.json") or {}
+    m = _read_json(stage_dir(run_dir, stage) / "metrics.json") or {}
     v = m.get("train/steps")
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
 
@@ -66,9 +71,9 @@ def stage_offset(run_dir: Path, stage: int) -> int:
     return sum(stage_steps(run_dir, j) for j in range(stage))
 
 
-def stage_train_scalars(stage_dir: Path) -> list[tuple[str, int, float]]:
+def stage_train_scalars(folder: Path) -> list[tuple[str, int, float]]:
     """(tag, step, value) of every `train/*` scalar in the stage's own TensorBoard run (stage_k/tb/)."""
-    tb = Path(stage_dir) / TB_DIR
+    tb = Path(folder) / TB_DIR
     if not tb.is_dir() or not any(tb.glob("events.out.tfevents.*")):
         return []
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -85,7 +90,7 @@ def stage_train_scalars(stage_dir: Path) -> list[tuple[str, int, float]]:
 class LoopTracker:
     """The loop's TensorBoard writer and W&B run, opened lazily (one per run folder and process)."""
 
-    def __init__(self, run_dir: Path, settings):
+    def __init__(self, run_dir: Path, settings: Settings):
         self.run_dir = Path(run_dir)
         self.settings = settings
         self.targets = targets(settings.train.report_to)
@@ -99,8 +104,6 @@ class LoopTracker:
         return set(doc.get("logged") or [])
 
     def _mark(self, key: str) -> None:
-        from nodes.files import write_json_atomic
-
         done = self._logged() | {key}
         write_json_atomic(self.logged_path, {"logged": sorted(done)})
 
@@ -167,7 +170,7 @@ class LoopTracker:
         if key in self._logged():
             return
         offset = stage_offset(self.run_dir, stage)
-        rows = stage_train_scalars(self.run_dir / f"stage_{stage}")
+        rows = stage_train_scalars(stage_dir(self.run_dir, stage))
         by_step: dict[int, dict[str, float]] = {}
         for tag, step, value in rows:
             by_step.setdefault(offset + step, {})[tag] = value
@@ -212,7 +215,7 @@ class LoopTracker:
 _TRACKERS: dict[str, LoopTracker] = {}
 
 
-def tracker(run_dir: Path, settings) -> LoopTracker | None:
+def tracker(run_dir: Path, settings: Settings) -> LoopTracker | None:
     if not targets(settings.train.report_to):
         return None
     key = str(Path(run_dir).resolve())
@@ -230,7 +233,7 @@ def close_all() -> None:
     _TRACKERS.clear()
 
 
-def track(node: str, state: dict[str, Any], update: Any, run_dir: Path, settings) -> None:
+def track(node: str, state: dict[str, Any], update: Any, run_dir: Path, settings: Settings) -> None:
     """Log what `node` just produced (see the module docstring); a failure is one warning line."""
     if not isinstance(update, dict):
         return

@@ -3,7 +3,8 @@
 The first apply of a run is recognised by the state having no `train_path` yet (nothing has been
 generated): it builds stage `state.get("stage", 0)` from the state's `config` when the caller supplied one
 (an initial config), else from `random_config(settings.seed)` (the paper's random stage 0). Every later
-apply moves from stage k to k+1 with `state["accepted"]` (what validate_config accepted, projected or kept)
+apply moves from stage k to k+1 with `state["accepted"]` (what validate_config accepted, projected or kept,
+or a person's edit under --approve that passed the same checks), taken as checked: it is not validated again,
 and appends stage k's entry `{stage, config, metrics, rationale, decision}` to `history` (the rationale
 and decision are those of the proposal made after stage k, i.e. of the change to stage k+1).
 
@@ -23,11 +24,17 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from env import EnvConfig, generate, random_config
+from env import EnvConfig, SizeKnobs, generate, random_config
 from env.instance import write_jsonl
-from nodes.files import write_json_atomic, write_text_atomic
+from nodes.files import stage_dir, write_json_atomic, write_text_atomic
+
+if TYPE_CHECKING:
+    from langgraph.runtime import Runtime
+
+    from graph.settings import RunContext
+    from graph.state import LoopState
 
 
 def stage_seed(seed: int, stage: int) -> int:
@@ -35,15 +42,16 @@ def stage_seed(seed: int, stage: int) -> int:
     return int(hashlib.sha256(f"train-data:{seed}:{stage}".encode()).hexdigest()[:8], 16)
 
 
-def generate_stage(cfg: EnvConfig, stage_dir: Path, *, n: int, seed: int) -> dict[str, Any]:
-    """Write config.json, train.jsonl and env_stats.json for one stage; return the env stats."""
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    cfg = EnvConfig.model_validate({**cfg.model_dump(), "num_instances": n})
+def generate_stage(cfg: EnvConfig, out_dir: Path, *, seed: int) -> dict[str, Any]:
+    """Write config.json, train.jsonl and env_stats.json for one stage (`cfg.num_instances` instances);
+    return the env stats."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n = cfg.num_instances
     config_json = json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n"
     cfg_path, data_path, stats_path = (
-        stage_dir / "config.json",
-        stage_dir / "train.jsonl",
-        stage_dir / "env_stats.json",
+        out_dir / "config.json",
+        out_dir / "train.jsonl",
+        out_dir / "env_stats.json",
     )
     if (
         data_path.is_file()
@@ -54,7 +62,7 @@ def generate_stage(cfg: EnvConfig, stage_dir: Path, *, n: int, seed: int) -> dic
         stats = json.loads(stats_path.read_text())
         if stats.get("seed") == seed and stats.get("n") == n:
             return stats
-    where = stage_dir.name
+    where = out_dir.name
     print(f"apply: generating {n} training instances for {where} (seed {seed}) ...", file=sys.stderr, flush=True)
     t0 = time.monotonic()
     gen = generate(cfg, n, seed, num_agents=cfg.num_agents)
@@ -74,12 +82,21 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def apply_config(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
-    """Plain-function form of the node; see the module docstring for how stage 0 is recognised.
+def checked_config(dump: dict[str, Any]) -> EnvConfig:
+    """The EnvConfig of a dump validate_config already checked (`state["accepted"]`), rebuilt without
+    checking it again."""
+    sizes = {int(s): SizeKnobs.model_construct(**knobs) for s, knobs in dump["sizes"].items()}
+    return EnvConfig.model_construct(sizes=sizes, num_agents=dump["num_agents"], num_instances=dump["num_instances"])
+
+
+def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+    """Node: build the training set of the next stage (or of stage 0; see the module docstring for how
+    stage 0 is recognised).
 
     Returns: stage, config, train_path, history, and the per-proposal keys reset for the next round
     (proposal None, attempts 0, feedback []), plus a log line.
     """
+    settings, run_dir = runtime.context.settings, runtime.context.run_dir
     first = not state.get("train_path")
     if first:
         stage = int(state.get("stage") or 0)
@@ -91,8 +108,7 @@ def apply_config(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
     else:
         prev = int(state.get("stage") or 0)
         stage = prev + 1
-        raw = state.get("accepted") or state["config"]
-        cfg = EnvConfig.model_validate(raw)
+        cfg = checked_config(state.get("accepted") or state["config"])
         history = [e for e in (state.get("history") or []) if e.get("stage") != prev]
         history.append(
             {
@@ -104,15 +120,15 @@ def apply_config(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
             }
         )
         how = state.get("decision") or "accepted"
-    n = int(settings.train.instances_per_stage)
+    n = settings.train.instances_per_stage
+    cfg = cfg.model_copy(update={"num_instances": n})
     seed = stage_seed(settings.seed, stage)
-    stage_dir = Path(run_dir) / f"stage_{stage}"
-    stats = generate_stage(cfg, stage_dir, n=n, seed=seed)
-    config = json.loads((stage_dir / "config.json").read_text())
+    out_dir = stage_dir(run_dir, stage)
+    stats = generate_stage(cfg, out_dir, seed=seed)
     return {
         "stage": stage,
-        "config": config,
-        "train_path": str(stage_dir / "train.jsonl"),
+        "config": cfg.model_dump(mode="json"),  # what config.json holds
+        "train_path": str(out_dir / "train.jsonl"),
         "history": history,
         "proposal": None,
         "attempts": 0,
@@ -122,7 +138,3 @@ def apply_config(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
         ],
     }
 
-
-def apply(state: dict, runtime) -> dict[str, Any]:
-    """Node: build the training set of the next stage (or of stage 0); returns {stage, config, train_path, ...}."""
-    return apply_config(state, runtime.context.settings, runtime.context.run_dir)

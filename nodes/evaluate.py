@@ -19,10 +19,18 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from env import FAILURES, load_split, verify
+from nodes.files import stage_dir, write_text_atomic
 from nodes.train_stage import prompt_messages
+
+if TYPE_CHECKING:
+    from langgraph.runtime import Runtime
+
+    from graph.settings import RunContext, Settings
+    from graph.state import LoopState
+    from llm_backends.base import ChatModel
 
 # ----------------------------------------------------------------------------- answering and verifying
 
@@ -274,8 +282,6 @@ def final_table_md(final: dict[str, Any]) -> str:
 
 def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
     """Written to a temporary file and renamed (`nodes.files`): never half a file, never a donor's inode."""
-    from nodes.files import write_text_atomic
-
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
@@ -286,8 +292,6 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    from nodes.files import write_text_atomic
-
     write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
@@ -299,9 +303,9 @@ def run_eval(
     out_dir: Path,
     *,
     checkpoint: str | None,
-    settings: Any,
+    settings: Settings,
     limit: int | None = None,
-    model: Any = None,
+    model: ChatModel | None = None,
 ) -> list[dict]:
     """Answer `split` with the policy (or the given `model`), verify, write `out_dir/eval.jsonl`."""
     instances = limit_instances(load_split(split), limit)
@@ -324,7 +328,7 @@ def run_eval(
             base_model=settings.policy_model,  # the base of a LoRA checkpoint
             batch_size=settings.eval_batch_size,
             max_concurrency=settings.eval_batch_size,  # one batch in flight at once on a vLLM server
-            keep_server=getattr(settings, "keep_server", None),
+            keep_server=settings.keep_server,
         ) as policy:
             rows = answer_and_verify(
                 instances,
@@ -338,16 +342,20 @@ def run_eval(
     return rows
 
 
-def evaluate_stage(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dict[str, Any]:
-    """Plain-function form of the `evaluate` node (`model` overrides the policy, for tests)."""
+def evaluate(
+    state: LoopState, runtime: Runtime[RunContext], model: ChatModel | None = None
+) -> dict[str, Any]:
+    """Node: the current checkpoint answers the validation split; returns {"metrics", "log"}. `model`
+    answers instead of the policy (tests)."""
+    settings = runtime.context.settings
     stage = int(state.get("stage") or 0)
-    out_dir = Path(run_dir) / f"stage_{stage}"
+    out_dir = stage_dir(runtime.context.run_dir, stage)
     rows = run_eval(
         settings.eval_split,
         out_dir,
         checkpoint=state.get("checkpoint"),
         settings=settings,
-        limit=getattr(settings, "eval_limit", None),
+        limit=settings.eval_limit,
         model=model,
     )
     metrics = compute_metrics(rows)
@@ -368,34 +376,26 @@ def evaluate_stage(state: dict, settings: Any, run_dir: Path, model: Any = None)
     return {"metrics": metrics, "log": [line]}
 
 
-def evaluate(state: dict, runtime) -> dict[str, Any]:
-    """Node: the current checkpoint answers the validation split; returns {"metrics", "log"}."""
-    return evaluate_stage(state, runtime.context.settings, runtime.context.run_dir)
-
-
-def final_evaluate_run(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dict[str, Any]:
-    """Plain-function form of the `final_evaluate` node: writes `final/{eval.jsonl, metrics.json, table.md}`."""
-    out_dir = Path(run_dir) / "final"
+def final_evaluate(
+    state: LoopState, runtime: Runtime[RunContext], model: ChatModel | None = None
+) -> dict[str, Any]:
+    """Node: the last checkpoint answers the held-out benchmark; writes `final/{eval.jsonl, metrics.json,
+    table.md}` and returns {"final_metrics", "log"}. `model` answers instead of the policy (tests)."""
+    settings = runtime.context.settings
+    out_dir = Path(runtime.context.run_dir) / "final"
     rows = run_eval(
         settings.final_split,
         out_dir,
         checkpoint=state.get("checkpoint"),
         settings=settings,
-        limit=getattr(settings, "final_limit", None),
+        limit=settings.final_limit,
         model=model,
     )
     final = compute_final_metrics(rows)
     write_json(out_dir / "metrics.json", final)
-    from nodes.files import write_text_atomic
-
     write_text_atomic(out_dir / "table.md", final_table_md(final))
     line = (
         f"final on {settings.final_split} (n={final['final/n']}): "
         f"valid {final['final/valid_rate']:.3f}, optimal {final['final/optimal_rate']:.3f}"
     )
     return {"final_metrics": final, "log": [line]}
-
-
-def final_evaluate(state: dict, runtime) -> dict[str, Any]:
-    """Node: the last checkpoint answers the held-out benchmark; returns {"final_metrics", "log"}."""
-    return final_evaluate_run(state, runtime.context.settings, runtime.context.run_dir)

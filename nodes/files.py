@@ -1,4 +1,4 @@
-"""Atomic file writes for everything a run writes into its folder.
+"""Where a stage's files go, and atomic file writes for everything a run writes into its folder.
 
 Each writer puts the bytes into a temporary file in the target's own folder and renames it over the
 target (`os.replace`). Why: a reader (a resumed run, the report, a person) never sees half a file, and a
@@ -18,6 +18,13 @@ from typing import Any
 class RunFileError(RuntimeError):
     """A file of the run folder that a node cannot use: one line naming the file and how to repair it
     (graph.run prints it with the resume command)."""
+
+
+def stage_dir(run_dir: str | os.PathLike, stage: int) -> Path:
+    """`<run_dir>/stage_<stage>`, the folder of one stage's files (its config and data, checkpoint,
+    evaluation, the engineer's prompt and reply): the one place that names it. Not created here; the
+    writers below create their file's folder."""
+    return Path(run_dir) / f"stage_{stage}"
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:

@@ -6,7 +6,7 @@ placeholder) and, as the user message, the context from `summarize_failures` plu
 validation errors of the previous attempt. Structured output (`json_schema`) is asked for unless
 `settings.engineer_structured` is False; backends that cannot enforce it put the schema in the prompt.
 
-Classic engineers (fixed | random | learnability | threshold, `nodes/engineers.py`) answer through the same
+Classic engineers (fixed | random | learnability | threshold, `nodes/curricula.py`) answer through the same
 node with the same answer shape, and their answers go through the same validation.
 
 Files (stage_<k>/): `engineer_prompt.md` (the request parameters, max_tokens, temperature and whether a
@@ -15,7 +15,9 @@ first, `nodes.inert.inert_reply`: API keys and key-shaped tokens redacted, contr
 `<`/`>` escaped; the reply is untrusted, and a remote engineer may echo a key);
 attempt 1 writes them, later attempts append a section each (written atomically, `nodes.files`).
 
-The extraction is tolerant (`extract_proposal`): the whole reply as JSON, else code-fenced JSON, else the
+The reply is parsed once: the JSON object the chat backend decoded (`ChatResult.parsed`, when a json_schema
+was asked for) is the proposal's source when there is one. Otherwise the extraction is tolerant
+(`extract_proposal`): the whole reply as JSON, else code-fenced JSON, else the
 first balanced `{...}` that decodes (a size-keyed object is preferred), trailing commas forgiven; a bare
 `{"3": {...}, ...}` is wrapped as `{"sizes": ...}`; a string `rationale` key is taken out of the object,
 otherwise prose around the JSON serves as the rationale. When nothing usable is found the proposal is
@@ -35,13 +37,20 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from env import SIZES, EnvConfig
-from nodes.engineers import CLASSIC
-from nodes.files import append_text_atomic, write_text_atomic
+from nodes.curricula import CLASSIC
+from nodes.files import append_text_atomic, stage_dir, write_text_atomic
 from nodes.inert import inert_reply, inert_value
 from nodes.summarize_failures import fill, load_template
+
+if TYPE_CHECKING:
+    from langgraph.runtime import Runtime
+
+    from graph.settings import RunContext, Settings
+    from graph.state import LoopState
+    from llm_backends.base import ChatModel
 
 MAX_RATIONALE_CHARS = 2000
 MAX_REPLY_CHARS = 200_000  # longer replies are cut to this before extraction (bounded work and memory)
@@ -141,8 +150,12 @@ def _balanced_end(text: str, start: int, limit: int = 200_000) -> int | None:
     return None
 
 
-def extract_proposal(text: str, finish_reason: str | None = None) -> Extracted:
+def extract_proposal(text: str, finish_reason: str | None = None, parsed: Any = None) -> Extracted:
     """The config object and rationale in an engineer's reply, tolerant of fences and prose.
+
+    `parsed` is the JSON the chat backend already decoded from the reply (`ChatResult.parsed`, when a
+    json_schema was asked for): when it is an object it is the only candidate, so the reply is parsed once;
+    the prose around the reply's outermost braces then serves as the rationale when it has no key for one.
 
     >>> e = extract_proposal('Here: ```json\\n{"sizes": {}, "rationale": "why"}\\n``` ok')
     >>> e.config, e.rationale
@@ -158,7 +171,12 @@ def extract_proposal(text: str, finish_reason: str | None = None) -> Extracted:
         notes.append(f"the reply was cut to its first {MAX_REPLY_CHARS} characters ({cut} more not read)")
     first_dict: tuple[dict, int, int] | None = None
     found: tuple[dict, int, int] | None = None
-    for obj, start, end in _candidates(text):
+    if isinstance(parsed, dict):
+        start, end = text.find("{"), text.rfind("}") + 1
+        candidates = iter([(parsed, start, end) if 0 <= start < end else (parsed, 0, len(text))])
+    else:  # no JSON object from the backend (no schema asked, or a fake): the tolerant scan of the text
+        candidates = _candidates(text)
+    for obj, start, end in candidates:
         if _is_proposal(obj):
             found = (obj, start, end)
             break
@@ -253,15 +271,19 @@ def _write(path: Path, text: str, append: bool) -> None:
 # ----------------------------------------------------------------------------- the node
 
 
-def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dict[str, Any]:
-    """Plain-function form of the node. `model` (a ChatModel) replaces `open_engineer` (for tests).
+def propose_config(
+    state: LoopState, runtime: Runtime[RunContext], model: ChatModel | None = None
+) -> dict[str, Any]:
+    """Node: the engineer proposes the next stage's config. `model` answers instead of `open_engineer`'s
+    (tests, graph.run's dry run).
 
     Reads state: stage, config, metrics, context, checkpoint, decision/attempts/feedback (a retry is
     `decision == "retry"`), engineer_memory. Returns: proposal, rationale, attempts, feedback (the
     extraction error when proposal is None, else []), engineer_memory (classic engineers), log.
     """
+    settings, run_dir = runtime.context.settings, runtime.context.run_dir
     stage = int(state.get("stage") or 0)
-    stage_dir = Path(run_dir) / f"stage_{stage}"
+    out_dir = stage_dir(run_dir, stage)
     retry = state.get("decision") == "retry"
     attempt = int(state.get("attempts") or 0) + 1 if retry else 1
     feedback = list(state.get("feedback") or []) if retry else []
@@ -280,14 +302,14 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
             "memory": state.get("engineer_memory") or {},
         }
         _write(
-            stage_dir / "engineer_prompt.md",
+            out_dir / "engineer_prompt.md",
             f"# {header}\n\nClassic engineer; its inputs:\n\n```json\n"
             + json.dumps(inputs, indent=1, default=str)
             + "\n```\n",
             append,
         )
         _write(
-            stage_dir / "engineer_reply.md",
+            out_dir / "engineer_reply.md",
             f"# {header}\n\n{rationale}\n\n```json\n{json.dumps(raw, indent=1)}\n```\n",
             append,
         )
@@ -300,29 +322,29 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
             "log": [f"stage {stage}: {engineer} engineer proposed (attempt {attempt})"],
         }
 
-    pdir = getattr(settings, "prompts_dir", None)
     messages = [
-        {"role": "system", "content": system_prompt(pdir)},
+        {"role": "system", "content": system_prompt(settings.prompts_dir)},
         {"role": "user", "content": user_message(state.get("context") or "", feedback)},
     ]
     kwargs = {
-        "max_tokens": int(getattr(settings, "engineer_max_tokens", 512)),
-        "temperature": float(getattr(settings, "engineer_temperature", 0.0)),
-        "json_schema": answer_schema() if getattr(settings, "engineer_structured", True) else None,
+        "max_tokens": settings.engineer_max_tokens,
+        "temperature": settings.engineer_temperature,
+        "json_schema": answer_schema() if settings.engineer_structured else None,
     }
-    _write(stage_dir / "engineer_prompt.md", _messages_md(messages, header, kwargs), append)
+    _write(out_dir / "engineer_prompt.md", _messages_md(messages, header, kwargs), append)
     t0 = time.monotonic()
-    text, meta = _ask(model, messages, kwargs, state, settings, run_dir)
+    text, parsed, meta = _ask(model, messages, kwargs, state, settings, run_dir)
     # the reply is untrusted: a key it echoes (or any key-shaped token), control sequences and HTML never
     # reach engineer_reply.md, validation.json, the graph state or a terminal; everything below reads this
+    # (and `parsed`, made inert with the proposal)
     text = inert_reply(text)
     if meta.get("error"):
         meta["error"] = inert_reply(str(meta["error"]))
     meta["wall_s"] = round(time.monotonic() - t0, 3)
-    _write(stage_dir / "engineer_reply.md", f"# {header}\n\n<!-- {json.dumps(meta)} -->\n\n{text}\n", append)
+    _write(out_dir / "engineer_reply.md", f"# {header}\n\n<!-- {json.dumps(meta)} -->\n\n{text}\n", append)
 
     ex = (
-        extract_proposal(text, meta.get("finish_reason"))
+        extract_proposal(text, meta.get("finish_reason"), parsed)
         if meta.get("error") is None
         else Extracted(None, error=f"the engineer call failed: {meta['error']}")
     )
@@ -341,47 +363,38 @@ def propose(state: dict, settings: Any, run_dir: Path, model: Any = None) -> dic
     }
 
 
-def _ask(model, messages, kwargs, state, settings, run_dir) -> tuple[str, dict]:
-    """Send the messages; a failed call becomes an empty reply with the error (never a crash)."""
+def _ask(
+    model: ChatModel | None, messages: list[dict], kwargs: dict, state: LoopState, settings: Settings, run_dir: Path
+) -> tuple[str, Any, dict]:
+    """Send the messages; returns (text, the JSON the backend decoded or None, meta). A failed call becomes
+    an empty reply with the error (never a crash)."""
     from llm_backends.base import ChatError
 
-    def call(m) -> tuple[str, dict]:
+    def call(m: ChatModel) -> tuple[str, Any, dict]:
         try:
             res = m.chat(messages, **kwargs)
         except ChatError as e:
-            return "", {"error": str(e)}
-        return res.text or "", {
+            return "", None, {"error": str(e)}
+        return res.text or "", res.parsed, {
             "model": res.model,
             "latency_s": round(res.latency_s, 3),
             "prompt_tokens": res.prompt_tokens,
             "completion_tokens": res.completion_tokens,
-            "finish_reason": getattr(res, "finish_reason", None),
+            "finish_reason": res.finish_reason,
             "error": None,
         }
 
     if model is not None:
         return call(model)
-    import os
-
     from llm_backends.engineers import open_engineer
 
-    # Settings given as CLI flags reach open_engineer through its environment mapping (the contract).
-    env = dict(os.environ)
-    if getattr(settings, "engineer_model", None):
-        env["ENGINEER_MODEL"] = str(settings.engineer_model)
-    if getattr(settings, "engineer_base_url", None):
-        env["ENGINEER_BASE_URL"] = str(settings.engineer_base_url)
     with open_engineer(
         settings.engineer,
         checkpoint=state.get("checkpoint"),
         base_model=settings.policy_model,
         run_dir=Path(run_dir),
-        env=env,
-        keep_server=getattr(settings, "keep_server", None),
+        model=settings.engineer_model,
+        base_url=settings.engineer_base_url,
+        keep_server=settings.keep_server,
     ) as m:
         return call(m)
-
-
-def propose_config(state: dict, runtime) -> dict[str, Any]:
-    """Node: the engineer proposes the next stage's config; returns {proposal, rationale, attempts, ...}."""
-    return propose(state, runtime.context.settings, runtime.context.run_dir)

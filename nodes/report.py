@@ -18,11 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from env import SIZES
 from nodes.evaluate import final_table_md
 from nodes.files import write_bytes_atomic, write_text_atomic
 from nodes.inert import for_markdown, md_inline
-
-SIZES = tuple(range(3, 11))
 
 
 def _read_json(path: Path) -> dict | None:

@@ -28,16 +28,21 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from env import EnvConfig, generate, project
 from env.config import format_validation_error
-from nodes.files import write_json_atomic
+from nodes.files import stage_dir, write_json_atomic
+
+if TYPE_CHECKING:
+    from langgraph.runtime import Runtime
+
+    from graph.settings import RunContext
+    from graph.state import LoopState
 
 KNOBS = ("data_ratio", "hole_ratio", "wait_ratio")
-DEFAULT_FEASIBILITY_N = 16
 SHORTFALL = 0.5  # a size (or the whole draw) that gets less than this share of what it asked is infeasible
 MAX_STORED_DEPTH = 32  # validation.json keeps a proposal's nesting down to this depth (a config needs 3)
 MAX_STORED_CHARS = 20_000  # ... and at most this many characters of it
@@ -71,7 +76,7 @@ def feasibility(cfg: EnvConfig, n: int, seed: int) -> dict[str, Any]:
     at least 4. A warning (kept, shown to the engineer through the env statistics): a wait-share shortfall.
     """
     t0 = time.monotonic()
-    cfg = EnvConfig.model_validate({**cfg.model_dump(), "num_instances": n})
+    cfg = cfg.model_copy(update={"num_instances": n})  # cfg is checked; only the count changes
     try:
         gen = generate(cfg, n, seed, num_agents=cfg.num_agents, workers=1)
     except Exception as e:  # any generator failure is a reason to reject, never a crash of the run
@@ -130,11 +135,10 @@ def check_proposal(
     for key in proposal:
         if key != "sizes":
             notes.append(f"{key}: dropped (the engineer sets only 'sizes')")
-    cur = EnvConfig.model_validate(current)
-    candidate = {
+    candidate = {  # `current` is the dump of a checked config (apply's): its run-level fields are kept
         "sizes": proposal.get("sizes"),
-        "num_agents": cur.num_agents,
-        "num_instances": cur.num_instances,
+        "num_agents": current["num_agents"],
+        "num_instances": current["num_instances"],
     }
     try:
         return {
@@ -167,16 +171,17 @@ def check_proposal(
     }
 
 
-def validate(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
-    """Plain-function form of the node.
+def validate_config(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+    """Node: strict check, projection, feasibility (see the module docstring).
 
     Reads state: stage, config (current), proposal, feedback (extraction errors when proposal is None),
     attempts, rationale. Returns: accepted (EnvConfig dump, or None on "retry"), decision, feedback (errors
     for the engineer; [] when accepted), attempts, log.
     """
+    settings, run_dir = runtime.context.settings, runtime.context.run_dir
     stage = int(state.get("stage") or 0)
     attempts = int(state.get("attempts") or 1)
-    max_attempts = int(getattr(settings, "engineer_max_attempts", 3))
+    max_attempts = settings.engineer_max_attempts
     current = state["config"]
     proposal = state.get("proposal")
     parse_errors = list(state.get("feedback") or []) if proposal is None else None
@@ -185,9 +190,8 @@ def validate(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
     cfg: EnvConfig | None = checked["config"]
     errors: list[str] = list(checked["errors"])
     feas: dict[str, Any] | None = None
-    n = max(1, int(getattr(settings, "feasibility_n", DEFAULT_FEASIBILITY_N)))
     if cfg is not None:
-        feas = feasibility(cfg, n, _stage_seed(getattr(settings, "seed", 0), stage, attempts))
+        feas = feasibility(cfg, settings.feasibility_n, _stage_seed(settings.seed, stage, attempts))
         if not feas["ok"]:
             errors += [f"infeasible: {p}" for p in feas["problems"]]
             cfg = None
@@ -209,7 +213,7 @@ def validate(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
         feedback = errors
     else:
         decision = "kept_previous"
-        accepted = EnvConfig.model_validate(current).model_dump(mode="json")
+        accepted = current
         reason = f"unusable proposal after {attempts} attempt(s); the current config is kept"
         feedback = errors
 
@@ -225,7 +229,7 @@ def validate(state: dict, settings: Any, run_dir: Path) -> dict[str, Any]:
         "feasibility": _brief(feas),
         "accepted": accepted,
     }
-    _append_record(Path(run_dir) / f"stage_{stage}" / "validation.json", stage, record)
+    _append_record(stage_dir(run_dir, stage) / "validation.json", stage, record)
     moved = len(record["diff"])
     return {
         "accepted": accepted,
@@ -291,13 +295,3 @@ def _append_record(path: Path, stage: int, record: dict) -> None:
     doc["final"] = record["decision"] if record["decision"] != "retry" else None
     write_json_atomic(path, _jsonable(doc), allow_nan=False)
 
-
-def route_after_validation(state: dict) -> Literal["propose_config", "apply"]:
-    """A "retry" goes back to the engineer with the errors; anything else (accepted, projected or kept) is
-    applied."""
-    return "propose_config" if state.get("decision") == "retry" else "apply"
-
-
-def validate_config(state: dict, runtime) -> dict[str, Any]:
-    """Node: strict check, projection, feasibility; returns {accepted, decision, feedback, attempts, log}."""
-    return validate(state, runtime.context.settings, runtime.context.run_dir)

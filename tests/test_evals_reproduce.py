@@ -141,7 +141,7 @@ def test_fresh_with_tables_only_is_refused(tmp_path, capsys):
 @pytest.fixture
 def committed_out(tmp_path, monkeypatch):
     """A results folder that counts as committed, holding fixed-s0's verdicts made with this config's settings."""
-    from nodes.context import build_settings
+    from graph.settings import build_settings
 
     out = tmp_path / "results"
     monkeypatch.setattr(common, "committed", lambda p: Path(p).resolve() == out.resolve())

@@ -59,7 +59,7 @@ def make_finished_run(run_dir: Path, seed: int, arm_bonus: float, engineer: str)
             f.write(json.dumps(r) + "\n")
     (run_dir / "final" / "metrics.json").write_text("{}\n")
     (run_dir / "report.md").write_text("# report\n")
-    from nodes.context import build_settings
+    from graph.settings import build_settings
 
     settings = build_settings({"preset": "smoke", "engineer": engineer, "seed": str(seed), "run_dir": str(run_dir)}, {})
     settings.save(run_dir / "settings.json")
@@ -257,7 +257,7 @@ class FakeGraphRun:
         run_dir = run_dir_of(cmd)
         engineer, seed = name.rpartition("-s")[0], int(name.rpartition("-s")[2])
         if name in self.fail_stage0:  # stopped in stage 0: settings.json and stage 0's data, no verdicts
-            from nodes.context import build_settings
+            from graph.settings import build_settings
 
             (run_dir / "stage_0").mkdir(parents=True)
             build_settings({"preset": "smoke", "engineer": engineer, "seed": str(seed), "run_dir": str(run_dir)},
@@ -341,7 +341,7 @@ def test_no_stage0_sharing_when_off_or_without_a_finished_donor(tmp_path, monkey
 
 
 def test_stage0_donor_must_match_stage0_settings_and_can_be_any_engineer(tmp_path, monkeypatch, capsys):
-    from nodes.context import build_settings
+    from graph.settings import build_settings
 
     runs = tmp_path / "runs"
     # a finished run of seed 0 outside the grid (another engineer) is a donor; one with other training is not

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nodes.context import build_settings
+from graph.settings import build_settings
 from nodes.gpu_plan import mock_cuda, plan_lines, training_plan
 from nodes.train_stage import TRAIN_PRESETS, TrainConfig, _lora_config, _use_bf16, build_dataset, grpo_config
 

@@ -9,8 +9,9 @@ import graph.graph as gg
 import llm_backends.policy as lp
 import llm_backends.vllm_server as vs
 from graph import run as gr
+from graph.settings import build_settings
 from llm_backends.vllm_server import VLLMServer, serving_defaults
-from nodes.context import build_settings
+from nodes.files import stage_dir
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ def stub_nodes(monkeypatch):
     def train_stage(state, runtime):
         server = lp._KEPT.get("server")
         seen.append({"stage": state["stage"], "kept_alive": server is not None and server.running})
-        ckpt = runtime.context.stage_dir(state["stage"]) / "checkpoint"
+        ckpt = stage_dir(runtime.context.run_dir, state["stage"]) / "checkpoint"
         return {"checkpoint": str(ckpt), "train_metrics": {"train/reward_mean": 0.1}, "log": ["trained"]}
 
     def summarize_failures(state, runtime):

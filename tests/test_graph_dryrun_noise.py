@@ -17,7 +17,8 @@ import graph.graph as gg
 from env import SIZES
 from graph import run as gr
 from graph.prune import prune_older
-from nodes.context import build_settings
+from graph.settings import build_settings
+from nodes.files import stage_dir
 from tests.test_graph_settings import run_cli
 from tests.test_graph_wiring import settings_for, stub_nodes  # noqa: F401 - fixture
 
@@ -93,7 +94,7 @@ def test_zero_variance_stage_prints_a_warning_line(tmp_path, monkeypatch, stub_n
     def train_stage(state, runtime):
         k = state["stage"]
         zero = 1.0 if k == 0 else 0.5
-        return {"checkpoint": str(runtime.context.stage_dir(k) / "checkpoint"),
+        return {"checkpoint": str(stage_dir(runtime.context.run_dir, k) / "checkpoint"),
                 "train_metrics": {"train/reward_mean": 0.0, "train/zero_std_groups": zero,
                                   "train/zero_std_groups_trained": float("nan")}}
 
@@ -186,7 +187,7 @@ def test_keep_checkpoints_last_deletes_only_what_nothing_needs(tmp_path):
 def test_keep_checkpoints_setting_and_the_loop(tmp_path, monkeypatch, stub_nodes):  # noqa: F811
     def train_stage(state, runtime):
         k = state["stage"]
-        c = runtime.context.stage_dir(k) / "checkpoint"
+        c = stage_dir(runtime.context.run_dir, k) / "checkpoint"
         c.mkdir(exist_ok=True)
         (c / "model.safetensors").write_bytes(b"w")
         return {"checkpoint": str(c), "train_metrics": {}}

@@ -31,6 +31,7 @@ import graph.graph as gg
 from graph import run as gr
 from graph.runfolder import RunLock, checkpoint_problem, relative_to_run, resolve_in_run
 from nodes import stop
+from nodes.files import stage_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +59,7 @@ class Stubs:
             self.on_train(k)
         if self.crash_train_at == k:
             raise RuntimeError("simulated crash while training")
-        ckpt = runtime.context.stage_dir(k) / "checkpoint"
+        ckpt = stage_dir(runtime.context.run_dir, k) / "checkpoint"
         make_checkpoint(ckpt)
         return {"checkpoint": str(ckpt), "train_metrics": {"train/reward_mean": 0.1},
                 "log": [f"stage {k}: trained 1 GRPO steps in 0 s, reward 0.100 -> {ckpt}"]}
@@ -66,7 +67,7 @@ class Stubs:
     def evaluate(self, state, runtime):
         k = state["stage"]
         self.calls.append(("evaluate", k, str(runtime.context.run_dir), state.get("checkpoint")))
-        d = runtime.context.stage_dir(k)
+        d = stage_dir(runtime.context.run_dir, k)
         (d / "eval.jsonl").write_text(json.dumps({"id": "v0", "size": 3, "valid": True, "optimal": False,
                                                    "failure": None, "text": "x"}) + "\n")
         metrics = {"eval/valid_rate": 0.5, "eval/optimal_rate": 0.25}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodes.context import Settings, SettingsError, build_settings
+from graph.settings import Settings, SettingsError, build_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 

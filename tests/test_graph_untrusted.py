@@ -96,14 +96,14 @@ def test_a_fork_that_evaluates_stage_0_again_never_writes_into_its_donor(tmp_pat
     (a fork's stage 0 evaluated again) through atomic writes: new files in the fork, the donor's unchanged."""
     import os
 
+    from graph.settings import Settings
     from graph.stage0 import check_donor, seed_from_donor
-    from nodes.context import Settings
-    from nodes.evaluate import evaluate_stage
+    from nodes.evaluate import evaluate
 
     try:
-        from tests.test_nodes_support import scripted_policy
+        from tests.test_nodes_support import runtime, scripted_policy
     except ImportError:
-        from test_nodes_support import scripted_policy
+        from test_nodes_support import runtime, scripted_policy
 
     donor = tmp_path / "donor"
     assert gr.main(["--run-dir", str(donor), "--stages", "2", *SET]) == 0
@@ -118,7 +118,7 @@ def test_a_fork_that_evaluates_stage_0_again_never_writes_into_its_donor(tmp_pat
     from env import load_split
 
     policy = scripted_policy(load_split(settings.eval_split), lambda i, inst: "no plan")
-    evaluate_stage({"stage": 0, "checkpoint": None}, settings, tmp_path / "fork", model=policy)
+    evaluate({"stage": 0, "checkpoint": None}, runtime(settings, tmp_path / "fork"), model=policy)
     assert files(donor / "stage_0") == before
     assert {p: os.stat(donor / "stage_0" / p).st_ino for p in before} == inodes
     assert (tmp_path / "fork" / "stage_0" / "eval.jsonl").read_bytes() != before["eval.jsonl"]

@@ -17,7 +17,8 @@ from langgraph.errors import GraphRecursionError
 import graph.graph as gg
 from env import SIZES
 from graph import run as gr
-from nodes.context import build_settings
+from graph.settings import build_settings
+from nodes.files import stage_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +36,7 @@ def stub_nodes(monkeypatch):
 
     def train_stage(state, runtime):
         k = state["stage"]
-        ckpt = runtime.context.stage_dir(k) / "checkpoint"
+        ckpt = stage_dir(runtime.context.run_dir, k) / "checkpoint"
         return {"checkpoint": str(ckpt), "train_metrics": {"train/reward_mean": 0.1},
                 "log": [f"stage {k}: trained 0 GRPO steps in 0 s, reward 0.100 -> {ckpt}"]}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from env import EnvConfig, random_config, read_jsonl, uniform_config
-from nodes.apply import apply, apply_config, stage_seed
+from nodes.apply import apply, stage_seed
 
 try:
     from tests.test_nodes_support import make_settings, runtime
@@ -31,21 +31,21 @@ def test_first_apply_builds_stage0_from_the_random_config(tmp_path):
 
 def test_first_apply_uses_a_given_initial_config(tmp_path):
     given = uniform_config(0.1, 0.0).model_dump(mode="json")
-    out = apply_config({"config": given, "stage": 0}, make_settings(), tmp_path)
+    out = apply({"config": given, "stage": 0}, runtime(make_settings(), tmp_path))
     assert EnvConfig.model_validate(out["config"]).sizes == uniform_config(0.1, 0.0).sizes
     assert all(not i.needs_wait for i in read_jsonl(out["train_path"]))  # wait_ratio 0 everywhere
 
 
 def test_next_apply_uses_accepted_and_appends_history(tmp_path):
     settings = make_settings(seed=5)
-    state = dict(apply_config({}, settings, tmp_path))
+    state = dict(apply({}, runtime(settings, tmp_path)))
     state.update(
         metrics={"eval/valid_rate": 0.25, "by_size": {}},
         rationale="more 4x4",
         decision="projected",
         accepted=uniform_config(0.3).model_dump(mode="json"),
     )
-    out = apply_config(state, settings, tmp_path)
+    out = apply(state, runtime(settings, tmp_path))
     assert out["stage"] == 1 and out["train_path"].endswith("stage_1/train.jsonl")
     assert EnvConfig.model_validate(out["config"]).sizes == uniform_config(0.3).sizes
     (entry,) = out["history"]
@@ -58,20 +58,20 @@ def test_next_apply_uses_accepted_and_appends_history(tmp_path):
 
 def test_same_seed_same_bytes_and_resume_reuses(tmp_path):
     settings = make_settings(seed=9)
-    a = apply_config({}, settings, tmp_path / "a")
-    b = apply_config({}, settings, tmp_path / "b")
+    a = apply({}, runtime(settings, tmp_path / "a"))
+    b = apply({}, runtime(settings, tmp_path / "b"))
     pa, pb = (tmp_path / "a" / "stage_0" / "train.jsonl"), (tmp_path / "b" / "stage_0" / "train.jsonl")
     assert pa.read_bytes() == pb.read_bytes() and a["config"] == b["config"]
     before = pa.stat().st_mtime_ns
-    apply_config({}, settings, tmp_path / "a")  # a resumed run finds the finished stage folder
+    apply({}, runtime(settings, tmp_path / "a"))  # a resumed run finds the finished stage folder
     assert pa.stat().st_mtime_ns == before
 
 
 def test_generation_prints_a_progress_line_before_and_after(tmp_path, capsys):
     settings = make_settings(seed=3)
-    apply_config({}, settings, tmp_path)
+    apply({}, runtime(settings, tmp_path))
     err = capsys.readouterr().err
     assert "apply: generating 12 training instances for stage_0" in err
     assert "apply: generated 12 of 12 instances for stage_0 in " in err and " s\n" in err
-    apply_config({}, settings, tmp_path)  # a finished stage folder is reused: nothing generated, no line
+    apply({}, runtime(settings, tmp_path))  # a finished stage folder is reused: nothing generated, no line
     assert "generating" not in capsys.readouterr().err

@@ -11,16 +11,16 @@ from env import FAILURES, load_split, plan_text
 from nodes.evaluate import (
     compute_final_metrics,
     compute_metrics,
-    evaluate_stage,
-    final_evaluate_run,
+    evaluate,
+    final_evaluate,
     limit_instances,
     read_rows,
 )
 
 try:
-    from tests.test_nodes_support import make_settings, scripted_policy
+    from tests.test_nodes_support import make_settings, runtime, scripted_policy
 except ImportError:
-    from test_nodes_support import make_settings, scripted_policy
+    from test_nodes_support import make_settings, runtime, scripted_policy
 
 
 def _answer(i, inst):
@@ -36,7 +36,7 @@ def test_evaluate_on_val_mini_with_real_verdicts(tmp_path):
     settings = make_settings(eval_limit=9)
     instances = limit_instances(load_split(settings.eval_split), 9)
     policy = scripted_policy(instances, _answer)
-    out = evaluate_stage({"stage": 1, "checkpoint": None}, settings, tmp_path, model=policy)
+    out = evaluate({"stage": 1, "checkpoint": None}, runtime(settings, tmp_path), model=policy)
     m = out["metrics"]
     assert m["eval/n"] == 9 and m["eval/valid_rate"] == 3 / 9 and m["eval/optimal_rate"] == 3 / 9
     assert m["eval/failure/parse_error"] == 3
@@ -67,7 +67,7 @@ def test_evaluate_keeps_the_stages_training_and_warm_start_figures(tmp_path):
     sdir.mkdir()
     before = {"train/steps": 8, "sft/cache_key": "a02e6d680f065497", "sft/cache_hit": True, "eval/n": 99}
     (sdir / "metrics.json").write_text(json.dumps(before))
-    evaluate_stage({"stage": 0, "checkpoint": None}, settings, tmp_path, model=scripted_policy(instances, _answer))
+    evaluate({"stage": 0, "checkpoint": None}, runtime(settings, tmp_path), model=scripted_policy(instances, _answer))
     on_disk = json.loads((sdir / "metrics.json").read_text())
     assert on_disk["train/steps"] == 8 and on_disk["sft/cache_key"] == "a02e6d680f065497" and on_disk["sft/cache_hit"]
     assert on_disk["eval/n"] == 3  # a stale evaluation figure is replaced, not kept
@@ -78,7 +78,7 @@ def test_final_evaluate_writes_paper_tables(tmp_path):
     instances = limit_instances(load_split(settings.final_split), 18)
     # optimal for 3 agents, nonsense otherwise
     policy = scripted_policy(instances, lambda i, inst: plan_text(inst.plan) if inst.num_agents == 3 else "?")
-    out = final_evaluate_run({"checkpoint": None}, settings, tmp_path, model=policy)
+    out = final_evaluate({"checkpoint": None}, runtime(settings, tmp_path), model=policy)
     f = out["final_metrics"]
     agents = {str(i.tags.get("agents", i.num_agents)) for i in instances}
     assert set(f["by_agents"]) == agents
@@ -124,7 +124,7 @@ def test_evaluate_with_the_embedded_policy_in_process(tmp_path, embedded_model_p
     """The real path: open_policy on the embedded model (transformers), a few short answers, verified."""
     settings = make_settings(eval_limit=3, eval_max_tokens=24, eval_batch_size=3, policy_backend="transformers",
                              policy_model=str(embedded_model_path))
-    out = evaluate_stage({"stage": 0, "checkpoint": None}, settings, tmp_path)
+    out = evaluate({"stage": 0, "checkpoint": None}, runtime(settings, tmp_path))
     rows = read_rows(tmp_path / "stage_0" / "eval.jsonl")
     assert out["metrics"]["eval/n"] == 3 and len(rows) == 3
     assert all(isinstance(r["text"], str) and (r["valid"] or r["failure"] in FAILURES) for r in rows)

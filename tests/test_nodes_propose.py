@@ -10,20 +10,20 @@ import math
 import pytest
 
 from env import SIZES, EnvConfig, random_config, uniform_config
+from graph.graph import route_after_validation
 from nodes.propose_config import MAX_REPLY_CHARS, answer_schema, extract_proposal, system_prompt
 from nodes.validate_config import (
     MAX_STORED_CHARS,
     MAX_STORED_DEPTH,
     check_proposal,
     config_diff,
-    route_after_validation,
-    validate,
+    validate_config,
 )
 
 try:
-    from tests.test_nodes_support import ScriptedChat, engineer_round, make_settings
+    from tests.test_nodes_support import ScriptedChat, engineer_round, make_settings, runtime
 except ImportError:  # tests/ is not a package: pytest puts it on sys.path
-    from test_nodes_support import ScriptedChat, engineer_round, make_settings
+    from test_nodes_support import ScriptedChat, engineer_round, make_settings, runtime
 
 
 def _sizes(data=0.125, hole=0.2, wait=0.4):
@@ -244,7 +244,7 @@ def test_validation_json_stores_a_deep_or_huge_proposal_safely(tmp_path):
         deep = [deep]
     settings = make_settings(engineer="base")
     state = {**_state(), "proposal": {**GOOD, "extra": deep}, "attempts": 1, "rationale": "r"}
-    out = validate(state, settings, tmp_path)
+    out = validate_config(state, runtime(settings, tmp_path))
     assert out["decision"] == "accepted"
     doc = json.loads((tmp_path / "stage_1" / "validation.json").read_text())
     stored = doc["decisions"][-1]["proposal"]
@@ -257,7 +257,7 @@ def test_validation_json_stores_a_deep_or_huge_proposal_safely(tmp_path):
 
     big = {**GOOD, "notes": ["padding " * 100] * 100}  # ~80 KB of JSON
     state = {**_state(), "proposal": big, "attempts": 1, "rationale": "r"}
-    validate(state, settings, tmp_path / "big")
+    validate_config(state, runtime(settings, tmp_path / "big"))
     stored = json.loads((tmp_path / "big" / "stage_1" / "validation.json").read_text())["decisions"][-1]["proposal"]
     assert isinstance(stored, str) and stored.startswith('{"sizes"') and "more characters cut" in stored
     assert len(stored) < MAX_STORED_CHARS + 100
@@ -282,7 +282,7 @@ def test_feasibility_shortfall_rejects_the_proposal(tmp_path, monkeypatch):
     sizes = {str(s): {"data_ratio": 0.5 if s in (3, 4) else 0.0, "hole_ratio": 0.1, "wait_ratio": 0.5} for s in SIZES}
     settings = make_settings(engineer="base", engineer_max_attempts=1, feasibility_n=16)
     state = {**_state(), "proposal": {"sizes": sizes}, "attempts": 1, "rationale": "only small maps"}
-    out = validate(state, settings, tmp_path)
+    out = validate_config(state, runtime(settings, tmp_path))
     assert out["decision"] == "kept_previous"
     doc = json.loads((tmp_path / "stage_1" / "validation.json").read_text())
     feas = doc["decisions"][-1]["feasibility"]
@@ -333,3 +333,10 @@ def test_classic_engineer_goes_through_the_same_node(tmp_path):
     assert out["accepted"]["sizes"]["3"]["hole_ratio"] > state["config"]["sizes"]["3"]["hole_ratio"]
     assert out["engineer_memory"]["levels"] == {"3": 1}
     assert (tmp_path / "stage_1" / "engineer_reply.md").read_text().count("threshold") >= 1
+
+
+def test_extract_takes_the_backends_parsed_json_without_parsing_the_text_again():
+    parsed = {"sizes": {"4": {}}, "rationale": "why"}  # differs from the text on purpose: the text is not read
+    e = extract_proposal('prose {"sizes": {"3": {}}} more', parsed=parsed)
+    assert e.config == {"sizes": {"4": {}}} and e.rationale == "why"
+    assert extract_proposal('Because. {"sizes": {}}', parsed={"sizes": {}}).rationale == "Because."

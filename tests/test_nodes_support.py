@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from graph.settings import Settings
 from llm_backends.base import ChatResult
-from nodes.context import Settings
 
 
 def make_settings(**over) -> Settings:
@@ -87,13 +87,14 @@ def scripted_policy(instances, answer) -> ScriptedChat:
 def engineer_round(state: dict, settings: Settings, run_dir: Path, model=None, max_rounds: int = 10) -> dict:
     """propose -> validate (-> propose ...) until the route says apply, as the graph does; returns the
     state after the last validation."""
-    from nodes.propose_config import propose
-    from nodes.validate_config import route_after_validation, validate
+    from graph.graph import route_after_validation
+    from nodes.propose_config import propose_config
+    from nodes.validate_config import validate_config
 
     state = dict(state)
     for _ in range(max_rounds):
-        state.update(propose(state, settings, run_dir, model=model))
-        state.update(validate(state, settings, run_dir))
+        state.update(propose_config(state, runtime(settings, run_dir), model=model))
+        state.update(validate_config(state, runtime(settings, run_dir)))
         if route_after_validation(state) == "apply":
             return state
     raise AssertionError("the engineer loop did not end")

@@ -14,8 +14,8 @@ import pytest
 
 from graph import provenance
 from graph import run as gr
+from graph.settings import ENV_VARS, Settings, SettingsError, build_settings
 from graph.stage0 import compare_settings
-from nodes.context import ENV_VARS, Settings, SettingsError, build_settings
 from tests.test_graph_wiring import stub_nodes  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,8 @@ import pytest
 import graph.graph as gg
 from graph import run as gr
 from graph import tracking
-from nodes.context import SettingsError, build_settings
+from graph.settings import SettingsError, build_settings
+from nodes.files import stage_dir
 from tests.test_graph_wiring import settings_for, stub_nodes  # noqa: F401 - fixture
 
 STEPS = {0: 3, 1: 2, 2: 4}
@@ -27,7 +28,7 @@ def training_stub(monkeypatch, stub_nodes):  # noqa: F811
 
     def train_stage(state, runtime):
         k = state["stage"]
-        d = runtime.context.stage_dir(k)
+        d = stage_dir(runtime.context.run_dir, k)
         with SummaryWriter(log_dir=str(d / "tb")) as w:
             for step in range(1, STEPS[k] + 1):
                 w.add_scalar("train/reward", 10 * k + step, step)

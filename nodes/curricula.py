@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from env import random_config
+from llm_backends.engineers import CLASSIC_ENGINEERS
 
 KNOBS = ("data_ratio", "hole_ratio", "wait_ratio")
 
@@ -142,12 +143,10 @@ def threshold(config, metrics_by_size, memory, rng):
     return as_raw(new), f"threshold: {why}", memory
 
 
-CLASSIC: dict[str, Engineer] = {
-    "fixed": fixed,
-    "random": random_engineer,
-    "learnability": learnability,
-    "threshold": threshold,
-}
+# name -> engineer, the names in llm_backends.engineers.CLASSIC_ENGINEERS' order (their one home)
+CLASSIC: dict[str, Engineer] = dict(
+    zip(CLASSIC_ENGINEERS, (fixed, random_engineer, learnability, threshold), strict=True)
+)
 
 __all__ = [
     "CLASSIC",

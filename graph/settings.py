@@ -21,11 +21,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from llm_backends.engineers import CLASSIC_ENGINEERS, MODEL_ENGINEERS
+from nodes.summarize_failures import CONTEXT_VARIANTS
 from nodes.train_stage import TRAIN_PRESETS, TrainConfig
-
-CLASSIC_ENGINEERS = ("fixed", "random", "learnability", "threshold")
-LLM_ENGINEERS = ("self", "base", "openai", "gemini")
-CONTEXT_VARIANTS = ("V1", "V2", "V3", "V4", "V5", "V6")
 
 # Run-level values per preset; the training hyper-parameters come from nodes.train_stage.TRAIN_PRESETS.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -97,7 +95,7 @@ class Settings(BaseModel):
         description="how the policy answers the evaluation set: in-process transformers, a vLLM server, or auto "
         "(vLLM when installed, else transformers; settings.json records the choice made)",
     )
-    context: Literal["V1", "V2", "V3", "V4", "V5", "V6"] = Field("V6", description="engineer context variant")
+    context: Literal[CONTEXT_VARIANTS] = Field("V6", description="engineer context variant")  # type: ignore[valid-type]
     stages: int = Field(3, ge=1, le=100, description="number of training stages (stage 0 is random)")
     seed: int = Field(0, ge=0, description="seed of the stage-0 config, the data and training")
     run_dir: Path | None = Field(None, description="run folder (default: runs/<run-id>)")
@@ -151,7 +149,7 @@ class Settings(BaseModel):
     def _engineer_name(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", v):
             raise ValueError(
-                f"must be one of {', '.join(LLM_ENGINEERS + CLASSIC_ENGINEERS)} or a custom endpoint name "
+                f"must be one of {', '.join(MODEL_ENGINEERS + CLASSIC_ENGINEERS)} or a custom endpoint name "
                 "(letters, digits, '_', '-', '.')"
             )
         return v
@@ -183,11 +181,6 @@ class RunContext:
 
     settings: Settings
     run_dir: Path
-
-    def stage_dir(self, stage: int) -> Path:
-        d = self.run_dir / f"stage_{stage}"
-        d.mkdir(parents=True, exist_ok=True)
-        return d
 
 
 # Fields the run writes itself: never from a flag or an environment variable, never a settings change.
