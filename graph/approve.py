@@ -1,6 +1,6 @@
 """`--approve`: the run pauses before each `apply` (graph.loop) and a person answers for the validated
-proposal. Their edit goes through validate_config's own checks, and every answer is recorded in
-stage_k/validation.json."""
+proposal. Their edit goes through validate_config's own checks, and every answer is written to
+stage_k/validation.json by validate_config's own writer (`nodes.validate_config.record_person`)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,6 @@ from typing import Any
 from graph.progress import RunError, config_table, diff_summary, say
 from nodes.context import Settings
 from nodes.files import write_json_atomic
-
-
-def _record_person(run_dir: Path, stage: int, record: dict[str, Any]) -> None:
-    """Append a person's decision to stage_k/validation.json (after the engineer's attempts) and make it final."""
-    path = Path(run_dir) / f"stage_{stage}" / "validation.json"
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        doc = {"stage": stage, "decisions": []}
-    doc.setdefault("decisions", []).append({"by": "person", **record})
-    doc["final"] = record["decision"]
-    write_json_atomic(path, doc)
-
 
 APPROVE_PROMPT = "apply it? [y] yes / [n] no, keep the current config / [e] edit it in $EDITOR: "
 
@@ -74,11 +61,12 @@ def ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) 
     if not values.get("accepted") or "config" not in values:
         return  # stage 0: nothing proposed yet
     from nodes.apply import stage_seed
-    from nodes.validate_config import check_proposal, config_diff, feasibility
+    from nodes.validate_config import check_proposal, config_diff, feasibility, record_person
 
     accepted = values["accepted"]
     current = values["config"]
     stage = int(values.get("stage", 0))
+    attempts = int(values.get("attempts") or 1)  # the engineer's; the person's answer is numbered after them
     say(f"\nProposed config for stage {stage + 1} (decision: {values.get('decision')}; * = changed):")
     say(config_table(current, accepted))
     if values.get("rationale"):
@@ -92,7 +80,7 @@ def ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) 
             raise RunError("--approve needs answers on standard input; none came (end of input)")
         answer = line.strip().lower()
         if answer in ("y", "yes"):
-            _record_person(run_dir, stage, {
+            record_person(run_dir, stage, attempts, {
                 "decision": "approved (person)", "accepted": accepted,
                 "reason": f"a person approved the engineer's {values.get('decision')} config",
                 "diff": config_diff(current, accepted)})
@@ -101,8 +89,8 @@ def ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) 
             return
         if answer in ("n", "no"):
             graph.update_state(cfg, {"accepted": current, "decision": "kept_previous (person)"})
-            _record_person(run_dir, stage, {"decision": "kept_previous (person)", "accepted": current,
-                                            "reason": "a person kept the current config", "diff": {}})
+            record_person(run_dir, stage, attempts, {"decision": "kept_previous (person)", "accepted": current,
+                                                     "reason": "a person kept the current config", "diff": {}})
             say(f"[approve] keeping stage {stage}'s config for stage {stage + 1} (no change)")
             return
         if answer not in ("e", "edit"):
@@ -127,7 +115,7 @@ def ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) 
             say(f"the edit was projected onto allowed values: {'; '.join(checked['notes'])}"[:500])
         edited = checked["config"].model_dump(mode="json")
         graph.update_state(cfg, {"accepted": edited, "decision": "edited (person)"})
-        _record_person(run_dir, stage, {
+        record_person(run_dir, stage, attempts, {
             "decision": "edited (person)", "accepted": edited, "source": str(edit_path),
             "reason": f"a person replaced the engineer's config ({checked['decision']} by validation)",
             "errors": checked["errors"], "notes": checked["notes"], "diff": config_diff(current, edited),

@@ -301,3 +301,10 @@ def route_after_validation(state: dict) -> Literal["propose_config", "apply"]:
 def validate_config(state: dict, runtime) -> dict[str, Any]:
     """Node: strict check, projection, feasibility; returns {accepted, decision, feedback, attempts, log}."""
     return validate(state, runtime.context.settings, runtime.context.run_dir)
+
+
+def record_person(run_dir: Path, stage: int, attempts: int, record: dict[str, Any]) -> None:
+    """A person's answer at the `--approve` prompt (graph.approve), written by this node's one writer of
+    validation.json: numbered after the engineer's `attempts`, marked `by: person`, and made final."""
+    _append_record(Path(run_dir) / f"stage_{stage}" / "validation.json", stage,
+                   {"attempt": attempts + 1, "by": "person", **record})
