@@ -106,7 +106,7 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
             say(f"[run] continuing after the shared stage 0 at node {snap.next[0] if snap.next else '-'}")
         else:
             inputs = {}
-        progress = Progress(settings, graph.get_state(cfg).values or {}, run_dir)
+        progress = Progress(settings, graph.get_state(cfg).values or {})
         SIGNALS["interruptible"] = False  # from here a first signal stops at the next step or node
         while True:
             for mode, chunk in graph.stream(inputs, cfg, context=ctx, stream_mode=["tasks", "updates"],

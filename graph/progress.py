@@ -1,10 +1,10 @@
 """What `python -m graph.run` prints while the loop runs: one line on stderr when a long node starts and one
-when it ends, built from what LangGraph streams (a task's input state, then the update the node returned). Every line passes `nodes.inert.for_terminal`: lines quote the
+when it ends, built from what LangGraph streams (a task's input state, then the update the node returned),
+never from log files or the run folder. Every line passes `nodes.inert.for_terminal`: lines quote the
 engineer's text."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -131,19 +131,7 @@ def describe_start(node: str, state: dict[str, Any], settings: Settings) -> str 
     return None
 
 
-def _last_record(run_dir: Path | None, stage: int) -> dict[str, Any] | None:
-    if run_dir is None:
-        return None
-    try:
-        doc = json.loads((Path(run_dir) / f"stage_{stage}" / "validation.json").read_text())
-    except (OSError, ValueError):
-        return None
-    decisions = doc.get("decisions") or []
-    return decisions[-1] if decisions else None
-
-
-def describe_update(node: str, update: dict[str, Any], state: dict[str, Any],
-                    run_dir: Path | None = None) -> str | None:
+def describe_update(node: str, update: dict[str, Any], state: dict[str, Any]) -> str | None:
     """The line printed when `node` returned `update`; `state` is the loop's state with `update` merged in."""
     if not isinstance(update, dict):
         return None
@@ -155,8 +143,11 @@ def describe_update(node: str, update: dict[str, Any], state: dict[str, Any],
     if node == "validate_config":
         decision = update.get("decision", "?")
         if decision in ("accepted", "projected"):
-            record = _last_record(run_dir, stage) or {}
-            return f"[stage {stage}] engineer proposal: {decision} ({diff_summary(record.get('diff') or {})})"
+            from nodes.validate_config import config_diff
+
+            # the diff validation.json records: the accepted config against the current one
+            diff = config_diff(state.get("config"), update.get("accepted"))
+            return f"[stage {stage}] engineer proposal: {decision} ({diff_summary(diff)})"
         extra = "; ".join(update.get("feedback") or [])[:200]
         return f"[stage {stage}] engineer proposal: {decision}" + (f" ({extra})" if extra and decision == "retry" else "")
     if node == "propose_config":
@@ -205,9 +196,8 @@ class Progress:
     chunks: a task's input starts a node (its start line), the node's returned update ends it (its result
     line with how long it took, and the zero-variance warning)."""
 
-    def __init__(self, settings: Settings, state: dict[str, Any], run_dir: Path) -> None:
+    def __init__(self, settings: Settings, state: dict[str, Any]) -> None:
         self.settings = settings
-        self.run_dir = run_dir
         self.state = dict(state)  # the loop's state as the nodes' updates build it
         self.t_start = time.monotonic()
         self.started: dict[str, float] = {}
@@ -226,7 +216,7 @@ class Progress:
                 continue
             if isinstance(update, dict):
                 self.state.update(update)
-            line = describe_update(node, update or {}, self.state, self.run_dir)
+            line = describe_update(node, update or {}, self.state)
             now = time.monotonic()
             if line:
                 took = now - self.started.get(node, now)
