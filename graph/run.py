@@ -22,6 +22,10 @@ A run never loses finished work (graph/runfolder.py):
   the resume command; a second kills the vLLM servers and every child process and exits at once;
 - a failing node prints one line (the traceback goes to logs/error.log) with the resume command;
 - text from the engineer reaches the terminal without control characters.
+
+This module is the command line only: the checks before any work are in graph/preflight.py, the streamed
+loop in graph/loop.py, its progress lines in graph/progress.py, --approve in graph/approve.py, --dry-run
+in graph/dryrun.py, signals and child processes in graph/interrupt.py.
 """
 
 from __future__ import annotations
