@@ -229,7 +229,7 @@ def update_as_evaluate(graph, cfg: dict[str, Any], values: dict[str, Any], ctx: 
 def seed_from_donor(donor: Donor, run_dir: Path, settings: Settings) -> dict[str, Any]:
     """Link the donor's stage 0 into `run_dir` and write its state as this run's first checkpoint.
 
-    Returns what `stage0_from.json` records. The thread id is `settings.run_id`, as in `graph.run.run_graph`.
+    Returns what `stage0_from.json` records. The thread id is `settings.run_id`, as in `graph.loop.run_graph`.
     """
     src, dst = stage_dir(donor.run_dir, 0), stage_dir(run_dir, 0)
     counts = {"linked": 0, "copied": 0}

@@ -3,7 +3,7 @@
 They pass the runtime context as a plain JSON dict, e.g. `{"preset": "smoke", "engineer": "fixed"}`.
 `context_from` turns it into the `RunContext` every node expects, through the same validation as
 `python -m graph.run`: `build_settings` (the dict plays the flags: dict over environment variables, e.g.
-from `.env`, over the preset) and `graph.run._check_before_work` (policy model, splits, engineer keys). A
+from `.env`, over the preset) and `graph.preflight.check_before_work` (policy model, splits, engineer keys). A
 bad value fails the run with the same one line. Keys: any setting name (`seed`, `stages`, ...), training
 ones as `train.<name>` or a nested `"train": {...}`, and `run_dir` (default `runs/studio-<thread id>`).
 API keys are never accepted here (environment only).
@@ -66,8 +66,8 @@ def build_context(values: dict[str, Any], thread: str = "local") -> RunContext:
     """A validated RunContext from a plain dict of settings; `SettingsError` (one line) when a value is bad."""
     import os
 
+    from graph.preflight import check_before_work
     from graph.provenance import collect
-    from graph.run import _check_before_work
     from graph.settings import Settings, build_settings
 
     cli = _flatten(dict(values))
@@ -80,7 +80,7 @@ def build_context(values: dict[str, Any], thread: str = "local") -> RunContext:
         settings = Settings.load(run_dir / "settings.json")
         return RunContext(settings=settings, run_dir=run_dir)
     settings = build_settings(cli, os.environ, given_as="context")
-    _check_before_work(settings)
+    check_before_work(settings)
     run_dir.mkdir(parents=True, exist_ok=True)
     settings = settings.model_copy(update={"run_dir": run_dir, "run_id": run_dir.name, "provenance": collect()})
     settings.save(run_dir / "settings.json")

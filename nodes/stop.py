@@ -7,7 +7,7 @@ and training then goes on); a second signal stops at once. Who checks the flag:
 - the trainers, through `StopCallback` (in their `callbacks=`): at the next step boundary it sets
   `control.should_training_stop`, the trainer returns, and train_stage raises `StageInterrupted` instead
   of saving a checkpoint, so the state stays at "train_stage next" and `--resume` trains the stage again;
-- the loop, between nodes (`graph.run.run_graph`): it stops streaming after the node that just finished,
+- the loop, between nodes (`graph.loop.run_graph`): it stops streaming after the node that just finished,
   whose update is already checkpointed.
 
 `StopCallback` subclasses `transformers.TrainerCallback`, built on first use so that importing this module

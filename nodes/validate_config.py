@@ -295,3 +295,10 @@ def _append_record(path: Path, stage: int, record: dict) -> None:
     doc["final"] = record["decision"] if record["decision"] != "retry" else None
     write_json_atomic(path, _jsonable(doc), allow_nan=False)
 
+
+
+def record_person(run_dir: Path, stage: int, attempts: int, record: dict[str, Any]) -> None:
+    """A person's answer at the `--approve` prompt (graph.approve), written by this node's one writer of
+    validation.json: numbered after the engineer's `attempts`, marked `by: person`, and made final."""
+    _append_record(stage_dir(run_dir, stage) / "validation.json", stage,
+                   {"attempt": attempts + 1, "by": "person", **record})

@@ -11,13 +11,13 @@ import sys
 import pytest
 
 from env import SIZES
-from graph import run as gr
+from graph import approve, loop, progress
 from tests.test_graph_wiring import PROPOSAL, settings_for, sizes, stub_nodes  # noqa: F401 - fixture
 
 
 def _run(monkeypatch, answers: str, settings, run_dir):
     monkeypatch.setattr(sys, "stdin", io.StringIO(answers))
-    return gr.run_graph(run_dir, settings, resume=False)
+    return loop.run_graph(run_dir, settings, resume=False)
 
 
 def _editor(tmp_path, monkeypatch, body: str):
@@ -32,7 +32,7 @@ def _editor(tmp_path, monkeypatch, body: str):
 def test_config_table_shows_old_to_new_per_size():
     old = {"sizes": sizes({3: 1.0})}
     new = {"sizes": sizes({3: 0.5, 4: 0.5}, wait=0.5)}
-    table = gr.config_table(old, new).splitlines()
+    table = progress.config_table(old, new).splitlines()
     assert table[0].split() == ["size", "data", "hole", "wait"]
     rows = {line.split()[0]: line for line in table[2:]}
     assert set(rows) == {f"{n}x{n}" for n in SIZES}
@@ -48,7 +48,7 @@ def test_enter_and_a_path_are_not_answers_y_applies(tmp_path, monkeypatch, stub_
     monkeypatch.chdir(tmp_path)
     _run(monkeypatch, f"\n{tmp_path / 'y'}\ny\n", settings, run_dir)
     err = capsys.readouterr().err
-    assert err.count(gr.APPROVE_PROMPT) == 3  # Enter and the path were asked again
+    assert err.count(approve.APPROVE_PROMPT) == 3  # Enter and the path were asked again
     assert "please answer y, n or e" in err
     assert "size  data" in err and "->" in err  # the table, not vertical JSON
     assert '"data_ratio"' not in err
@@ -78,7 +78,7 @@ def test_e_opens_editor_on_prefilled_file_and_revalidates(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     prefilled = json.loads((tmp_path / "prefilled.json").read_text())
     assert prefilled["sizes"]["3"]["data_ratio"] == pytest.approx(PROPOSAL["sizes"]["3"]["data_ratio"])
-    assert "cannot use the edit" in err and err.count(gr.APPROVE_PROMPT) == 2
+    assert "cannot use the edit" in err and err.count(approve.APPROVE_PROMPT) == 2
     assert "[approve] applying the edited config to stage 1" in err
     cfg = json.loads((run_dir / "stage_1" / "config.json").read_text())["sizes"]
     assert cfg["6"]["data_ratio"] == pytest.approx(1.0) and cfg["6"]["wait_ratio"] == pytest.approx(0.5)
@@ -93,4 +93,4 @@ def test_e_without_editor_is_one_line_and_asks_again(tmp_path, monkeypatch, stub
     monkeypatch.delenv("VISUAL", raising=False)
     _run(monkeypatch, "e\nn\n", settings, run_dir)
     err = capsys.readouterr().err
-    assert "no editor: set EDITOR" in err and err.count(gr.APPROVE_PROMPT) == 2
+    assert "no editor: set EDITOR" in err and err.count(approve.APPROVE_PROMPT) == 2

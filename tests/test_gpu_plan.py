@@ -123,7 +123,7 @@ def test_one_thinking_setting_reaches_grpo_config_prompt_counting_and_every_requ
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text("{}")
-    lp.set_enable_thinking(cfg.enable_thinking)  # what graph.run.run_graph does with the run's settings
+    lp.set_enable_thinking(cfg.enable_thinking)  # what graph.loop.run_graph does with the run's settings
     try:
         with lp.open_checkpoint(model_dir, backend="vllm", log_path=tmp_path / "v.log", keep_server=False) as chat:
             chat.chat_batch([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], max_tokens=4)

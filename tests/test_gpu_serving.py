@@ -8,7 +8,7 @@ import pytest
 import graph.graph as gg
 import llm_backends.policy as lp
 import llm_backends.vllm_server as vs
-from graph import run as gr
+from graph import loop
 from graph.settings import build_settings
 from llm_backends.vllm_server import VLLMServer, serving_defaults
 from nodes.files import stage_dir
@@ -116,7 +116,7 @@ def _run(tmp_path):
     s = build_settings({"engineer": "fixed", "stages": "3"}, {"PRESET": "smoke"})
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    gr.run_graph(run_dir, s.model_copy(update={"run_dir": run_dir}), resume=False)
+    loop.run_graph(run_dir, s.model_copy(update={"run_dir": run_dir}), resume=False)
 
 
 def test_no_kept_server_is_alive_when_a_stage_trains_on_a_gpu(tmp_path, stub_nodes, gpu_build):

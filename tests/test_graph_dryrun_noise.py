@@ -15,7 +15,7 @@ import pytest
 
 import graph.graph as gg
 from env import SIZES
-from graph import run as gr
+from graph import loop, progress
 from graph.prune import prune_older
 from graph.settings import build_settings
 from nodes.files import stage_dir
@@ -100,13 +100,13 @@ def test_zero_variance_stage_prints_a_warning_line(tmp_path, monkeypatch, stub_n
 
     monkeypatch.setattr(gg, "train_stage", train_stage)
     settings, run_dir = settings_for(tmp_path, stages=2)
-    gr.run_graph(run_dir, settings, resume=False)
+    loop.run_graph(run_dir, settings, resume=False)
     warnings = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[warn]")]
     assert warnings == [
         "[warn] stage 0: every GRPO group had zero reward variance (all completions of a prompt scored the same), "
         "so this stage learned nothing from GRPO; see train/zero_std_groups in its metrics.json"]
     # dynamic sampling replaced the zero groups: what was trained on counts
-    assert gr.zero_variance_warning("train_stage", {"train_metrics": {"train/zero_std_groups": 1.0,
+    assert progress.zero_variance_warning("train_stage", {"train_metrics": {"train/zero_std_groups": 1.0,
                                                                       "train/zero_std_groups_trained": 0.5}}, {}) is None
 
 
@@ -204,11 +204,11 @@ def test_keep_checkpoints_setting_and_the_loop(tmp_path, monkeypatch, stub_nodes
     with pytest.raises(Exception, match="keep_checkpoints"):
         build_settings({"keep_checkpoints": "first"}, {"PRESET": "smoke"})
     settings, run_dir = settings_for(tmp_path, stages=3, keep_checkpoints="last")
-    gr.run_graph(run_dir, settings, resume=False)
+    loop.run_graph(run_dir, settings, resume=False)
     assert seen == [True, True, True]
     assert [(run_dir / f"stage_{k}" / "checkpoint" / "model.safetensors").exists() for k in range(3)] == [
         False, False, True]
     (tmp_path / "all").mkdir()
     settings, run_dir2 = settings_for(tmp_path / "all", stages=3)
-    gr.run_graph(run_dir2, settings, resume=False)
+    loop.run_graph(run_dir2, settings, resume=False)
     assert all((run_dir2 / f"stage_{k}" / "checkpoint" / "model.safetensors").exists() for k in range(3))

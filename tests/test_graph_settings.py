@@ -83,26 +83,26 @@ def test_cli_errors_one_line_no_run_folder(tmp_path, args, env, needle):
 
 
 def test_policy_model_and_prompts_dir_checks(tmp_path):
-    from graph.run import _check_policy_model, _check_prompts_dir
+    from graph.preflight import check_policy_model, check_prompts_dir
 
     model = tmp_path / "model"
     model.mkdir()
     with pytest.raises(SettingsError, match="not a model folder"):
-        _check_policy_model(str(model))  # a folder without config.json
+        check_policy_model(str(model))  # a folder without config.json
     (model / "config.json").write_text("{}")
     for ok in ("smollm2-135m", "Qwen/Qwen3-4B", str(model)):
-        _check_policy_model(ok)
+        check_policy_model(ok)
     for bad in ("/no/such/model", "./missing", "no-such-short-name", "a/b/c"):
         with pytest.raises(SettingsError, match="policy_model"):
-            _check_policy_model(bad)
+            check_policy_model(bad)
     prompts = tmp_path / "prompts"
     prompts.mkdir()
     with pytest.raises(SettingsError, match="override nothing"):
-        _check_prompts_dir(prompts)
+        check_prompts_dir(prompts)
     (prompts / "module_F.md").write_text("F")
-    _check_prompts_dir(prompts)  # overriding one template is allowed: the others come from prompts/
+    check_prompts_dir(prompts)  # overriding one template is allowed: the others come from prompts/
     with pytest.raises(SettingsError, match="not a folder"):
-        _check_prompts_dir(prompts / "module_F.md")
+        check_prompts_dir(prompts / "module_F.md")
 
 
 @pytest.mark.parametrize("how", ["server_errors", "unreachable"])

@@ -16,8 +16,8 @@ from langgraph.errors import GraphRecursionError
 
 import graph.graph as gg
 from env import SIZES
-from graph import run as gr
-from graph.settings import build_settings
+from graph import approve, loop, progress
+from graph.settings import RunContext, build_settings
 from nodes.files import stage_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,16 +100,16 @@ def test_recursion_limit_covers_every_retry(tmp_path, monkeypatch, stub_nodes):
     monkeypatch.setattr(gg, "validate_config", validate_config)
     monkeypatch.setattr(gg, "apply", apply)
     settings, run_dir = settings_for(tmp_path, stages=20, engineer_max_attempts=10)
-    ctx = gr.RunContext(settings=settings, run_dir=run_dir)
+    ctx = RunContext(settings=settings, run_dir=run_dir)
     with pytest.raises(GraphRecursionError):
         gg.make_graph().invoke({}, {"recursion_limit": 50 + 20 * 20}, context=ctx)
-    final = gr.run_graph(run_dir, settings, resume=False)
+    final = loop.run_graph(run_dir, settings, resume=False)
     assert final["stage"] == 19 and final["final_metrics"]
 
 
 def test_progress_lines_start_and_compact_diff(tmp_path, stub_nodes, capsys):
     settings, run_dir = settings_for(tmp_path, stages=2, seed=5)
-    gr.run_graph(run_dir, settings, resume=False)
+    loop.run_graph(run_dir, settings, resume=False)
     err = capsys.readouterr().err
     for start in ("[stage 0] apply: generating", "[stage 0] train_stage", "[stage 0] evaluate on",
                   "[stage 0] summarize_failures", "[stage 0] propose_config: asking the fixed engineer",
@@ -118,22 +118,22 @@ def test_progress_lines_start_and_compact_diff(tmp_path, stub_nodes, capsys):
     assert "[stage 0] failures summarized" in err
     record = json.loads((run_dir / "stage_0" / "validation.json").read_text())["decisions"][-1]
     line = next(ln for ln in err.splitlines() if "engineer proposal: accepted" in ln)
-    assert gr.diff_summary(record["diff"]) in line and "size(s) changed" not in line
+    assert progress.diff_summary(record["diff"]) in line and "size(s) changed" not in line
     assert "3x3 data " in line and "->" in line and "more" in line  # 24 knobs moved: capped
 
 
 def test_diff_summary_is_compact():
     diff = {"7": {"wait_ratio": {"from": 0.5, "to": 0.25}}, "5": {"data_ratio": {"from": 0.12, "to": 0.18}},
             "10": {"hole_ratio": {"from": 0.1004, "to": 0.1001}}}
-    assert gr.diff_summary(diff) == "5x5 data .12->.18, 7x7 wait .50->.25, 10x10 hole .100->.100"
-    assert gr.diff_summary({}) == "no change"
+    assert progress.diff_summary(diff) == "5x5 data .12->.18, 7x7 wait .50->.25, 10x10 hole .100->.100"
+    assert progress.diff_summary({}) == "no change"
     many = {str(n): {"data_ratio": {"from": 0.1, "to": 0.2}} for n in SIZES}
-    assert gr.diff_summary(many, cap=3).endswith(", +5 more")
+    assert progress.diff_summary(many, cap=3).endswith(", +5 more")
 
 
 def _approve_run(tmp_path, monkeypatch, answers: str, resume: bool, settings, run_dir):
     monkeypatch.setattr(sys, "stdin", io.StringIO(answers))
-    return gr.run_graph(run_dir, settings, resume=resume)
+    return loop.run_graph(run_dir, settings, resume=resume)
 
 
 def test_approve_resume_at_the_prompt_asks_and_records_the_edit(tmp_path, monkeypatch, stub_nodes, capsys):
@@ -141,7 +141,7 @@ def test_approve_resume_at_the_prompt_asks_and_records_the_edit(tmp_path, monkey
     before streaming, the edited file goes through projection and feasibility, and validation.json holds
     the person's decision, which the report shows."""
     settings, run_dir = settings_for(tmp_path, stages=2, approve="true")
-    with pytest.raises(gr.RunError, match="standard input"):
+    with pytest.raises(progress.RunError, match="standard input"):
         _approve_run(tmp_path, monkeypatch, "", False, settings, run_dir)
     # data ratios summing to 2 fail strict validation: the person's config is projected like an engineer's
     (tmp_path / "edited.json").write_text(json.dumps({"sizes": sizes({5: 1.0, 6: 1.0})}))
@@ -156,7 +156,7 @@ def test_approve_resume_at_the_prompt_asks_and_records_the_edit(tmp_path, monkey
     capsys.readouterr()
     _approve_run(tmp_path, monkeypatch, "e\ne\n", True, settings, run_dir)
     err = capsys.readouterr().err
-    assert err.count(gr.APPROVE_PROMPT) == 2  # the bad edit got a line and another prompt
+    assert err.count(approve.APPROVE_PROMPT) == 2  # the bad edit got a line and another prompt
     assert "cannot use the edit" in err and "projected onto allowed values" in err
     cfg = json.loads((run_dir / "stage_1" / "config.json").read_text())["sizes"]
     assert cfg["5"]["data_ratio"] == pytest.approx(0.5) and cfg["3"]["data_ratio"] == 0

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 import graph.graph as gg
-from graph import run as gr
-from graph import tracking
+from graph import loop, preflight, tracking
 from graph.settings import SettingsError, build_settings
 from nodes.files import stage_dir
 from tests.test_graph_wiring import settings_for, stub_nodes  # noqa: F401 - fixture
@@ -68,7 +67,7 @@ def test_report_to_is_a_validated_train_setting():
 
 def test_one_tensorboard_run_per_loop_on_a_global_step(tmp_path, training_stub):
     settings, run_dir = settings_for(tmp_path, stages=3)
-    gr.run_graph(run_dir, settings, resume=False)
+    loop.run_graph(run_dir, settings, resume=False)
     tags = scalars(run_dir / "tb")
     # stage k's step s is at offset_k + s: offsets 0, 3, 5; 9 steps in all
     assert tags["train/reward"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 11.0), (5, 12.0), (6, 21.0), (7, 22.0),
@@ -86,7 +85,7 @@ def test_one_tensorboard_run_per_loop_on_a_global_step(tmp_path, training_stub):
 
 def test_a_re_run_node_is_not_logged_twice(tmp_path, training_stub):
     settings, run_dir = settings_for(tmp_path, stages=3)
-    gr.run_graph(run_dir, settings, resume=False)
+    loop.run_graph(run_dir, settings, resume=False)
     tracking.close_all()
     tracking.track("evaluate", {"stage": 1}, {"metrics": {"eval/valid_rate": 0.9}}, run_dir, settings)
     tracking.track("train_stage", {"stage": 0}, {"train_metrics": {}}, run_dir, settings)
@@ -99,7 +98,7 @@ def test_a_re_run_node_is_not_logged_twice(tmp_path, training_stub):
 def test_report_to_none_writes_no_loop_run(tmp_path, training_stub):
     settings, run_dir = settings_for(tmp_path, stages=2)
     settings = settings.model_copy(update={"train": settings.train.model_copy(update={"report_to": "none"})})
-    gr.run_graph(run_dir, settings, resume=False)
+    loop.run_graph(run_dir, settings, resume=False)
     assert not (run_dir / "tb").exists()
 
 
@@ -109,7 +108,7 @@ def test_tracking_failure_is_a_warning_not_the_end_of_the_run(tmp_path, training
 
     monkeypatch.setattr(tracking.LoopTracker, "on_evaluate", boom)
     settings, run_dir = settings_for(tmp_path, stages=2)
-    assert gr.run_graph(run_dir, settings, resume=False)["final_metrics"]
+    assert loop.run_graph(run_dir, settings, resume=False)["final_metrics"]
     assert "[warn] tracking (tensorboard) after evaluate: OSError: disk full" in capsys.readouterr().err
 
 
@@ -134,7 +133,7 @@ def test_wandb_offline_run_has_the_same_scalars_and_config_tables(tmp_path, trai
         return run
 
     monkeypatch.setattr(wandb, "init", spy_init)
-    gr.run_graph(run_dir, settings, resume=False)
+    loop.run_graph(run_dir, settings, resume=False)
     tracking.close_all()
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert runs and any(p.suffix == ".wandb" for r in runs for p in r.iterdir())  # an offline run on disk
@@ -157,7 +156,7 @@ def test_wandb_asked_for_but_not_installed_is_one_line(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     settings = build_settings({"engineer": "fixed", "train.report_to": "wandb"}, {"PRESET": "smoke"})
     with pytest.raises(SettingsError, match=r"train.report_to='wandb': the wandb package is not installed"):
-        gr._check_report_to(settings)
+        preflight.check_report_to(settings)
 
 
 def test_a_fork_logs_the_shared_stage_0(tmp_path):
@@ -173,7 +172,7 @@ def test_a_fork_logs_the_shared_stage_0(tmp_path):
     (run_dir / "stage_0" / "metrics.json").write_text(json.dumps({"train/steps": 2}))
     donor = SimpleNamespace(values={"config": {"sizes": {}}, "train_metrics": {"train/reward_mean": 0.1},
                                     "metrics": {"eval/valid_rate": 0.25}})
-    gr._track_shared_stage0(run_dir, settings, donor)
+    loop.track_shared_stage0(run_dir, settings, donor)
     tracking.close_all()
     tags = scalars(run_dir / "tb")
     assert tags["train/reward"] == [(1, 0.1), (2, 0.2)] and tags["eval/valid_rate"] == [(2, 0.25)]

@@ -1,0 +1,126 @@
+"""`--approve`: the run pauses before each `apply` (graph.loop) and a person answers for the validated
+proposal. Their edit goes through validate_config's own checks, and every answer is written to
+stage_k/validation.json by validate_config's own writer (`nodes.validate_config.record_person`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from graph.progress import RunError, config_table, diff_summary, say
+from graph.settings import Settings
+from nodes.files import stage_dir, write_json_atomic
+
+APPROVE_PROMPT = "apply it? [y] yes / [n] no, keep the current config / [e] edit it in $EDITOR: "
+
+
+def _editor_command() -> list[str]:
+    import shlex
+
+    editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or ""
+    cmd = shlex.split(editor)
+    if not cmd:
+        raise ValueError("no editor: set EDITOR (e.g. EDITOR=nano) before the run, or answer y or n")
+    return cmd
+
+
+def _edit_in_editor(path: Path, config: dict[str, Any]) -> Any:
+    """Write `config` to `path`, open $VISUAL/$EDITOR on it, and return the JSON it holds afterwards (raises
+    ValueError with one line when it is not JSON or the editor failed)."""
+    import subprocess
+
+    write_json_atomic(path, {"sizes": config.get("sizes", config)})
+    cmd = _editor_command()
+    try:
+        rc = subprocess.run([*cmd, str(path)]).returncode
+    except OSError as e:
+        raise ValueError(f"cannot start the editor {cmd[0]!r}: {e.strerror or e}") from None
+    if rc != 0:
+        raise ValueError(f"the editor {cmd[0]!r} exited with status {rc}; nothing was changed")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is not JSON any more: {str(e).splitlines()[0]}") from None
+
+
+def ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) -> None:
+    """Interrupted before apply: let a person apply, reject or edit the validated proposal.
+
+    The proposal is shown as a table (old -> new per size and knob); the answer is explicit: `y` applies
+    it, `n` keeps the current config, `e` opens $VISUAL/$EDITOR on a prefilled file
+    (stage_k/approve_edit.json). An edited config goes through validate_config's own checks (strict
+    validation, else projection, then the generator's feasibility dry-run on the next stage's data seed);
+    an unusable edit is explained and asked about again. Anything else (Enter alone included) is asked
+    again. Every answer is recorded in stage_k/validation.json as a decision `by: person`, and the line
+    after it says what will be applied."""
+    snap = graph.get_state(cfg)
+    values = snap.values
+    if not values.get("accepted") or "config" not in values:
+        return  # stage 0: nothing proposed yet
+    from nodes.apply import stage_seed
+    from nodes.validate_config import check_proposal, config_diff, feasibility, record_person
+
+    accepted = values["accepted"]
+    current = values["config"]
+    stage = int(values.get("stage", 0))
+    attempts = int(values.get("attempts") or 1)  # the engineer's; the person's answer is numbered after them
+    say(f"\nProposed config for stage {stage + 1} (decision: {values.get('decision')}; * = changed):")
+    say(config_table(current, accepted))
+    if values.get("rationale"):
+        say(f"rationale: {values['rationale'][:1000]}")
+    edit_path = stage_dir(run_dir, stage) / "approve_edit.json"
+    draft = accepted
+    while True:
+        say(APPROVE_PROMPT)
+        line = sys.stdin.readline()
+        if not line:
+            raise RunError("--approve needs answers on standard input; none came (end of input)")
+        answer = line.strip().lower()
+        if answer in ("y", "yes"):
+            record_person(run_dir, stage, attempts, {
+                "decision": "approved (person)", "accepted": accepted,
+                "reason": f"a person approved the engineer's {values.get('decision')} config",
+                "diff": config_diff(current, accepted)})
+            say(f"[approve] applying the engineer's config to stage {stage + 1}: "
+                f"{diff_summary(config_diff(current, accepted))}")
+            return
+        if answer in ("n", "no"):
+            graph.update_state(cfg, {"accepted": current, "decision": "kept_previous (person)"})
+            record_person(run_dir, stage, attempts, {"decision": "kept_previous (person)", "accepted": current,
+                                                     "reason": "a person kept the current config", "diff": {}})
+            say(f"[approve] keeping stage {stage}'s config for stage {stage + 1} (no change)")
+            return
+        if answer not in ("e", "edit"):
+            say(f"please answer y, n or e (got {answer[:40]!r})" if answer else "please answer y, n or e")
+            continue
+        try:
+            raw = _edit_in_editor(edit_path, draft)
+        except ValueError as e:
+            say(f"cannot use the edit: {e}"[:500])
+            continue
+        if isinstance(raw, dict) and isinstance(raw.get("sizes"), dict):
+            draft = raw  # a second [e] reopens the person's own last edit
+        checked = check_proposal(raw if isinstance(raw, dict) else None, current)
+        if checked["config"] is None:
+            say(f"cannot use the edit: {'; '.join(checked['errors'])}".splitlines()[0][:500])
+            continue
+        feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, stage + 1))
+        if not feas["ok"]:
+            say(f"cannot use the edit: infeasible: {'; '.join(feas['problems'])}"[:500])
+            continue
+        if checked["decision"] == "projected":
+            say(f"the edit was projected onto allowed values: {'; '.join(checked['notes'])}"[:500])
+        edited = checked["config"].model_dump(mode="json")
+        graph.update_state(cfg, {"accepted": edited, "decision": "edited (person)"})
+        record_person(run_dir, stage, attempts, {
+            "decision": "edited (person)", "accepted": edited, "source": str(edit_path),
+            "reason": f"a person replaced the engineer's config ({checked['decision']} by validation)",
+            "errors": checked["errors"], "notes": checked["notes"], "diff": config_diff(current, edited),
+            "feasibility": {k: v for k, v in feas.items() if k != "stats"},
+        })
+        say(f"[approve] applying the edited config to stage {stage + 1} ({checked['decision']} by validation):")
+        say(config_table(current, edited))
+        return

@@ -1,0 +1,159 @@
+"""`python -m graph.run --dry-run`: everything a run checks before its first training step, and no training.
+The graph is built, the training set-up of stage 0 is printed (GRPOConfig, LoRA, the vLLM server's command
+line; nodes.gpu_plan), stage-0 data is generated, and the engineer is asked for one real proposal on a
+dummy context, validated as the run would validate it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from graph.progress import RunError, config_table, diff_summary, say
+from graph.settings import Settings
+from nodes.files import stage_dir
+
+PING_TIMEOUT_S = 30.0
+
+
+def dummy_metrics() -> dict[str, Any]:
+    """Validation metrics for a dry run's dummy context: 4 answers per size, fewer valid on larger grids."""
+    from env.verify import FAILURES
+    from nodes.evaluate import compute_metrics
+
+    rows = []
+    for size in range(3, 11):
+        for i in range(4):
+            valid = i < max(0, 4 - (size - 2))
+            rows.append({"size": size, "valid": valid, "optimal": valid and i == 0,
+                         "failure": None if valid else FAILURES[(size + i) % len(FAILURES)]})
+    return compute_metrics(rows)
+
+
+def _dry_run_model(settings: Settings):
+    """An HTTP engineer with one attempt within PING_TIMEOUT_S (a dry run says at once that it does not answer,
+    it does not retry for the run's budget); None: `propose` opens the engineer as the run would (self, base)."""
+    from llm_backends.engineers import check_engineer_env
+
+    spec = check_engineer_env(settings.engineer, os.environ, model=settings.engineer_model,
+                              base_url=settings.engineer_base_url)
+    if spec is None or spec.backend != "http":
+        return None
+    from llm_backends.openai_chat import OpenAIChat
+
+    return OpenAIChat(spec.base_url, spec.model, api_key=spec.api_key, backend=spec.kind,
+                      timeout_s=PING_TIMEOUT_S, total_budget_s=PING_TIMEOUT_S, max_attempts=1)
+
+
+def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any]) -> None:
+    """Ask the engineer for one real proposal on a dummy context (stage 0's config and made-up validation
+    results), validate it as the run would (strict, projection, feasibility) and say what came out. A call
+    that fails is a RunError (one line); a reply without a usable config is reported, not an error."""
+    from langgraph.runtime import Runtime
+
+    from graph.settings import RunContext
+    from nodes.apply import stage_seed
+    from nodes.propose_config import propose_config
+    from nodes.summarize_failures import build_context
+    from nodes.validate_config import check_proposal, config_diff, feasibility
+
+    state: dict[str, Any] = {"stage": 0, "config": config, "metrics": dummy_metrics(), "history": []}
+    try:
+        env_stats = json.loads((stage_dir(run_dir, 0) / "env_stats.json").read_text())
+    except (OSError, ValueError):
+        env_stats = None
+    state["context"] = build_context(variant=settings.context, state=state, settings=settings, env_stats=env_stats)
+    say(f"[dry-run] asking the {settings.engineer} engineer for one proposal on a dummy context "
+        f"({len(state['context'])} chars, context {settings.context}) ...")
+    t0 = time.monotonic()
+    model = None if settings.is_classic_engineer else _dry_run_model(settings)
+    where = Path(run_dir) / "dry_run_engineer"  # its prompt and reply (stage_0/ is the run's own, or a donor's)
+    try:
+        if model is not None:
+            with model:
+                out = propose_config(state, Runtime(context=RunContext(settings, where)), model=model)
+        else:
+            out = propose_config(state, Runtime(context=RunContext(settings, where)))
+    except Exception as e:  # noqa: BLE001 - a server that did not start, ...: one line either way
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RunError(f"[dry-run] engineer {settings.engineer!r} did not answer: {first[:400]}") from None
+    took = time.monotonic() - t0
+    feedback = "; ".join(out.get("feedback") or [])
+    if out.get("proposal") is None:
+        if feedback.startswith("the engineer call failed"):
+            raise RunError(f"[dry-run] engineer {settings.engineer!r} did not answer: "
+                           f"{feedback.split(': ', 1)[-1][:400]}")
+        say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s without a usable config: "
+            f"{feedback[:300]} (a run would ask again, up to engineer_max_attempts={settings.engineer_max_attempts}, "
+            "then keep the current config)")
+        return
+    checked = check_proposal(out["proposal"], config)
+    if checked["config"] is None:
+        say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s; its config is refused by "
+            f"validation: {'; '.join(checked['errors'])[:300]} (a run would ask again)")
+        return
+    feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, 1))
+    new = checked["config"].model_dump(mode="json")
+    verdict = checked["decision"] + ("" if feas["ok"] else f", but infeasible: {'; '.join(feas['problems'])[:200]}")
+    say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s: a config, {verdict} "
+        f"({diff_summary(config_diff(config, new))})")
+    if checked["notes"]:
+        say(f"[dry-run] projection: {'; '.join(checked['notes'])[:300]}")
+    say(config_table(config, new))
+    if out.get("rationale"):
+        say(f"[dry-run] rationale: {str(out['rationale'])[:300]}")
+
+
+def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
+    from langgraph.runtime import Runtime
+
+    from graph.graph import make_graph
+    from graph.settings import RunContext
+    from nodes.apply import apply
+
+    make_graph()
+    say("[dry-run] graph built")
+    plan = _say_training_plan(settings, run_dir)
+    if donor is not None:
+        say(f"[dry-run] stage 0 would be shared from {donor.run_dir} (checkpoint {donor.checkpoint_id})")
+        try:
+            config = json.loads((stage_dir(donor.run_dir, 0) / "config.json").read_text())
+        except (OSError, ValueError):
+            config = None
+    else:
+        update = apply({}, Runtime(context=RunContext(settings, run_dir)))
+        config = update["config"]
+        say(f"[dry-run] stage-0 data generated: {update['train_path']}")
+    if plan is not None and plan["gpu_mocked"] and settings.engineer in ("self", "base"):
+        say(f"[dry-run] engineer {settings.engineer!r} not pinged for a proposal: it is served by the vLLM server "
+            "above, on a GPU this machine lacks")
+        return
+    if config is not None:
+        from env import EnvConfig
+
+        try:
+            config = EnvConfig.model_validate(config).model_dump(mode="json")
+        except ValueError:
+            config = None
+    if config is None:
+        say("[dry-run] no readable stage-0 config to show the engineer; not asked for a proposal")
+        return
+    _dry_run_proposal(settings, run_dir, config)
+
+
+def _say_training_plan(settings: Settings, run_dir: Path) -> dict | None:
+    """Build what stage 0 would run, up to the model load (GRPOConfig, LoRA config, the vLLM server's command
+    line; nodes.gpu_plan), as on one GPU when the preset trains on one and this machine has none, and print it."""
+    from nodes.gpu_plan import plan_lines, training_plan
+
+    try:
+        plan = training_plan(settings, run_dir)
+    except Exception as e:  # noqa: BLE001 - a config TRL or vLLM refuses: one line, like any bad setting
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:400]
+        raise RunError(f"[dry-run] the training configuration cannot be built: {type(e).__name__}: {first}") from None
+    for line in plan_lines(plan, settings):
+        say(f"[dry-run] {line}")
+    return plan
+
