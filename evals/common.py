@@ -212,7 +212,7 @@ def retarget_from_args(cfg: LoopConfig, args) -> LoopConfig:
                               "give --out DIR of an earlier reproduction")
     new = retarget(cfg, out=args.out, fresh=args.fresh)
     if new is not cfg:
-        print(f"note: results go to {_rel(new.resolved_out())}, run folders to {_rel(new.resolved_runs_dir())}",
+        print(f"note: results go to {repo_relative(new.resolved_out())}, run folders to {repo_relative(new.resolved_runs_dir())}",
               file=sys.stderr)
     return new
 
@@ -245,19 +245,19 @@ def guard_committed(pairs: Sequence[Pair], cfg: LoopConfig, env: Mapping[str, st
         if drift:
             more = f"; +{len(drift) - 2} more" if len(drift) > 2 else ""
             raise EvalConfigError(
-                f"{_rel(out)} holds committed results made with other settings than this config's ({pair.name}: "
+                f"{repo_relative(out)} holds committed results made with other settings than this config's ({pair.name}: "
                 f"{'; '.join(drift[:2])}{more}); they are not mixed or overwritten: {how}")
     if not kept:
         others = sorted(d.name for d in (out / "verdicts").glob("*-s*") if d.is_dir())
         shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
         raise EvalConfigError(
-            f"{_rel(out)} holds committed results of other runs than this config's ({shown or 'no verdicts'}); "
+            f"{repo_relative(out)} holds committed results of other runs than this config's ({shown or 'no verdicts'}); "
             f"they are not mixed or overwritten: {how}")
     if not missing:
         raise EvalConfigError(
-            f"{_rel(out)} already holds the committed results of this config ({len(kept)} runs); nothing to run: "
+            f"{repo_relative(out)} already holds the committed results of this config ({len(kept)} runs); nothing to run: "
             f"{how}, or --tables-only to rebuild the tables from them")
-    return (f"continuing the committed grid in {_rel(out)}: {len(kept)} committed run(s) kept as they are, "
+    return (f"continuing the committed grid in {repo_relative(out)}: {len(kept)} committed run(s) kept as they are, "
             f"{len(missing)} to run with the same settings (--fresh reproduces the whole config instead)")
 
 
@@ -509,7 +509,7 @@ def stage0_donor(folder: Path) -> str | None:
     """The donor a run (or its collected verdicts) took stage 0 from (its `stage0_from.json`), or None."""
     info = _read_json(Path(folder) / "stage0_from.json")
     if isinstance(info, dict) and info.get("donor"):
-        return _rel(Path(str(info["donor"])))
+        return repo_relative(Path(str(info["donor"])))
     return None
 
 
@@ -637,10 +637,10 @@ def run_grid(
         elif not share_stage0:
             how = "run"
         elif donor is not None:
-            how = f"run, stage 0 from {_rel(donor)}"
+            how = f"run, stage 0 from {repo_relative(donor)}"
         elif pair.seed in planned_donor:
             first = planned_donor[pair.seed]
-            how = f"run, stage 0 from {first.name} once it has finished stage 0 (adds --stage0-from {_rel(first.run_dir)})"
+            how = f"run, stage 0 from {first.name} once it has finished stage 0 (adds --stage0-from {repo_relative(first.run_dir)})"
         else:
             how = f"run in full (stage-0 donor of seed {pair.seed})"
         if share_stage0 and donor is None and pair.seed not in planned_donor:
@@ -666,7 +666,7 @@ def run_grid(
         rc, wall = _run_child(cmd, log_path, pair.name, timeout_s, penv)
         if donor is not None and rc == EXIT_BAD_SETTINGS and pair.status() == "new":
             # graph.run refused the donor (or does not know --stage0-from yet): stage 0 in full instead
-            log(f"[warn] {pair.name}: graph.run refused --stage0-from {_rel(donor)} (exit {rc}: "
+            log(f"[warn] {pair.name}: graph.run refused --stage0-from {repo_relative(donor)} (exit {rc}: "
                 f"{_last_line(log_path)}); running its stage 0 in full")
             donor = None
             cmd = pair.command(preset, overrides, resume=False)
@@ -680,7 +680,7 @@ def run_grid(
         t["machine"] = here  # where this pair ran (the last call's machine when it ran on several)
         if here not in t.setdefault("machines", []):
             t["machines"].append(here)
-        t["stage0_from"] = stage0_donor(pair.run_dir) or (_rel(donor) if donor is not None else None)
+        t["stage0_from"] = stage0_donor(pair.run_dir) or (repo_relative(donor) if donor is not None else None)
         t["stage0_shared"] = t["stage0_from"] is not None
         timings_path.write_text(json.dumps(timings, indent=2) + "\n")
         if rc == 0 and pair.status() == "finished":
@@ -694,7 +694,7 @@ def run_grid(
     return result
 
 
-def _rel(p: Path) -> str:
+def repo_relative(p: Path) -> str:
     """A path relative to the repository when it is inside it (what timings.json and the plan show)."""
     try:
         return str(Path(p).resolve().relative_to(REPO_ROOT))

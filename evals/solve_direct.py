@@ -38,13 +38,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from evals.common import (
     EvalConfigError,
     EventLog,
-    _rel,
     committed,
     config_command,
     load_config,
     machine,
     read_jsonl,
     repo_path,
+    repo_relative,
     reproduce_folder,
     subset_counts,
     subset_order,
@@ -277,7 +277,7 @@ def reproduce_target(out: Path, args) -> Path:
     if new is None:
         return out
     if args.fresh:
-        print(f"note: answers and tables go to {_rel(new)}", file=sys.stderr)
+        print(f"note: answers and tables go to {repo_relative(new)}", file=sys.stderr)
     return new
 
 
@@ -314,9 +314,9 @@ def main(argv: list[str] | None = None) -> int:
             todo = [m.name for m in cfg.models if not m.missing(env) and _left(out, m.name, instances)]
             if todo:
                 raise EvalConfigError(
-                    f"{_rel(out)} holds committed results and {', '.join(todo)} would add answers to them: pass "
+                    f"{repo_relative(out)} holds committed results and {', '.join(todo)} would add answers to them: pass "
                     "--fresh (a new folder beside it) or --out DIR to reproduce the config, or --tables-only")
-            print(f"note: every model already answered every instance in {_rel(out)} (committed); nothing was asked "
+            print(f"note: every model already answered every instance in {repo_relative(out)} (committed); nothing was asked "
                   "or written. Pass --fresh or --out DIR to reproduce the config, --tables-only to rebuild its tables",
                   file=sys.stderr)
             return 0
