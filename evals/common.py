@@ -32,7 +32,6 @@ identical answer for answer (their stages changed nothing the benchmark sees).
 from __future__ import annotations
 
 import csv
-import functools
 import json
 import math
 import os
@@ -459,30 +458,14 @@ def settings_drift(pair: Pair, preset: str, overrides: Mapping[str, Any], env: M
 # ----------------------------------------------------------------------------- stage-0 sharing
 
 
-# Settings a donor and its fork may differ in (graph/stage0.py's MAY_DIFFER, copied here so that a dry run
-# needs no graph import): the engineer side, the context and the run's bookkeeping. Every other setting
-# (seed, preset, stages, policy, train.*, eval/final splits, limits, ...) must be equal, or graph.run refuses.
-STAGE0_MAY_DIFFER = frozenset({
-    "engineer", "engineer_model", "engineer_base_url", "engineer_max_tokens", "engineer_max_attempts",
-    "engineer_temperature", "engineer_structured", "feasibility_n",
-    "context", "context_details", "evidence_examples", "evidence_chars", "prompts_dir",
-    "run_dir", "run_id", "approve", "keep_server",
-    "provenance", "keep_checkpoints", "train.report_to",
-})
-
-
 def stage0_setting(key: str) -> bool:
-    """Whether a donor must have the same value of setting `key` (`train.<name>` for training ones)."""
-    return key not in _may_differ() and key.split(".", 1)[0] not in _may_differ()
+    """Whether a donor must have the same value of setting `key` (`train.<name>` for training ones): every
+    setting outside graph/stage0.py's MAY_DIFFER (the engineer side, the context, the run's bookkeeping),
+    the list graph.run itself checks a donor against. Imported here, not at the top, so that loading the
+    evals (--help, --tables-only) does not load the settings module."""
+    from graph.stage0 import MAY_DIFFER
 
-
-@functools.cache
-def _may_differ() -> frozenset[str]:
-    try:
-        from graph.stage0 import MAY_DIFFER
-    except Exception:  # noqa: BLE001 - graph.run without --stage0-from support (or mid-edit): our copy
-        return STAGE0_MAY_DIFFER
-    return frozenset(MAY_DIFFER)
+    return key not in MAY_DIFFER and key.split(".", 1)[0] not in MAY_DIFFER
 
 
 def stage0_finished(run_dir: Path) -> bool:
