@@ -8,7 +8,7 @@ Each variant runs `python -m graph.run --engineer <engineer> --context <V>` once
 folder `<runs_dir>/<V>-s<seed>`; `baselines:` adds other engineers (e.g. `fixed`) as extra rows so the
 gap can be measured against a curriculum that does not redesign. Same seeds, budgets, resume rules,
 statistics, tables, plots, stage-0 sharing (`share_stage0`) and reproduction flags (`--fresh`, `--out DIR`;
-committed results are never overwritten) as `evals.compare_engineers` (both use `evals.common`).
+committed results are never overwritten) as `evals.compare_engineers` (both use `evals.loop`).
 """
 
 from __future__ import annotations
@@ -19,15 +19,10 @@ from pathlib import Path
 
 from pydantic import Field
 
-from evals.common import (
-    Arm,
-    EvalConfigError,
-    LoopConfig,
-    add_reproduce_flags,
-    load_config,
-    retarget_from_args,
-    run_loop_eval,
-)
+from evals.config import EvalConfigError, LoopConfig, load_config
+from evals.loop import run_loop_eval
+from evals.pairs import Arm
+from evals.results import add_reproduce_flags, retarget_from_args
 
 VARIANTS = ("V1", "V2", "V3", "V4", "V5", "V6")
 

@@ -13,7 +13,7 @@ data and training seed; the same preset and `set:` overrides give every engineer
   ENGINEER_API_KEY, and it is never written to a log, timings.json or a run folder.
 - Stage 0 does not depend on the engineer, so by default (`share_stage0: true`) it is trained once per
   seed: the seed's first run is the donor, the others start with `graph.run --stage0-from <donor>`
-  (see `evals.common`); `--dry-run` shows which run forks from which donor.
+  (see `evals.pairs`); `--dry-run` shows which run forks from which donor.
 - Finished pairs (final/metrics.json and report.md) are never redone; unfinished ones are continued with
   `graph.run --resume`. Rerunning the same command after a crash or Ctrl-C picks up where it stopped.
   A pair whose verdicts are already in `<out>/verdicts/` (committed from another machine or day) counts
@@ -25,13 +25,13 @@ data and training seed; the same preset and `set:` overrides give every engineer
   `--out DIR` into DIR (run folders in `runs/evals/<DIR name>`). Committed results are never overwritten: a
   config whose `out` holds committed results runs into it only to continue that grid with the same settings;
   other settings, another config's runs, or nothing left to run are refused with one line naming --fresh / --out
-  (`evals.common.guard_committed`).
+  (`evals.pairs.guard_committed`).
 
 Outputs in `<out>`: table.md / table.csv / table.json (valid % / optimal % per agent count and wait subset,
 mean ± 95% t-interval over seeds, gap to the baseline), validation_per_stage.png, allocation.png,
 timings.json, events.log, logs/<pair>.log, verdicts/<pair>/ (the per-instance verdict files).
 
-Config fields (YAML or TOML): see `CompareConfig` below and `evals.common.LoopConfig`.
+Config fields (YAML or TOML): see `CompareConfig` below and `evals.config.LoopConfig`.
 """
 
 from __future__ import annotations
@@ -42,15 +42,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evals.common import (
-    Arm,
-    EvalConfigError,
-    LoopConfig,
-    add_reproduce_flags,
-    load_config,
-    retarget_from_args,
-    run_loop_eval,
-)
+from evals.config import EvalConfigError, LoopConfig, load_config
+from evals.loop import run_loop_eval
+from evals.pairs import Arm
+from evals.results import add_reproduce_flags, retarget_from_args
 
 
 class EngineerSpec(BaseModel):

@@ -35,22 +35,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from evals.common import (
-    EvalConfigError,
-    EventLog,
-    committed,
-    config_command,
-    load_config,
-    machine,
-    read_jsonl,
-    repo_path,
-    repo_relative,
-    reproduce_folder,
-    subset_counts,
-    subset_order,
-    subset_title,
-    wilson,
-)
+from evals.config import EvalConfigError, config_command, load_config, repo_path, repo_relative
+from evals.grid import EventLog, machine
+from evals.results import committed, read_jsonl, reproduce_folder
+from evals.stats import subset_counts, subset_order, wilson
+from evals.tables import subset_title
 
 
 class ModelSpec(BaseModel):
