@@ -36,16 +36,13 @@ Config fields (YAML or TOML): see `CompareConfig` below and `evals.config.LoopCo
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evals.config import EvalConfigError, LoopConfig, load_config
-from evals.loop import run_loop_eval
+from evals import loop
+from evals.config import EvalConfigError, LoopConfig
 from evals.pairs import Arm
-from evals.results import add_reproduce_flags, retarget_from_args
 
 
 class EngineerSpec(BaseModel):
@@ -84,30 +81,18 @@ def arms_of(cfg: CompareConfig) -> list[Arm]:
     return arms
 
 
+def plan(cfg: CompareConfig) -> tuple[CompareConfig, list[Arm], str]:
+    """The engineers as arms, the config (without gap columns when the baseline is not listed) and the title."""
+    arms = arms_of(cfg)
+    if cfg.baseline and cfg.baseline not in [a.label for a in arms]:
+        print(f"note: baseline {cfg.baseline!r} is not among the engineers; no gap columns", file=sys.stderr)
+        cfg = cfg.model_copy(update={"baseline": None})
+    return cfg, arms, f"Engineers compared ({cfg.preset} preset, seeds {cfg.seeds})"
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m evals.compare_engineers", description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True, type=Path, help="YAML/TOML config (see evals/configs/)")
-    p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; run nothing")
-    p.add_argument("--tables-only", action="store_true", help="rebuild tables/plots from <out>/verdicts only")
-    add_reproduce_flags(p)
-    args = p.parse_args(argv)
-    try:
-        cfg = load_config(args.config, CompareConfig)
-        assert isinstance(cfg, CompareConfig)
-        cfg = retarget_from_args(cfg, args)
-        arms = arms_of(cfg)
-        if cfg.baseline and cfg.baseline not in [a.label for a in arms]:
-            print(f"note: baseline {cfg.baseline!r} is not among the engineers; no gap columns", file=sys.stderr)
-            cfg = cfg.model_copy(update={"baseline": None})
-        return run_loop_eval(arms=arms, cfg=cfg, config_path=args.config, arm_header="engineer",
-                             title=f"Engineers compared ({cfg.preset} preset, seeds {cfg.seeds})",
-                             dry_run=args.dry_run, tables_only=args.tables_only)
-    except EvalConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+    return loop.main(argv, prog="python -m evals.compare_engineers", description=__doc__.split("\n")[0],
+                     model=CompareConfig, plan=plan, arm_header="engineer")
 
 
 if __name__ == "__main__":

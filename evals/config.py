@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+ConfigT = TypeVar("ConfigT", bound=BaseModel)  # an eval's config model; load_config returns an instance of it
 
 
 class EvalConfigError(ValueError):
@@ -47,6 +48,9 @@ class LoopConfig(BaseModel):
         return repo_path(self.out)
 
 
+LoopConfigT = TypeVar("LoopConfigT", bound=LoopConfig)  # a script's own config, kept through retargeting
+
+
 def repo_path(p: Path | str) -> Path:
     p = Path(p)
     return p if p.is_absolute() else REPO_ROOT / p
@@ -72,7 +76,7 @@ def config_command(path: Path) -> str | None:
     return None
 
 
-def load_config(path: str | os.PathLike, model: type[BaseModel]) -> BaseModel:
+def load_config(path: str | os.PathLike, model: type[ConfigT]) -> ConfigT:
     """Read a YAML (or TOML) eval config into `model`; raise `EvalConfigError` with one readable line."""
     path = Path(path)
     try:

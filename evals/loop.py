@@ -7,17 +7,18 @@ See `evals.pairs` for arms, pairs and stage-0 sharing, `evals.results` for where
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from evals.config import EvalConfigError, LoopConfig, config_command
+from evals.config import EvalConfigError, LoopConfig, LoopConfigT, config_command, load_config
 from evals.grid import GridResult, collect_verdicts, machine, run_grid
 from evals.pairs import Arm, guard_committed, make_pairs, stage0_donor
 from evals.plots import stage0_mismatches, write_plots
-from evals.results import committed, read_json, verdict_folders
+from evals.results import add_reproduce_flags, committed, read_json, retarget_from_args, verdict_folders
 from evals.stats import identical_answer_notes, summarize
 from evals.tables import write_tables
 
@@ -114,3 +115,30 @@ def run_loop_eval(
           file=sys.stderr)
     print((out / "table.md").read_text())
     return 1 if grid.failed else 0
+
+
+def main(argv: list[str] | None, *, prog: str, description: str, model: type[LoopConfigT],
+         plan: Callable[[LoopConfigT], tuple[LoopConfigT, Sequence[Arm], str]], arm_header: str) -> int:
+    """The command line of a loop eval script (`--config`, `--dry-run`, `--tables-only`, `--fresh`, `--out DIR`).
+
+    A script brings its config `model` (a `LoopConfig` with its arms' fields) and its `plan`, which turns
+    the loaded config into the config to run, the arms and the tables' title; `arm_header` heads the arm
+    column. A bad config is one `error:` line and exit status 2; Ctrl-C leaves a grid that the same command
+    resumes (status 130).
+    """
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--config", required=True, type=Path, help="YAML/TOML config (see evals/configs/)")
+    p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; run nothing")
+    p.add_argument("--tables-only", action="store_true", help="rebuild tables/plots from <out>/verdicts only")
+    add_reproduce_flags(p)
+    args = p.parse_args(argv)
+    try:
+        cfg, arms, title = plan(retarget_from_args(load_config(args.config, model), args))
+        return run_loop_eval(arms=arms, cfg=cfg, config_path=args.config, arm_header=arm_header, title=title,
+                             dry_run=args.dry_run, tables_only=args.tables_only)
+    except EvalConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
+        return 130

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from evals.config import REPO_ROOT, EvalConfigError, LoopConfig, repo_path, repo_relative
+from evals.config import REPO_ROOT, EvalConfigError, LoopConfigT, repo_path, repo_relative
 
 RESULTS_DIR = REPO_ROOT / "evals" / "results"
 
@@ -63,7 +63,7 @@ def reproduce_folder(base: Path, out: Path | str | None, fresh: bool) -> Path | 
     return new
 
 
-def retarget(cfg: LoopConfig, out: Path | str | None = None, fresh: bool = False) -> LoopConfig:
+def retarget(cfg: LoopConfigT, out: Path | str | None = None, fresh: bool = False) -> LoopConfigT:
     """`cfg` with its results in another folder, to reproduce a config on purpose.
 
     `out`: that folder. `fresh`: a new folder beside the config's `out`, named `<out>-<UTC YYYYmmdd-HHMMSS>`
@@ -88,7 +88,7 @@ def add_reproduce_flags(parser) -> None:
                              "with new run folders; committed results are never overwritten")
 
 
-def retarget_from_args(cfg: LoopConfig, args) -> LoopConfig:
+def retarget_from_args(cfg: LoopConfigT, args) -> LoopConfigT:
     """`retarget` with the parsed `--out` / `--fresh` flags; `--fresh --tables-only` is refused (no verdicts yet)."""
     if args.fresh and getattr(args, "tables_only", False):
         raise EvalConfigError("--fresh --tables-only: a fresh folder has no verdicts to tabulate; drop --fresh, or "

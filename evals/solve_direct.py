@@ -284,7 +284,6 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     try:
         cfg = load_config(args.config, SolveConfig)
-        assert isinstance(cfg, SolveConfig)
         names = [m.name for m in cfg.models]
         if len(set(names)) != len(names):
             raise EvalConfigError(f"config {args.config}: model names must be distinct, got {names}")
