@@ -45,10 +45,6 @@ class Arm:
     engineer_base_url: str | None = None
     api_key_env: str | None = None  # variable holding this endpoint's key; its child sees it as ENGINEER_API_KEY
 
-    @property
-    def is_api(self) -> bool:
-        return self.engineer not in CLASSIC_ENGINEERS and self.engineer not in ("self", "base")
-
 
 @dataclass(frozen=True)
 class Pair:
@@ -154,10 +150,8 @@ def check_api_engineer(arm: Arm, env: Mapping[str, str]) -> str | None:
         env["ENGINEER_MODEL"] = arm.engineer_model
     if arm.engineer_base_url:
         env["ENGINEER_BASE_URL"] = arm.engineer_base_url
-    try:
-        from llm_backends.engineers import EngineerConfigError, check_engineer_env
-    except ImportError:  # llm_backends.engineers not there yet: the minimal key check
-        return _fallback_key_check(arm, env) if arm.is_api else None
+    from llm_backends.engineers import EngineerConfigError, check_engineer_env
+
     try:
         check_engineer_env(arm.engineer, env)
     except EngineerConfigError as e:
@@ -173,16 +167,6 @@ def child_env(arm: Arm, env: Mapping[str, str]) -> dict[str, str]:
     if arm.api_key_env and env.get(arm.api_key_env):
         out["ENGINEER_API_KEY"] = env[arm.api_key_env]
     return out
-
-
-def _fallback_key_check(arm: Arm, env: Mapping[str, str]) -> str | None:
-    keys = {"openai": ("ENGINEER_API_KEY", "OPENAI_API_KEY"), "gemini": ("ENGINEER_API_KEY", "GEMINI_API_KEY")}
-    names = keys.get(arm.engineer, ("ENGINEER_API_KEY",))
-    if not any(env.get(k) for k in names):
-        return f"engineer {arm.engineer!r} needs an API key: set {' or '.join(names)}"
-    if arm.engineer not in keys and not (arm.engineer_base_url or env.get("ENGINEER_BASE_URL")):
-        return f"engineer {arm.engineer!r} is a custom endpoint: set ENGINEER_BASE_URL or engineer base_url"
-    return None
 
 
 def check_settings(pair: Pair, preset: str, overrides: Mapping[str, Any], env: Mapping[str, str]) -> str | None:
