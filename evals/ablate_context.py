@@ -8,26 +8,18 @@ Each variant runs `python -m graph.run --engineer <engineer> --context <V>` once
 folder `<runs_dir>/<V>-s<seed>`; `baselines:` adds other engineers (e.g. `fixed`) as extra rows so the
 gap can be measured against a curriculum that does not redesign. Same seeds, budgets, resume rules,
 statistics, tables, plots, stage-0 sharing (`share_stage0`) and reproduction flags (`--fresh`, `--out DIR`;
-committed results are never overwritten) as `evals.compare_engineers` (both use `evals.common`).
+committed results are never overwritten) as `evals.compare_engineers` (both use `evals.loop`).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 from pydantic import Field
 
-from evals.common import (
-    Arm,
-    EvalConfigError,
-    LoopConfig,
-    add_reproduce_flags,
-    load_config,
-    retarget_from_args,
-    run_loop_eval,
-)
+from evals import loop
+from evals.config import EvalConfigError, LoopConfig
+from evals.pairs import Arm
 from nodes.summarize_failures import CONTEXT_VARIANTS
 
 
@@ -54,26 +46,15 @@ def arms_of(cfg: AblateConfig) -> list[Arm]:
     return arms
 
 
+def plan(cfg: AblateConfig) -> tuple[AblateConfig, list[Arm], str]:
+    """The variants (and baselines) as arms, the config as it is, and the title."""
+    return cfg, arms_of(cfg), (f"Context ablation for engineer `{cfg.engineer}` ({cfg.preset} preset, "
+                               f"seeds {cfg.seeds})")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m evals.ablate_context", description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True, type=Path, help="YAML/TOML config (see evals/configs/)")
-    p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; run nothing")
-    p.add_argument("--tables-only", action="store_true", help="rebuild tables/plots from <out>/verdicts only")
-    add_reproduce_flags(p)
-    args = p.parse_args(argv)
-    try:
-        cfg = load_config(args.config, AblateConfig)
-        assert isinstance(cfg, AblateConfig)
-        cfg = retarget_from_args(cfg, args)
-        return run_loop_eval(arms=arms_of(cfg), cfg=cfg, config_path=args.config, arm_header="context",
-                             title=f"Context ablation for engineer `{cfg.engineer}` ({cfg.preset} preset, "
-                             f"seeds {cfg.seeds})", dry_run=args.dry_run, tables_only=args.tables_only)
-    except EvalConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+    return loop.main(argv, prog="python -m evals.ablate_context", description=__doc__.split("\n")[0],
+                     model=AblateConfig, plan=plan, arm_header="context")
 
 
 if __name__ == "__main__":

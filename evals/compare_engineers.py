@@ -13,7 +13,7 @@ data and training seed; the same preset and `set:` overrides give every engineer
   ENGINEER_API_KEY, and it is never written to a log, timings.json or a run folder.
 - Stage 0 does not depend on the engineer, so by default (`share_stage0: true`) it is trained once per
   seed: the seed's first run is the donor, the others start with `graph.run --stage0-from <donor>`
-  (see `evals.common`); `--dry-run` shows which run forks from which donor.
+  (see `evals.pairs`); `--dry-run` shows which run forks from which donor.
 - Finished pairs (final/metrics.json and report.md) are never redone; unfinished ones are continued with
   `graph.run --resume`. Rerunning the same command after a crash or Ctrl-C picks up where it stopped.
   A pair whose verdicts are already in `<out>/verdicts/` (committed from another machine or day) counts
@@ -25,32 +25,24 @@ data and training seed; the same preset and `set:` overrides give every engineer
   `--out DIR` into DIR (run folders in `runs/evals/<DIR name>`). Committed results are never overwritten: a
   config whose `out` holds committed results runs into it only to continue that grid with the same settings;
   other settings, another config's runs, or nothing left to run are refused with one line naming --fresh / --out
-  (`evals.common.guard_committed`).
+  (`evals.pairs.guard_committed`).
 
 Outputs in `<out>`: table.md / table.csv / table.json (valid % / optimal % per agent count and wait subset,
 mean ± 95% t-interval over seeds, gap to the baseline), validation_per_stage.png, allocation.png,
 timings.json, events.log, logs/<pair>.log, verdicts/<pair>/ (the per-instance verdict files).
 
-Config fields (YAML or TOML): see `CompareConfig` below and `evals.common.LoopConfig`.
+Config fields (YAML or TOML): see `CompareConfig` below and `evals.config.LoopConfig`.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evals.common import (
-    Arm,
-    EvalConfigError,
-    LoopConfig,
-    add_reproduce_flags,
-    load_config,
-    retarget_from_args,
-    run_loop_eval,
-)
+from evals import loop
+from evals.config import EvalConfigError, LoopConfig
+from evals.pairs import Arm
 
 
 class EngineerSpec(BaseModel):
@@ -89,30 +81,18 @@ def arms_of(cfg: CompareConfig) -> list[Arm]:
     return arms
 
 
+def plan(cfg: CompareConfig) -> tuple[CompareConfig, list[Arm], str]:
+    """The engineers as arms, the config (without gap columns when the baseline is not listed) and the title."""
+    arms = arms_of(cfg)
+    if cfg.baseline and cfg.baseline not in [a.label for a in arms]:
+        print(f"note: baseline {cfg.baseline!r} is not among the engineers; no gap columns", file=sys.stderr)
+        cfg = cfg.model_copy(update={"baseline": None})
+    return cfg, arms, f"Engineers compared ({cfg.preset} preset, seeds {cfg.seeds})"
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m evals.compare_engineers", description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True, type=Path, help="YAML/TOML config (see evals/configs/)")
-    p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; run nothing")
-    p.add_argument("--tables-only", action="store_true", help="rebuild tables/plots from <out>/verdicts only")
-    add_reproduce_flags(p)
-    args = p.parse_args(argv)
-    try:
-        cfg = load_config(args.config, CompareConfig)
-        assert isinstance(cfg, CompareConfig)
-        cfg = retarget_from_args(cfg, args)
-        arms = arms_of(cfg)
-        if cfg.baseline and cfg.baseline not in [a.label for a in arms]:
-            print(f"note: baseline {cfg.baseline!r} is not among the engineers; no gap columns", file=sys.stderr)
-            cfg = cfg.model_copy(update={"baseline": None})
-        return run_loop_eval(arms=arms, cfg=cfg, config_path=args.config, arm_header="engineer",
-                             title=f"Engineers compared ({cfg.preset} preset, seeds {cfg.seeds})",
-                             dry_run=args.dry_run, tables_only=args.tables_only)
-    except EvalConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+    return loop.main(argv, prog="python -m evals.compare_engineers", description=__doc__.split("\n")[0],
+                     model=CompareConfig, plan=plan, arm_header="engineer")
 
 
 if __name__ == "__main__":

@@ -35,22 +35,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from evals.common import (
-    EvalConfigError,
-    EventLog,
-    _rel,
-    committed,
-    config_command,
-    load_config,
-    machine,
-    read_jsonl,
-    repo_path,
-    reproduce_folder,
-    subset_counts,
-    subset_order,
-    subset_title,
-    wilson,
-)
+from evals.config import EvalConfigError, config_command, load_config, repo_path, repo_relative
+from evals.grid import EventLog, machine
+from evals.results import committed, read_jsonl, reproduce_folder
+from evals.stats import subset_counts, subset_order, wilson
+from evals.tables import subset_title
 
 
 class ModelSpec(BaseModel):
@@ -277,7 +266,7 @@ def reproduce_target(out: Path, args) -> Path:
     if new is None:
         return out
     if args.fresh:
-        print(f"note: answers and tables go to {_rel(new)}", file=sys.stderr)
+        print(f"note: answers and tables go to {repo_relative(new)}", file=sys.stderr)
     return new
 
 
@@ -295,7 +284,6 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     try:
         cfg = load_config(args.config, SolveConfig)
-        assert isinstance(cfg, SolveConfig)
         names = [m.name for m in cfg.models]
         if len(set(names)) != len(names):
             raise EvalConfigError(f"config {args.config}: model names must be distinct, got {names}")
@@ -314,9 +302,9 @@ def main(argv: list[str] | None = None) -> int:
             todo = [m.name for m in cfg.models if not m.missing(env) and _left(out, m.name, instances)]
             if todo:
                 raise EvalConfigError(
-                    f"{_rel(out)} holds committed results and {', '.join(todo)} would add answers to them: pass "
+                    f"{repo_relative(out)} holds committed results and {', '.join(todo)} would add answers to them: pass "
                     "--fresh (a new folder beside it) or --out DIR to reproduce the config, or --tables-only")
-            print(f"note: every model already answered every instance in {_rel(out)} (committed); nothing was asked "
+            print(f"note: every model already answered every instance in {repo_relative(out)} (committed); nothing was asked "
                   "or written. Pass --fresh or --out DIR to reproduce the config, --tables-only to rebuild its tables",
                   file=sys.stderr)
             return 0

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from evals import ablate_context, common, compare_engineers
+from evals import ablate_context, compare_engineers, config, grid, loop, pairs, results
 
-REPO = common.REPO_ROOT
+REPO = config.REPO_ROOT
 COMMITTED = REPO / "evals" / "results" / "compare_smoke"
 
 
@@ -34,16 +34,16 @@ def _config(tmp_path: Path, body: str, module: str = "evals.compare_engineers") 
 @pytest.fixture
 def no_runs(monkeypatch):
     """Any attempt to run the grid for real (not a dry run) fails the test."""
-    real = common.run_grid
+    real = loop.run_grid
     calls = []
 
     def guarded(pairs, **kw):
         calls.append((list(pairs), kw))
         if not kw.get("dry_run"):
-            return common.GridResult()
+            return grid.GridResult()
         return real(pairs, **kw)
 
-    monkeypatch.setattr(common, "run_grid", guarded)
+    monkeypatch.setattr(loop, "run_grid", guarded)
     return calls
 
 
@@ -52,10 +52,10 @@ def _committed_eval_limit() -> int:
 
 
 def test_committed_detects_tracked_results(tmp_path):
-    assert common.committed(COMMITTED)
-    assert common.committed(COMMITTED / "verdicts")
-    assert not common.committed(tmp_path)  # outside the repository
-    assert not common.committed(REPO / "runs" / "evals")  # inside it, but nothing tracked there
+    assert results.committed(COMMITTED)
+    assert results.committed(COMMITTED / "verdicts")
+    assert not results.committed(tmp_path)  # outside the repository
+    assert not results.committed(REPO / "runs" / "evals")  # inside it, but nothing tracked there
 
 
 @pytest.mark.parametrize("dry", [True, False])
@@ -114,19 +114,19 @@ def test_out_plans_and_writes_elsewhere(tmp_path, capsys, no_runs):
 
 
 def test_fresh_is_a_new_timestamped_folder_beside_the_committed_one(tmp_path):
-    cfg = common.load_config(_config(tmp_path, "engineers: [fixed]\nseeds: [0]\nout: evals/results/compare_smoke\n"
+    cfg = config.load_config(_config(tmp_path, "engineers: [fixed]\nseeds: [0]\nout: evals/results/compare_smoke\n"
                                                "runs_dir: runs/evals/compare_smoke\n"), compare_engineers.CompareConfig)
-    new = common.retarget(cfg, fresh=True)
+    new = results.retarget(cfg, fresh=True)
     out = new.resolved_out()
     assert out.parent == COMMITTED.parent and out.name.startswith("compare_smoke-20") and not out.exists()
     assert new.resolved_runs_dir() == REPO / "runs" / "evals" / out.name
-    assert not common.committed(out)
-    assert common.retarget(cfg) is cfg  # neither flag: the config as it is
-    with pytest.raises(common.EvalConfigError, match="--out and --fresh both given"):
-        common.retarget(cfg, out=tmp_path / "x", fresh=True)
+    assert not results.committed(out)
+    assert results.retarget(cfg) is cfg  # neither flag: the config as it is
+    with pytest.raises(config.EvalConfigError, match="--out and --fresh both given"):
+        results.retarget(cfg, out=tmp_path / "x", fresh=True)
     (tmp_path / "file").write_text("")
-    with pytest.raises(common.EvalConfigError, match="is a file"):
-        common.retarget(cfg, out=tmp_path / "file")
+    with pytest.raises(config.EvalConfigError, match="is a file"):
+        results.retarget(cfg, out=tmp_path / "file")
 
 
 def test_fresh_with_tables_only_is_refused(tmp_path, capsys):
@@ -144,8 +144,9 @@ def committed_out(tmp_path, monkeypatch):
     from graph.settings import build_settings
 
     out = tmp_path / "results"
-    monkeypatch.setattr(common, "committed", lambda p: Path(p).resolve() == out.resolve())
-    pair = common.make_pairs([common.Arm("fixed", "fixed")], [0], tmp_path / "runs")[0]
+    for module in (pairs, loop):  # guard_committed and run_loop_eval each ask
+        monkeypatch.setattr(module, "committed", lambda p: Path(p).resolve() == out.resolve())
+    pair = pairs.make_pairs([pairs.Arm("fixed", "fixed")], [0], tmp_path / "runs")[0]
     kept = out / "verdicts" / "fixed-s0"
     (kept / "final").mkdir(parents=True)
     build_settings(pair.cli_values("smoke", {}), dict(os.environ)).save(kept / "settings.json")
@@ -178,8 +179,8 @@ def test_same_settings_continue_the_grid_and_keep_committed_verdicts(tmp_path, c
     (local / "final" / "eval.jsonl").write_text('{"id": "x", "valid": true}\n')
     (local / "final" / "metrics.json").write_text("{}\n")
     (local / "report.md").write_text("done\n")
-    pair0 = common.make_pairs([common.Arm("fixed", "fixed")], [0], tmp_path / "runs")[0]
-    common.run_grid = lambda pairs, **kw: common.GridResult(finished=[pair0])  # restored by monkeypatch (no_runs)
+    pair0 = pairs.make_pairs([pairs.Arm("fixed", "fixed")], [0], tmp_path / "runs")[0]
+    loop.run_grid = lambda pairs, **kw: grid.GridResult(finished=[pair0])  # restored by monkeypatch (no_runs)
     compare_engineers.main(["--config", str(cfg)])
     assert kept.read_bytes() == before
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fakeopenai import FakeOpenAI
 
-from evals import common, solve_direct
+from evals import config, grid, solve_direct
 
 LIMIT = 18
 
@@ -66,8 +66,8 @@ def test_optimal_plans_score_100(optimal_server, tmp_path, monkeypatch, capsys):
     md = (tmp_path / "out" / "table.md").read_text()
     assert "| oracle | 100.0 [" in md and "`keyless` skipped: model 'keyless' needs an API key" in md
     timing = json.loads((tmp_path / "out" / "timings.json").read_text())["oracle"]
-    assert timing["answered"] == LIMIT and timing["wall_s"] >= 0 and timing["machine"] == common.machine()
-    assert f"- Wall time on {common.machine()}: oracle " in md
+    assert timing["answered"] == LIMIT and timing["wall_s"] >= 0 and timing["machine"] == grid.machine()
+    assert f"- Wall time on {grid.machine()}: oracle " in md
 
     # Resumable: drop the last 5 answers; the rerun asks exactly those 5 again.
     path = tmp_path / "out" / "oracle" / "eval.jsonl"
@@ -126,9 +126,9 @@ def test_local_checkpoint_paths_are_read_from_the_repo_root(tmp_path, monkeypatc
         "  - {name: hub, kind: local, checkpoint: Qwen/Qwen3-4B}\n"
     )
     assert solve_direct.main(["--config", str(cfg)]) == 0
-    assert opened == [(str(common.REPO_ROOT / "evals" / "configs"), "transformers", "smollm2-135m"),
+    assert opened == [(str(config.REPO_ROOT / "evals" / "configs"), "transformers", "smollm2-135m"),
                       ("Qwen/Qwen3-4B", "transformers", None)]
-    assert solve_direct.local_weights("evals/configs") == str(common.REPO_ROOT / "evals" / "configs")
+    assert solve_direct.local_weights("evals/configs") == str(config.REPO_ROOT / "evals" / "configs")
     assert solve_direct.local_weights("smollm2-135m") == "smollm2-135m"
     assert solve_direct.local_weights(str(tmp_path)) == str(tmp_path)
     rows = [json.loads(line) for line in open(tmp_path / "out" / "adapter" / "eval.jsonl")]
@@ -151,7 +151,7 @@ def test_local_embedded_model_answers(tmp_path):
     assert all(0 < r["completion_tokens"] <= 8 for r in rows), rows
     assert json.loads((tmp_path / "out" / "base" / "metrics.json").read_text())
     timing = json.loads((tmp_path / "out" / "timings.json").read_text())["base"]
-    assert timing["answered"] == 2 and timing["wall_s"] > 0 and timing["machine"] == common.machine()
+    assert timing["answered"] == 2 and timing["wall_s"] > 0 and timing["machine"] == grid.machine()
     assert "| base | " in (tmp_path / "out" / "table.md").read_text()
 
 

@@ -9,26 +9,27 @@ import csv
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
 
-from evals import common, compare_engineers
+from evals import compare_engineers, grid, loop, pairs, results, stats, tables
 
 # --------------------------------------------------------------------------- statistics
 
 
 def test_t_quantiles_and_interval():
-    assert common.t975(1) == pytest.approx(12.7062)
-    assert common.t975(2) == pytest.approx(4.3027)
+    assert stats.t975(1) == pytest.approx(12.7062)
+    assert stats.t975(2) == pytest.approx(4.3027)
     # beyond the table the expansion is within 1e-3 of the exact quantiles (t_{.975,40}=2.0211, 120: 1.9799)
-    assert common.t975(40) == pytest.approx(2.0211, abs=1e-3)
-    assert common.t975(120) == pytest.approx(1.9799, abs=1e-3)
-    r = common.mean_ci([0.2, 0.4, 0.6])
+    assert stats.t975(40) == pytest.approx(2.0211, abs=1e-3)
+    assert stats.t975(120) == pytest.approx(1.9799, abs=1e-3)
+    r = stats.mean_ci([0.2, 0.4, 0.6])
     # mean 0.4, sd 0.2, half = 4.3027 * 0.2 / sqrt(3)
     assert r["mean"] == pytest.approx(0.4) and r["half"] == pytest.approx(4.3027 * 0.2 / math.sqrt(3))
-    assert common.mean_ci([0.5])["half"] is None  # one seed: no interval, never a fake one
-    lo, hi = common.wilson(5, 10)
+    assert stats.mean_ci([0.5])["half"] is None  # one seed: no interval, never a fake one
+    lo, hi = stats.wilson(5, 10)
     assert lo == pytest.approx(0.2366, abs=1e-3) and hi == pytest.approx(0.7634, abs=1e-3)
 
 
@@ -111,7 +112,7 @@ def test_finished_pairs_are_not_rerun_and_table_matches_raw_verdicts(finished_gr
     tmp = finished_grid
     cfg = write_config(tmp / "compare.yaml", tmp, ["self", "fixed"], [0, 1, 2])
     before = snapshot(tmp / "runs")
-    monkeypatch.setattr(common, "_run_child", no_graph_run)
+    monkeypatch.setattr(grid, "_run_child", no_graph_run)
     assert compare_engineers.main(["--config", str(cfg)]) == 0
     err = capsys.readouterr().err
     for pair in ("self-s0", "self-s1", "self-s2", "fixed-s0", "fixed-s1", "fixed-s2"):
@@ -121,7 +122,7 @@ def test_finished_pairs_are_not_rerun_and_table_matches_raw_verdicts(finished_gr
     assert "[start]" not in events and events.count("[skip]") == 6
     assert "WARNING" not in err  # the saved settings are what this config would start
 
-    # Recompute every table cell from the raw verdict files, independently of evals.common.
+    # Recompute every table cell from the raw verdict files, independently of evals.stats.
     table = {(r["arm"], r["subset"], r["metric"]): r for r in csv.DictReader(open(tmp / "out" / "table.csv"))}
     for arm in ("self", "fixed"):
         for agents in (3, 4, 5):
@@ -133,7 +134,7 @@ def test_finished_pairs_are_not_rerun_and_table_matches_raw_verdicts(finished_gr
                     rates.append(sum(bool(r[metric]) for r in sub) / len(sub))
                 row = table[(arm, f"agents_{agents}", metric)]
                 assert float(row["mean"]) == pytest.approx(statistics.fmean(rates))
-                half = common.t975(2) * statistics.stdev(rates) / math.sqrt(3)
+                half = stats.t975(2) * statistics.stdev(rates) / math.sqrt(3)
                 assert float(row["ci95_half"]) == pytest.approx(half)
                 if arm == "self":
                     base = [float(v) for v in json.loads(table[("fixed", f"agents_{agents}", metric)]["per_seed"]).values()]
@@ -164,7 +165,7 @@ def test_missing_key_is_a_visible_skip(finished_grid, monkeypatch, capsys):
     for var in ("OPENAI_API_KEY", "GEMINI_API_KEY", "ENGINEER_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     cfg = write_config(tmp / "compare.yaml", tmp, ["fixed", "openai", "gemini"], [0, 1])
-    monkeypatch.setattr(common, "_run_child", no_graph_run)
+    monkeypatch.setattr(grid, "_run_child", no_graph_run)
     assert compare_engineers.main(["--config", str(cfg)]) == 0
     err = capsys.readouterr().err
     for eng in ("openai", "gemini"):
@@ -176,7 +177,7 @@ def test_missing_key_is_a_visible_skip(finished_grid, monkeypatch, capsys):
 
 
 def test_dry_run_plans_without_running(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(common, "_run_child", no_graph_run)
+    monkeypatch.setattr(grid, "_run_child", no_graph_run)
     make_finished_run(tmp_path / "runs" / "fixed-s0", 0, 0.0, "fixed")
     cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "random"], [0, 1])
     assert compare_engineers.main(["--config", str(cfg), "--dry-run"]) == 0
@@ -208,7 +209,7 @@ def test_committed_verdicts_count_as_finished_without_run_folders(finished_grid,
 
     tmp = finished_grid
     cfg = write_config(tmp / "compare.yaml", tmp, ["self", "fixed"], [0, 1, 2])
-    monkeypatch.setattr(common, "_run_child", no_graph_run)
+    monkeypatch.setattr(grid, "_run_child", no_graph_run)
     assert compare_engineers.main(["--config", str(cfg)]) == 0
     first = (tmp / "out" / "table.csv").read_text()
     shutil.rmtree(tmp / "runs")
@@ -219,7 +220,7 @@ def test_committed_verdicts_count_as_finished_without_run_folders(finished_grid,
         started.append(name)
         return 1, 0.0
 
-    monkeypatch.setattr(common, "_run_child", fake_child)
+    monkeypatch.setattr(grid, "_run_child", fake_child)
     capsys.readouterr()
     assert compare_engineers.main(["--config", str(cfg)]) == 1  # self-s2 did not finish
     err = capsys.readouterr().err
@@ -238,7 +239,7 @@ def run_dir_of(cmd: list[str]) -> Path:
 
 
 class FakeGraphRun:
-    """Stands in for `common._run_child`: records each command and makes the run folder a real graph.run
+    """Stands in for `grid._run_child`: records each command and makes the run folder a real graph.run
     would leave (finished, or stopped after stage 0's training when `fail_stage0` names the pair)."""
 
     def __init__(self, fail_stage0: tuple[str, ...] = (), refuse_fork: bool = False):
@@ -279,8 +280,8 @@ class FakeGraphRun:
 
 def test_stage0_is_shared_from_the_first_pair_of_each_seed(tmp_path, monkeypatch, capsys):
     fake = FakeGraphRun()
-    monkeypatch.setattr(common, "_run_child", fake)
-    monkeypatch.setattr(common, "machine", lambda: "RUN-MACHINE, 2 cores")
+    monkeypatch.setattr(grid, "_run_child", fake)
+    monkeypatch.setattr(grid, "machine", lambda: "RUN-MACHINE, 2 cores")
     cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0, 1])
 
     assert compare_engineers.main(["--config", str(cfg), "--dry-run"]) == 0
@@ -316,7 +317,7 @@ def test_stage0_is_shared_from_the_first_pair_of_each_seed(tmp_path, monkeypatch
 def test_no_stage0_sharing_when_off_or_without_a_finished_donor(tmp_path, monkeypatch):
     # off: every pair runs in full
     fake = FakeGraphRun()
-    monkeypatch.setattr(common, "_run_child", fake)
+    monkeypatch.setattr(grid, "_run_child", fake)
     cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0, 1])
     cfg.write_text(cfg.read_text() + "share_stage0: false\n")
     assert compare_engineers.main(["--config", str(cfg)]) == 0
@@ -326,7 +327,7 @@ def test_no_stage0_sharing_when_off_or_without_a_finished_donor(tmp_path, monkey
     # on, but fixed-s0 stops inside stage 0: self-s0 has no donor and runs in full; seed 1 still shares
     tmp = tmp_path / "b"
     fake = FakeGraphRun(fail_stage0=("fixed-s0",))
-    monkeypatch.setattr(common, "_run_child", fake)
+    monkeypatch.setattr(grid, "_run_child", fake)
     cfg = write_config(tmp_path / "b.yaml", tmp, ["fixed", "self"], [0, 1])
     assert compare_engineers.main(["--config", str(cfg)]) == 1
     cmds = fake.commands()
@@ -335,9 +336,9 @@ def test_no_stage0_sharing_when_off_or_without_a_finished_donor(tmp_path, monkey
 
     # a donor folder with stage 0's verdicts but nothing after them (stopped inside evaluate) is no donor
     (tmp / "runs" / "fixed-s0" / "stage_0" / "eval.jsonl").write_text('{"id": "v0", "valid": true}\n')
-    assert not common.stage0_finished(tmp / "runs" / "fixed-s0")
+    assert not pairs.stage0_finished(tmp / "runs" / "fixed-s0")
     (tmp / "runs" / "fixed-s0" / "stage_0" / "summary.md").write_text("evidence\n")
-    assert common.stage0_finished(tmp / "runs" / "fixed-s0")
+    assert pairs.stage0_finished(tmp / "runs" / "fixed-s0")
 
 
 def test_stage0_donor_must_match_stage0_settings_and_can_be_any_engineer(tmp_path, monkeypatch, capsys):
@@ -350,7 +351,7 @@ def test_stage0_donor_must_match_stage0_settings_and_can_be_any_engineer(tmp_pat
     build_settings({"preset": "smoke", "engineer": "learnability", "seed": "1", "run_dir": str(runs / "learnability-s1"),
                     "train.max_steps": "7"}, {}).save(runs / "learnability-s1" / "settings.json")
     fake = FakeGraphRun()
-    monkeypatch.setattr(common, "_run_child", fake)
+    monkeypatch.setattr(grid, "_run_child", fake)
     cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0, 1])
     assert compare_engineers.main(["--config", str(cfg), "--dry-run"]) == 0
     err = capsys.readouterr().err
@@ -368,7 +369,7 @@ def test_refused_stage0_fork_falls_back_to_a_full_run(tmp_path, monkeypatch, cap
     """graph.run exits 2 for a refused donor (or, before it has the flag, for an unknown one): the pair then
     runs in full, visibly, instead of failing."""
     fake = FakeGraphRun(refuse_fork=True)
-    monkeypatch.setattr(common, "_run_child", fake)
+    monkeypatch.setattr(grid, "_run_child", fake)
     cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0])
     assert compare_engineers.main(["--config", str(cfg)]) == 0
     assert [n for n, _ in fake.calls] == ["fixed-s0", "self-s0", "self-s0"]
@@ -391,9 +392,9 @@ def test_half_finished_pair_is_resumed_and_finished_ones_skipped(tmp_path, monke
 
     shutil.rmtree(runs / "self-s0" / "final")  # settings.json and stage folders, no final/: half finished
     (runs / "self-s0" / "report.md").unlink()
-    assert common.Pair(common.Arm("self", "self"), 0, runs / "self-s0").status() == "partial"
+    assert pairs.Pair(pairs.Arm("self", "self"), 0, runs / "self-s0").status() == "partial"
     fake = FakeGraphRun()
-    monkeypatch.setattr(common, "_run_child", fake)
+    monkeypatch.setattr(grid, "_run_child", fake)
     cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0, 1])
     assert compare_engineers.main(["--config", str(cfg)]) == 0
     err = capsys.readouterr().err
@@ -402,20 +403,20 @@ def test_half_finished_pair_is_resumed_and_finished_ones_skipped(tmp_path, monke
     cmds = fake.commands()
     assert cmds["self-s0"][1:] == ["-m", "graph.run", "--resume", str(runs / "self-s0")]  # no fork on resume
     assert "--stage0-from" in cmds["self-s1"] and "--resume" not in cmds["self-s1"]
-    assert len(common.verdict_folders(tmp_path / "out")) == 4
+    assert len(results.verdict_folders(tmp_path / "out")) == 4
 
 
 def test_wall_time_names_the_machine_that_ran_each_pair(tmp_path, monkeypatch):
     fake = FakeGraphRun()
-    monkeypatch.setattr(common, "_run_child", fake)
-    monkeypatch.setattr(common, "machine", lambda: "RUN-MACHINE, 2 cores")
+    monkeypatch.setattr(grid, "_run_child", fake)
+    monkeypatch.setattr(grid, "machine", lambda: "RUN-MACHINE, 2 cores")
     cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0])
     assert compare_engineers.main(["--config", str(cfg)]) == 0
     timings_path = tmp_path / "out" / "timings.json"
     timings = json.loads(timings_path.read_text())
     timings["old-pair-s0"] = {"wall_s": 5.0, "calls": 1, "last_rc": 0}  # written by older code: no machine
     timings_path.write_text(json.dumps(timings))
-    monkeypatch.setattr(common, "machine", lambda: "TABLE-MACHINE, 64 cores")
+    monkeypatch.setattr(loop, "machine", lambda: "TABLE-MACHINE, 64 cores")
     assert compare_engineers.main(["--config", str(cfg), "--tables-only"]) == 0
     md = (tmp_path / "out" / "table.md").read_text()
     assert "Wall time per run on RUN-MACHINE, 2 cores: fixed-s0 3s, self-s0 3s." in md
@@ -430,10 +431,10 @@ def test_paper_columns_are_always_shown(tmp_path):
     rows = [{"id": f"i{j}", "size": 3, "tags": {"agents": 3, "wait": 0.25}, "valid": j < 2, "optimal": j < 1}
             for j in range(4)]
     (folder / "final" / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    table = common.summarize({("fixed", 0): folder}, ["fixed"], None)
+    table = stats.summarize({("fixed", 0): folder}, ["fixed"], None)
     assert table["subsets"] == ["agents_3", "agents_4", "agents_5", "wait_0.25", "wait_0.50", "wait_0.75",
                                 "agents_3/wait_0.25", "all"]
-    md = common.table_markdown(table, title="t", command=None)
+    md = tables.table_markdown(table, title="t", command=None)
     header = next(ln for ln in md.splitlines() if ln.startswith("| engineer | seeds | 3 agents"))
     assert header == "| engineer | seeds | 3 agents | 4 agents | 5 agents | all |"
     assert "| fixed | 1 | 50.0 / 25.0 | – / – | – / – | 50.0 / 25.0 |" in md
@@ -441,7 +442,7 @@ def test_paper_columns_are_always_shown(tmp_path):
     assert "| fixed | 1 | 50.0 / 25.0 | – / – | – / – |" in md
     assert "4 agents: n=0" in md and "wait 0.75: n=0" in md
     assert "No benchmark instances (n=0, shown as –) in: 4 agents, 5 agents, wait 0.50, wait 0.75." in md
-    csv_rows = {(r["subset"], r["metric"]): r for r in common.table_rows(table)}
+    csv_rows = {(r["subset"], r["metric"]): r for r in tables.table_rows(table)}
     assert csv_rows[("agents_5", "valid")]["n_seeds"] == 0 and csv_rows[("agents_5", "valid")]["mean"] is None
 
 
@@ -450,19 +451,19 @@ def test_custom_endpoint_gets_its_own_key_and_never_writes_it(tmp_path, monkeypa
     for var in ("ENGINEER_API_KEY", "OPENAI_API_KEY", "GEMINI_API_KEY", "EVALS_TEST_UNSET_KEY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("EVALS_TEST_KIMI_KEY", secret)
-    real_child = common._run_child
+    real_child = grid._run_child
     envs = {}
 
     def child(cmd, log_path, name, timeout_s, env):
         # the real runner (its log, its echo) on a stand-in command that only reports whether it got a key
         envs[name] = dict(env)
         script = "import os; k = os.environ.get('ENGINEER_API_KEY', ''); print('[child] key length', len(k))"
-        rc, wall = real_child([common.sys.executable, "-c", script], log_path, name, timeout_s, env)
+        rc, wall = real_child([sys.executable, "-c", script], log_path, name, timeout_s, env)
         label, _, seed = name.rpartition("-s")
         make_finished_run(run_dir_of(cmd), int(seed), 0.0, label)
         return rc, wall
 
-    monkeypatch.setattr(common, "_run_child", child)
+    monkeypatch.setattr(grid, "_run_child", child)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         f"# python -m evals.compare_engineers --config {cfg}\npreset: smoke\nseeds: [0]\nbaseline: fixed\n"
@@ -488,14 +489,14 @@ def test_custom_endpoint_gets_its_own_key_and_never_writes_it(tmp_path, monkeypa
 def test_stage0_settings_that_must_match_a_donor(tmp_path):
     """Mirrors graph.run --stage0-from: only engineer, context and run-folder settings may differ."""
     for key in ("seed", "preset", "stages", "policy_model", "train.max_steps", "eval_limit", "final_limit"):
-        assert common.stage0_setting(key), key
+        assert pairs.stage0_setting(key), key
     for key in ("engineer", "engineer_model", "context", "evidence_chars", "run_dir", "approve"):
-        assert not common.stage0_setting(key), key
+        assert not pairs.stage0_setting(key), key
     make_finished_run(tmp_path / "fixed-s0", 0, 0.0, "fixed")
-    pair = common.Pair(common.Arm("V1", "self", context="V1"), 0, tmp_path / "V1-s0")
-    assert common.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {}, {}) == tmp_path / "fixed-s0"
-    assert common.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {"final_limit": 3}, {}) is None
-    assert common.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {"stages": 1}, {}) is None  # nothing to share
+    pair = pairs.Pair(pairs.Arm("V1", "self", context="V1"), 0, tmp_path / "V1-s0")
+    assert pairs.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {}, {}) == tmp_path / "fixed-s0"
+    assert pairs.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {"final_limit": 3}, {}) is None
+    assert pairs.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {"stages": 1}, {}) is None  # nothing to share
 
 
 def test_failure_shares_and_identical_answers_from_raw_verdicts(tmp_path):
@@ -518,7 +519,7 @@ def test_failure_shares_and_identical_answers_from_raw_verdicts(tmp_path):
                                     "valid": kind is None, "optimal": False, "failure": kind}) + "\n")
         verdicts[(arm, seed)] = folder
 
-    table = common.summarize(verdicts, ["a", "b", "c"], "a")
+    table = stats.summarize(verdicts, ["a", "b", "c"], "a")
     fails = table["failures"]
     # valid first, then the checker's order (parse_error < agent_count < conflict), only kinds that occur
     assert fails["kinds"] == ["valid", "parse_error", "agent_count", "conflict"]
@@ -527,22 +528,22 @@ def test_failure_shares_and_identical_answers_from_raw_verdicts(tmp_path):
             shares = [sum(k == (None if kind == "valid" else kind) for k in pattern[(arm, s)]) / 6 for s in (0, 1)]
             st = fails["rows"][arm][kind]
             assert st["mean"] == pytest.approx(statistics.fmean(shares)), (arm, kind)
-            assert st["half"] == pytest.approx(common.t975(1) * statistics.stdev(shares) / math.sqrt(2)), (arm, kind)
+            assert st["half"] == pytest.approx(stats.t975(1) * statistics.stdev(shares) / math.sqrt(2)), (arm, kind)
     assert fails["rows"]["c"]["agent_count"]["mean"] == pytest.approx(3 / 6) and fails["rows"]["c"]["valid"]["half"] is None
 
-    md = common.table_markdown(table, title="t", command=None)
+    md = tables.table_markdown(table, title="t", command=None)
     # b, seed means: valid (2/6 + 1/6) / 2 = 25.0 %, conflict (2/6 + 3/6) / 2 = 41.7 %
     section = md.split("**Where the answers fail")[1]
     assert "| engineer | seeds | `valid` | `parse_error` | `agent_count` | `conflict` |" in section
     b_row = next(ln for ln in section.splitlines() if ln.startswith("| b | 2 |"))
     assert b_row.split("|")[3].strip().startswith("25.0 ±") and b_row.split("|")[6].strip().startswith("41.7 ±")
-    common.write_tables(table, tmp_path / "out", title="t", command=None)
+    tables.write_tables(table, tmp_path / "out", title="t", command=None)
     rows = list(csv.DictReader(open(tmp_path / "out" / "failures.csv")))
     assert len(rows) == 3 * 4 and {(r["arm"], r["failure"]) for r in rows} >= {("b", "conflict"), ("c", "valid")}
 
-    notes = common.identical_answer_notes(verdicts)
+    notes = stats.identical_answer_notes(verdicts)
     assert len(notes) == 1 and notes[0].startswith("Identical answers, seed 0: a, c gave the same 6 final")
     # one answer's text differs: no longer identical
     rows_c = (verdicts[("c", 0)] / "final" / "eval.jsonl").read_text().replace('"text": "None 3"', '"text": "x"')
     (verdicts[("c", 0)] / "final" / "eval.jsonl").write_text(rows_c)
-    assert common.identical_answer_notes(verdicts) == []
+    assert stats.identical_answer_notes(verdicts) == []

@@ -115,9 +115,9 @@ def test_resume_does_not_call_provenance_a_settings_change(tmp_path, monkeypatch
 
 def test_evals_drift_ignores_provenance(tmp_path):
     sys.path.insert(0, str(ROOT))
-    from evals import common
+    from evals import pairs
 
-    src = Path(common.__file__).read_text()
+    src = Path(pairs.__file__).read_text()
     assert '"provenance"' in src  # the drift check's bookkeeping list names it
-    assert common.stage0_setting("train.report_to") is False and common.stage0_setting("train.learning_rate")
-    assert common.stage0_setting("provenance") is False
+    assert pairs.stage0_setting("train.report_to") is False and pairs.stage0_setting("train.learning_rate")
+    assert pairs.stage0_setting("provenance") is False

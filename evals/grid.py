@@ -1,0 +1,278 @@
+"""Running the grid: every pair that is not finished, one `python -m graph.run` subprocess at a time,
+resumable after a crash or Ctrl-C, with its log, its wall time and the machine it ran on recorded, and its
+verdict files collected as soon as it finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evals.config import REPO_ROOT, repo_relative
+from evals.pairs import (
+    Pair,
+    check_api_engineer,
+    check_settings,
+    child_env,
+    donor_candidates,
+    find_donor,
+    settings_drift,
+    short_command,
+    stage0_donor,
+)
+from evals.results import read_json, stage_numbers
+from nodes.files import stage_dir
+
+EXIT_BAD_SETTINGS = 2  # graph.run's status for a refused setting (and argparse's for an unknown flag)
+
+
+class EventLog:
+    """Progress lines for people (stderr, through tqdm when a bar is shown) and `<out>/events.log`."""
+
+    def __init__(self, path: Path | None, write: Callable[[str], None] | None = None):
+        self.path = path
+        self._write = write or (lambda s: print(s, file=sys.stderr, flush=True))
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, line: str) -> None:
+        self._write(line)
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+
+
+@dataclass
+class GridResult:
+    ran: list[str] = field(default_factory=list)  # pairs for which a graph.run subprocess was started
+    skipped: dict[str, str] = field(default_factory=dict)  # pair or arm -> reason (visible, never silent)
+    failed: dict[str, str] = field(default_factory=dict)
+    finished: list[Pair] = field(default_factory=list)
+
+
+def run_grid(
+    pairs: Sequence[Pair],
+    *,
+    preset: str,
+    overrides: Mapping[str, Any],
+    out: Path,
+    dry_run: bool = False,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    share_stage0: bool = False,
+) -> GridResult:
+    """Check everything, then run every pair that is not finished (sequentially; resume partial ones).
+
+    Arms whose API engineer cannot run (no key) are skipped with a line; a pair whose settings are bad
+    is reported and left out, before anything expensive starts. With `share_stage0`, a new pair starts
+    from the stage 0 of a donor run of its seed (`find_donor`, checked just before it starts) and runs in
+    full when there is none. Per-pair wall times, the machine and the stage-0 donor go to
+    `<out>/timings.json`; each child's output to `<out>/logs/<pair>.log`.
+    """
+    from tqdm import tqdm
+
+    env = dict(os.environ if env is None else env)
+    log = EventLog(None if dry_run else out / "events.log", write=lambda s: tqdm.write(s, file=sys.stderr))
+    result = GridResult()
+    todo: list[tuple[Pair, bool]] = []
+    arm_reason: dict[str, str | None] = {}
+    for pair in pairs:
+        if pair.arm.label not in arm_reason:
+            arm_reason[pair.arm.label] = check_api_engineer(pair.arm, env)
+            if arm_reason[pair.arm.label]:
+                log(f"[skip] engineer {pair.arm.label}: {arm_reason[pair.arm.label]} -- all its seeds are left out")
+                result.skipped[pair.arm.label] = arm_reason[pair.arm.label]
+        if arm_reason[pair.arm.label]:
+            continue
+        status = pair.status()
+        kept = out / "verdicts" / pair.name
+        if status == "new" and (kept / "final" / "eval.jsonl").is_file():
+            # finished on another day or machine: its run folder is gone, its committed verdicts remain
+            drift = settings_drift(pair, preset, overrides, env, saved_path=kept / "settings.json")
+            note = f" (WARNING: made with other settings: {'; '.join(drift)[:300]})" if drift else ""
+            log(f"[skip] {pair.name}: finished earlier, verdicts kept in {kept}, not redone{note}")
+            result.finished.append(pair)
+            continue
+        if status == "finished":
+            drift = settings_drift(pair, preset, overrides, env)
+            note = f" (WARNING: made with other settings: {'; '.join(drift)[:300]})" if drift else ""
+            log(f"[skip] {pair.name}: finished in {pair.run_dir}, not redone{note}")
+            result.finished.append(pair)
+            continue
+        if status == "blocked":
+            msg = f"{pair.run_dir} exists, is not empty and holds no settings.json; move it away or change runs_dir"
+            log(f"[error] {pair.name}: {msg}")
+            result.failed[pair.name] = msg
+            continue
+        if status == "partial":
+            drift = settings_drift(pair, preset, overrides, env)
+            if drift:
+                log(f"[warn] {pair.name}: resuming with the run's saved settings, which differ: {'; '.join(drift)[:300]}")
+        else:
+            err = check_settings(pair, preset, overrides, env)
+            if err:
+                log(f"[error] {pair.name}: {err}")
+                result.failed[pair.name] = err
+                continue
+        todo.append((pair, status == "partial"))
+
+    runs_dirs = sorted({p.run_dir.parent for p in pairs})
+
+    def donor_of(pair: Pair) -> Path | None:
+        return find_donor(pair, donor_candidates(pair, pairs, runs_dirs), preset, overrides, env)
+
+    planned_donor: dict[int, Pair] = {}  # seed -> the first pair planned to run in full (dry-run display)
+    for pair, resume in todo:
+        donor = donor_of(pair) if share_stage0 and not resume else None
+        cmd = short_command(pair.command(preset, overrides, resume=resume, stage0_from=donor))
+        if resume:
+            how = "resume"
+        elif not share_stage0:
+            how = "run"
+        elif donor is not None:
+            how = f"run, stage 0 from {repo_relative(donor)}"
+        elif pair.seed in planned_donor:
+            first = planned_donor[pair.seed]
+            how = f"run, stage 0 from {first.name} once it has finished stage 0 (adds --stage0-from {repo_relative(first.run_dir)})"
+        else:
+            how = f"run in full (stage-0 donor of seed {pair.seed})"
+        if share_stage0 and donor is None and pair.seed not in planned_donor:
+            planned_donor[pair.seed] = pair
+        log(f"[plan] {pair.name}: {how}: {cmd}")
+    if dry_run:
+        log(f"[dry-run] {len(todo)} run(s) planned, {len(result.finished)} finished, "
+            f"{len(result.skipped)} arm(s) skipped, {len(result.failed)} bad; nothing was started")
+        return result
+
+    timings_path = out / "timings.json"
+    timings = read_json(timings_path) or {}
+    here = machine()
+    bar = tqdm(todo, desc="runs", unit="run", file=sys.stderr, disable=not todo)
+    for pair, resume in bar:
+        bar.set_postfix_str(pair.name)
+        donor = donor_of(pair) if share_stage0 and not resume else None
+        cmd = pair.command(preset, overrides, resume=resume, stage0_from=donor)
+        log_path = out / "logs" / f"{pair.name}.log"
+        log(f"[start] {pair.name}: {short_command(cmd)}")
+        result.ran.append(pair.name)
+        penv = child_env(pair.arm, env)
+        rc, wall = _run_child(cmd, log_path, pair.name, timeout_s, penv)
+        if donor is not None and rc == EXIT_BAD_SETTINGS and pair.status() == "new":
+            # graph.run refused the donor (or does not know --stage0-from yet): stage 0 in full instead
+            log(f"[warn] {pair.name}: graph.run refused --stage0-from {repo_relative(donor)} (exit {rc}: "
+                f"{_last_line(log_path)}); running its stage 0 in full")
+            donor = None
+            cmd = pair.command(preset, overrides, resume=False)
+            log(f"[start] {pair.name}: {short_command(cmd)}")
+            rc, wall2 = _run_child(cmd, log_path, pair.name, timeout_s, penv)
+            wall += wall2
+        t = timings.setdefault(pair.name, {"wall_s": 0.0, "calls": 0})
+        t["wall_s"] = round(t["wall_s"] + wall, 1)
+        t["calls"] += 1
+        t["last_rc"] = rc
+        t["machine"] = here  # where this pair ran (the last call's machine when it ran on several)
+        if here not in t.setdefault("machines", []):
+            t["machines"].append(here)
+        t["stage0_from"] = stage0_donor(pair.run_dir) or (repo_relative(donor) if donor is not None else None)
+        t["stage0_shared"] = t["stage0_from"] is not None
+        timings_path.write_text(json.dumps(timings, indent=2) + "\n")
+        if rc == 0 and pair.status() == "finished":
+            log(f"[done] {pair.name}: {wall:.0f}s")
+            result.finished.append(pair)
+            collect_verdicts(pair, out)  # at once, so an interrupted grid keeps every finished pair's table rows
+        else:
+            msg = f"graph.run exited with {rc} after {wall:.0f}s; see {log_path}"
+            log(f"[fail] {pair.name}: {msg}; rerun the same command to resume it")
+            result.failed[pair.name] = msg
+    return result
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in Path(path).read_text().splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
+
+
+def _run_child(cmd: list[str], log_path: Path, name: str, timeout_s: float | None,
+               env: Mapping[str, str]) -> tuple[int, float]:
+    """Run one graph.run, appending its output to `log_path` and echoing its `[...]` progress lines."""
+    from tqdm import tqdm
+
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    with open(log_path, "a") as logf:
+        logf.write(f"\n$ {short_command(cmd)}\n")
+        logf.flush()
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                logf.write(line)
+                logf.flush()
+                if line.startswith("[") or line.startswith("error:") or line.startswith("interrupted"):
+                    tqdm.write(f"  {name} {line.rstrip()}", file=sys.stderr)
+                if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+                    proc.terminate()
+                    tqdm.write(f"  {name} timed out after {timeout_s:.0f}s; stopping it", file=sys.stderr)
+                    break
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()  # graph.run handles SIGTERM like Ctrl-C: the run stays resumable
+            proc.wait()
+            raise
+    return rc, time.monotonic() - t0
+
+
+def machine() -> str:
+    """One line describing this machine (CPU model, cores, memory, NVIDIA GPUs), for the results' timings;
+    `run_grid` records it per pair in timings.json when the pair runs."""
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal")).split()[1])
+        mem = f", {kb / 2**20:.0f} GiB"
+    except (OSError, StopIteration, ValueError):
+        pass
+    gpus = []
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        try:
+            gpus += [ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("Model:")]
+        except OSError:
+            pass
+    gpu = f", GPU {' + '.join(gpus)}" if gpus else ""
+    return f"{cpu}, {os.cpu_count()} cores{mem}{gpu}, {platform.system()}, Python {platform.python_version()}"
+
+
+def collect_verdicts(pair: Pair, out: Path) -> Path:
+    """Copy a finished pair's verdict files to `<out>/verdicts/<pair>/` (small; no checkpoints); return it."""
+    dest = out / "verdicts" / pair.name
+    files = ["settings.json", "final/eval.jsonl", "stage0_from.json"]
+    for k in stage_numbers(pair.run_dir):
+        files += [str(stage_dir(Path(), k) / "eval.jsonl"), str(stage_dir(Path(), k) / "config.json")]
+    for rel in files:
+        src = pair.run_dir / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            if not (dest / rel).is_file() or (dest / rel).read_bytes() != src.read_bytes():
+                shutil.copyfile(src, dest / rel)
+    return dest
