@@ -247,7 +247,8 @@ def test_export_rows_carry_the_prompt_and_load_as_a_dataset(tmp_path, capsys):
 def test_show_png_steps_draws_one_panel_per_step(tmp_path, capsys):
     import matplotlib.image as mpimg
 
-    from env.__main__ import main, plan_figure
+    from env.__main__ import main
+    from env.show import plan_figure
 
     inst = next(i for i in load_split("val-mini") if i.makespan >= 3)
     plain, steps = tmp_path / "plain.png", tmp_path / "steps.png"
