@@ -1,0 +1,106 @@
+"""ARCHITECTURE.md stays true: every file it names exists, the folders import in the direction it draws, the
+module-level import graph has no cycle, and no file outside tests/ grows past 500 lines."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("env", "llm_backends", "nodes", "graph", "evals")
+# what each folder may import (ARCHITECTURE.md, "Dependency direction"); nodes -> graph.settings is for typing only
+ALLOWED = {
+    "env": set(),
+    "llm_backends": {"env"},
+    "nodes": {"env", "llm_backends"},
+    "graph": {"env", "llm_backends", "nodes"},
+    "evals": {"env", "llm_backends", "nodes", "graph"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            parts = p.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def _imports(path: Path, module: str, top_level_only: bool) -> set[str]:
+    """Project modules `path` imports; imports under `if TYPE_CHECKING:` are left out (they never run)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: set[str] = set()
+
+    def visit(node, depth: int) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            nested = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda)
+            if isinstance(child, ast.Import) and not (top_level_only and depth):
+                found.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and not (top_level_only and depth):
+                base = child.module or ""
+                if child.level:  # relative: from .x import y
+                    pkg = module.split(".")[: -child.level] if not path.name == "__init__.py" else module.split(".")
+                    base = ".".join([*pkg, *([base] if base else [])])
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in child.names)
+            visit(child, depth + (1 if nested else 0))
+
+    visit(tree, 0)
+    return found
+
+
+def test_every_file_named_in_architecture_md_exists():
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`((?:env|llm_backends|nodes|graph|evals|tests|prompts|docs)/[\w./-]*)`", text))
+    named |= set(re.findall(r"`((?:env|llm_backends|nodes|graph|evals|tests|prompts|docs)/[\w/-]+\.\w+)", text))
+    assert len(named) >= 25, sorted(named)
+    missing = sorted(n for n in named if not (ROOT / n).exists())
+    assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"
+
+
+def test_folders_import_in_the_documented_direction():
+    mods = _modules()
+    wrong = []
+    for name, path in mods.items():
+        pkg = name.split(".")[0]
+        for imp in _imports(path, name, top_level_only=False):
+            other = imp.split(".")[0]
+            if other in PACKAGES and other != pkg and other not in ALLOWED[pkg]:
+                wrong.append(f"{name} imports {imp}")
+    assert not wrong, "imports against ARCHITECTURE.md's direction:\n" + "\n".join(sorted(wrong))
+
+
+def test_module_level_import_graph_has_no_cycle():
+    mods = _modules()
+    edges = {
+        name: {m for m in _imports(path, name, top_level_only=True) if m in mods and m != name}
+        for name, path in mods.items()
+    }
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(u: str) -> list[str] | None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(edges[u]):
+            if state.get(v) == 1:
+                return stack[stack.index(v):] + [v]
+            if v not in state and (cycle := dfs(v)):
+                return cycle
+        stack.pop()
+        state[u] = 2
+        return None
+
+    for m in sorted(mods):
+        if m not in state and (cycle := dfs(m)):
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+
+
+def test_no_source_file_outside_tests_is_over_500_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _modules().values()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert not long, f"files over 500 lines: {long}"
