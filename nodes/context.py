@@ -21,13 +21,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from nodes.train_stage import TRAIN_PRESETS, TrainConfig
+from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
 CLASSIC_ENGINEERS = ("fixed", "random", "learnability", "threshold")
 LLM_ENGINEERS = ("self", "base", "openai", "gemini")
 CONTEXT_VARIANTS = ("V1", "V2", "V3", "V4", "V5", "V6")
 
-# Run-level values per preset; the training hyper-parameters come from nodes.train_stage.TRAIN_PRESETS.
+# Run-level values per preset; the training hyper-parameters come from nodes.train_config.TRAIN_PRESETS.
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
         "stages": 2,

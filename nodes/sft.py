@@ -532,7 +532,7 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m nodes.sft`: build (or find) the cached SFT warm start of a preset, and print where it is."""
     import argparse
 
-    from nodes.train_stage import TRAIN_PRESETS, TrainConfig
+    from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
     p = argparse.ArgumentParser(
         prog="python -m nodes.sft",

@@ -12,7 +12,8 @@ import pytest
 
 from nodes.context import build_settings
 from nodes.gpu_plan import mock_cuda, plan_lines, training_plan
-from nodes.train_stage import TRAIN_PRESETS, TrainConfig, _lora_config, _use_bf16, build_dataset, grpo_config
+from nodes.train_config import TRAIN_PRESETS, TrainConfig
+from nodes.train_stage import _lora_config, _use_bf16, build_dataset, grpo_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = TrainConfig.model_validate(TRAIN_PRESETS["paper"])

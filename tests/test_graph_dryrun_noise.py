@@ -75,7 +75,7 @@ def test_dry_run_reply_without_a_config_is_said_not_fatal(tmp_path):
 
 
 def test_help_lists_train_settings_and_explains_the_smoke_caps(tmp_path):
-    from nodes.train_stage import TrainConfig
+    from nodes.train_config import TrainConfig
 
     out = run_cli(["--help"], {}, cwd=tmp_path).stdout
     flat = " ".join(out.split())

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from env import load_split, parse_plan, plan_text, render_compact_prompt, render_prompt
-from nodes.train_stage import TRAIN_PRESETS, TrainConfig, prompt_messages
+from env.library import prompt_messages
+from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
 # ----------------------------------------------------------------------------------------------------
 # the compact prompt

@@ -48,7 +48,8 @@ def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], se
     from env import generate, uniform_config, write_jsonl
     from llm_backends.models import resolve_model
     from nodes.sft import warm_start, warm_start_instances
-    from nodes.train_stage import TrainConfig, freeze_lower_layers, load_checkpoint, run_stage
+    from nodes.train_config import TrainConfig
+    from nodes.train_stage import freeze_lower_layers, load_checkpoint, run_stage
 
     base = resolve_model(model)
     out: dict = {}
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(measure(json.loads(a.child), a.sft_steps, a.grpo_steps, sizes, a.seed, a.model)))
         return {}
 
-    from nodes.train_stage import TRAIN_PRESETS
+    from nodes.train_config import TRAIN_PRESETS
 
     preset = dict(TRAIN_PRESETS[a.preset])
     if not a.compare:
