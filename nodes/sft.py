@@ -448,7 +448,8 @@ def _train_warm_start(
     """Load the base model, run the SFT warm start on fresh solver-optimal instances, save it to `out`."""
     from transformers import set_seed
 
-    from nodes.train_stage import META_FILE, freeze_lower_layers, load_checkpoint
+    from llm_backends.checkpoints import META_FILE, load_checkpoint
+    from nodes.train_stage import freeze_lower_layers
 
     if out.exists():
         shutil.rmtree(out)
@@ -577,7 +578,7 @@ def main(argv: list[str] | None = None) -> None:
                            curve_instances=val)
     figures = {"path": res["path"], "key": res["key"], "reused": res["hit"], **res["metrics"]}
     if a.eval and not a.curve:
-        from nodes.train_stage import load_checkpoint
+        from llm_backends.checkpoints import load_checkpoint
 
         model, tok = load_checkpoint(res["path"])
         r = greedy_valid_rate(model, tok, val, max_new_tokens=cfg.max_completion_length, prompt_style=cfg.prompt_style)

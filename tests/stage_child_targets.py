@@ -26,7 +26,7 @@ def like_trl_colocate(out: str) -> None:
 
 
 def fail(kind: str, message: str) -> None:
-    from nodes.train_stage import CheckpointError
+    from llm_backends.checkpoints import CheckpointError
 
     raise {"CheckpointError": CheckpointError, "RuntimeError": RuntimeError, "KeyError": KeyError}[kind](message)
 

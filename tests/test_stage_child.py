@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from llm_backends.checkpoints import CheckpointError
 from nodes import stop
 from nodes.stage_child import StageProcessError, run_in_child
 from nodes.stop import StageInterrupted
-from nodes.train_stage import CheckpointError
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent

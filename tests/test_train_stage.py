@@ -14,16 +14,14 @@ from types import SimpleNamespace
 import pytest
 
 from env import SIZES, EnvConfig, Instance, generate, plan_text, uniform_config, verify, write_jsonl
+from llm_backends.checkpoints import META_FILE, CheckpointError, load_checkpoint, save_checkpoint
 from nodes.train_stage import (
-    META_FILE,
     TRAIN_PRESETS,
-    CheckpointError,
     MapfReward,
     TrainConfig,
     build_dataset,
     check_generation_backend,
     init_from_arg,
-    load_checkpoint,
     main,
     prompt_messages,
     run_stage,
@@ -253,9 +251,9 @@ def test_vllm_without_cuda_is_refused_before_any_work(tmp_path, monkeypatch, cap
 
 
 def test_only_process_zero_writes_checkpoint_and_tb(tmp_path):
-    from nodes.train_stage import _save_checkpoint, _tb_callback
+    from nodes.train_stage import _tb_callback
 
-    class Trainer:  # the two Trainer/accelerate calls _save_checkpoint makes, in one process of several
+    class Trainer:  # the two Trainer/accelerate calls save_checkpoint makes, in one process of several
         def __init__(self, zero: bool):
             self.zero, self.waits = zero, 0
             self.accelerator = SimpleNamespace(wait_for_everyone=self._wait)
@@ -275,10 +273,10 @@ def test_only_process_zero_writes_checkpoint_and_tb(tmp_path):
     stale = out.with_name("checkpoint.tmp")
     stale.mkdir()
     other = Trainer(zero=False)
-    assert _save_checkpoint(other, out, {"is_lora": False}) == out
+    assert save_checkpoint(other, out, {"is_lora": False}) == out
     assert stale.exists() and not out.exists() and other.waits == 2  # touched nothing, met the barriers
     zero = Trainer(zero=True)
-    _save_checkpoint(zero, out, {"is_lora": False})
+    save_checkpoint(zero, out, {"is_lora": False})
     assert json.loads((out / META_FILE).read_text()) == {"is_lora": False} and not stale.exists()
     assert _tb_callback(tmp_path / "tb_other", main=False).tb_writer is None
     assert not (tmp_path / "tb_other").exists()

@@ -78,10 +78,11 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
 
     from env import SIZES, EnvConfig, generate, load_split, write_jsonl
+    from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
     from nodes.sft import build_warm_start, greedy_valid_rate
     from nodes.train_config import TrainConfig
-    from nodes.train_stage import load_checkpoint, run_stage
+    from nodes.train_stage import run_stage
 
     raw = dict(TRAIN_PRESETS[a.preset])
     if a.quick:

@@ -46,10 +46,11 @@ SAME_WORK = {"num_generations": 4, "per_device_train_batch_size": 8, "max_comple
 def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], seed: int, model: str) -> dict:
     """SFT examples/s and GRPO s/step for one TrainConfig in this process."""
     from env import generate, uniform_config, write_jsonl
+    from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
     from nodes.sft import warm_start, warm_start_instances
     from nodes.train_config import TrainConfig
-    from nodes.train_stage import freeze_lower_layers, load_checkpoint, run_stage
+    from nodes.train_stage import freeze_lower_layers, run_stage
 
     base = resolve_model(model)
     out: dict = {}
