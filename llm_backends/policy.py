@@ -133,7 +133,7 @@ def open_checkpoint(
                 chat.close()
         return
     base = adapter_base(path, base_model)
-    with VLLMServer(base, log_path=log_path, enable_lora=True, max_lora_rank=_lora_rank(adapter)) as server:
+    with VLLMServer(base, log_path=log_path, enable_lora=True, max_lora_rank=lora_rank(adapter)) as server:
         server.load_lora(served_name, path)
         chat = server.client(model=served_name, max_concurrency=max_concurrency, **extra)
         try:
@@ -155,7 +155,9 @@ def template_kwargs(enable_thinking: bool | None) -> dict:
     return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
 
 
-def _lora_rank(adapter: dict) -> int:
+def lora_rank(adapter: dict) -> int:
+    """The ``--max-lora-rank`` a vLLM server needs for ``adapter``: the smallest value vLLM accepts at or above
+    its rank, at least 16."""
     rank = int(adapter.get("r") or 16)
     return max(16, next((r for r in _LORA_RANKS if r >= rank), rank))
 
@@ -181,12 +183,12 @@ def _kept_client(path, adapter, log_path, base_model, served_name, max_concurren
         server is not None
         and server.running
         and _arch(server.model_path) == _arch(weights)
-        and (adapter is None or (server.enable_lora and server.max_lora_rank >= _lora_rank(adapter)))
+        and (adapter is None or (server.enable_lora and server.max_lora_rank >= lora_rank(adapter)))
     )
     if not usable:
         stop_kept_server()
         server = VLLMServer(weights, log_path=log_path, enable_lora=True,
-                            max_lora_rank=_lora_rank(adapter or {}), served_model_name="kept").start()
+                            max_lora_rank=lora_rank(adapter or {}), served_model_name="kept").start()
         _KEPT.update(server=server, weights=weights)
     else:
         # the kept server logs to its first caller's file: mark where this use starts, and leave a pointer

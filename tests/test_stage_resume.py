@@ -16,7 +16,7 @@ import pytest
 
 from nodes import stage_resume as sr
 from nodes.train_config import TRAIN_PRESETS, TrainConfig
-from nodes.train_stage import grpo_config
+from nodes.trl_setup import grpo_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -48,9 +48,11 @@ def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], se
     from env import generate, uniform_config, write_jsonl
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
-    from nodes.sft import warm_start, warm_start_instances
+    from nodes.sft import warm_start
     from nodes.train_config import TrainConfig
-    from nodes.train_stage import freeze_lower_layers, run_stage
+    from nodes.train_data import warm_start_instances
+    from nodes.train_stage import run_stage
+    from nodes.trl_setup import freeze_lower_layers
 
     base = resolve_model(model)
     out: dict = {}
