@@ -24,15 +24,9 @@ Outputs in the stage folder (`run_dir/stage_<k>/`):
   With several processes (accelerate), only the main process writes the checkpoint, `metrics.json` and `tb/`;
   the reward statistics in `metrics.json` are then the main process's share of the completions.
 
-Presets (`TRAIN_PRESETS`): `smoke` (CI, seconds), `cpu` (embedded 135M model on a laptop, warm start on),
-`paper` (Qwen3-4B, 4,000 instances per stage, 2 epochs, LoRA, vLLM generation, for a GPU).
-
-Generation during training: TRL's transformers path everywhere by default on CPU. On a GPU, `use_vllm=True`
-uses TRL's colocated vLLM (`vllm_mode="colocate"`) or a separate `trl vllm-serve` (`vllm_mode="server"`).
-TRL's colocated vLLM does not sync weights on vLLM's CPU backend (VLLM-CPU.md); we do not patch it, because
-its ~40 s engine start-up per stage outweighs the ~3.5 s/step it saves over a few-minute CPU stage.
-
-`use_vllm=True` without CUDA is refused at stage start (`check_generation_backend`), before any model loads.
+The pieces, each in its own module: settings and presets (`nodes.train_config`), prompts, datasets and the
+reward (`nodes.train_data`), TRL set-up (`nodes.trl_setup`), checkpoints (`llm_backends.checkpoints`). Here: the
+graph node, then the stage it runs, then the module CLI.
 
 The graph's `train_stage` node runs `run_stage` in a child process of its own (`nodes.stage_child`; several GPUs:
 `STAGE_LAUNCHER`), so that GPU memory, TRL's RANK/WORLD_SIZE/MASTER_* variables and vLLM's process groups end
@@ -66,25 +60,78 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llm_backends.checkpoints import CheckpointError, check_checkpoint, load_checkpoint, save_checkpoint
+from llm_backends.checkpoints import CheckpointError, check_checkpoint, save_checkpoint
 from llm_backends.policy import template_kwargs
-from nodes.train_config import TRAIN_PRESETS, TrainConfig, wants_lora
+from nodes.train_config import TRAIN_PRESETS, TrainConfig
 from nodes.train_data import MapfReward, build_dataset, reward_summary, row_size
 from nodes.trl_setup import (
     check_generation_backend,
-    freeze_lower_layers,
     grpo_config,
-    lora_config,
     main_process,
     quiet_trainer,
     raise_if_stopped,
     stop_callbacks,
     tb_callback,
     tb_scalars,
-    use_bf16,
+    trainable_model,
 )
 
 log = logging.getLogger(__name__)
+
+
+def train_stage(state: dict, runtime) -> dict:
+    """Graph node: GRPO on `state["train_path"]` from `state["checkpoint"]` (stage 0 only: None = the base
+    policy model; a later stage without a checkpoint raises `CheckpointError`, never restarts from the base).
+
+    Returns {"checkpoint", "reward_state", "train_metrics"}. Stage folder: `run_dir / f"stage_{k}"`.
+    """
+    from llm_backends.models import resolve_model
+
+    settings = runtime.context.settings
+    stage = int(state["stage"])
+    out_dir = Path(runtime.context.run_dir) / f"stage_{stage}"
+    prev = state.get("checkpoint")
+    if not prev and stage > 0:
+        raise CheckpointError(
+            f"stage {stage}: the state holds no checkpoint (checkpoint={prev!r}), so stage {stage - 1}'s training "
+            "is lost; only stage 0 starts from the base model. Resume the run from a state saved after stage "
+            f"{stage - 1} trained, or start a new run"
+        )
+    init = Path(prev) if prev else resolve_model(settings.policy_model)
+    from nodes.stage_child import run_stage_in_child
+
+    # in a child process of its own (nodes.stage_child): GPU memory, TRL's RANK/WORLD_SIZE/MASTER_* variables
+    # and vLLM's process groups end with it, so no stage inherits them from the one before
+    result = run_stage_in_child(
+        label=f"stage {stage} training",
+        train_path=Path(state["train_path"]),
+        init_checkpoint=init,
+        out_dir=out_dir,
+        cfg=settings.train,
+        seed=int(settings.seed) + 1000 * stage,
+        reward_state=state.get("reward_state") or None,
+        warm_start=settings.train.sft_warm_start and prev is None,
+    )
+    m = result["metrics"]
+    line = (
+        f"stage {stage}: trained {m['train/steps']} GRPO steps in {m['train/seconds']:.0f} s, "
+        f"reward {m['train/reward_mean']:.3f} -> {result['checkpoint']}"
+    )
+    lines = [line]
+    dead = m.get("train/zero_std_groups_trained")
+    if dead is None or not math.isfinite(dead):
+        dead = m.get("train/zero_std_groups")
+    if isinstance(dead, float) and dead >= 1.0:
+        lines.append(
+            f"stage {stage}: WARNING every GRPO group scored the same (zero reward variance): no weight moved. "
+            "The stage's maps may all be out of the policy's reach; see stage metrics and report.md"
+        )
+    return {
+        "checkpoint": result["checkpoint"],
+        "reward_state": result["reward_state"],
+        "train_metrics": m,
+        "log": lines,
+    }
 
 
 def run_stage(
@@ -168,27 +215,8 @@ def run_stage(
         load_from = Path(ws["path"])
         if main_process() and (load_from / "tb" / "sft").is_dir():  # the warm start's curves, beside GRPO's
             shutil.copytree(load_from / "tb" / "sft", out_dir / "tb" / "sft", dirs_exist_ok=True)
-    dtype = "bfloat16" if use_bf16(cfg) else "float32"
-    model, tok = load_checkpoint(load_from, dtype=dtype, trainable=True)
-    from peft import PeftModel
-
-    if isinstance(model, PeftModel) and not (meta_in or {}).get("base_model"):
-        # a bare adapter folder (no trainer_meta.json): its base is the one load_checkpoint used
-        base_model = str(Path(model.peft_config[model.active_adapter].base_model_name_or_path).resolve())
-    if not isinstance(model, PeftModel) and wants_lora(cfg.lora, sum(p.numel() for p in model.parameters())):
-        from peft import get_peft_model
-
-        model = get_peft_model(model, lora_config(cfg))
-        # The new adapter sits on the weights it was loaded onto (the base model, the cached warm start, or a
-        # previous stage's full fine-tune): those are what the next load must put it on.
-        base_model = str(load_from.resolve())
-        for pc in model.peft_config.values():
-            pc.base_model_name_or_path = base_model
-    is_lora = isinstance(model, PeftModel)
-    if cfg.train_layers and not is_lora:
-        freeze_lower_layers(model, cfg.train_layers)
-    if cfg.gradient_checkpointing:
-        model.config.use_cache = False
+    named = bool((meta_in or {}).get("base_model"))
+    model, tok, base_model, is_lora = trainable_model(load_from, cfg, base_model, named=named)
 
     if do_sft and not cfg.sft_sizes and resume is None:  # on the stage's own instances: not cached (they vary
         # per run); a resumed stage skips it: the in-stage checkpoint holds the weights trained after it
@@ -292,61 +320,6 @@ def run_stage(
         )
     del trainer, model
     return {"checkpoint": str(ckpt), "reward_state": meta["reward_state"], "metrics": metrics}
-
-
-def train_stage(state: dict, runtime) -> dict:
-    """Graph node: GRPO on `state["train_path"]` from `state["checkpoint"]` (stage 0 only: None = the base
-    policy model; a later stage without a checkpoint raises `CheckpointError`, never restarts from the base).
-
-    Returns {"checkpoint", "reward_state", "train_metrics"}. Stage folder: `run_dir / f"stage_{k}"`.
-    """
-    from llm_backends.models import resolve_model
-
-    settings = runtime.context.settings
-    stage = int(state["stage"])
-    out_dir = Path(runtime.context.run_dir) / f"stage_{stage}"
-    prev = state.get("checkpoint")
-    if not prev and stage > 0:
-        raise CheckpointError(
-            f"stage {stage}: the state holds no checkpoint (checkpoint={prev!r}), so stage {stage - 1}'s training "
-            "is lost; only stage 0 starts from the base model. Resume the run from a state saved after stage "
-            f"{stage - 1} trained, or start a new run"
-        )
-    init = Path(prev) if prev else resolve_model(settings.policy_model)
-    from nodes.stage_child import run_stage_in_child
-
-    # in a child process of its own (nodes.stage_child): GPU memory, TRL's RANK/WORLD_SIZE/MASTER_* variables
-    # and vLLM's process groups end with it, so no stage inherits them from the one before
-    result = run_stage_in_child(
-        label=f"stage {stage} training",
-        train_path=Path(state["train_path"]),
-        init_checkpoint=init,
-        out_dir=out_dir,
-        cfg=settings.train,
-        seed=int(settings.seed) + 1000 * stage,
-        reward_state=state.get("reward_state") or None,
-        warm_start=settings.train.sft_warm_start and prev is None,
-    )
-    m = result["metrics"]
-    line = (
-        f"stage {stage}: trained {m['train/steps']} GRPO steps in {m['train/seconds']:.0f} s, "
-        f"reward {m['train/reward_mean']:.3f} -> {result['checkpoint']}"
-    )
-    lines = [line]
-    dead = m.get("train/zero_std_groups_trained")
-    if dead is None or not math.isfinite(dead):
-        dead = m.get("train/zero_std_groups")
-    if isinstance(dead, float) and dead >= 1.0:
-        lines.append(
-            f"stage {stage}: WARNING every GRPO group scored the same (zero reward variance): no weight moved. "
-            "The stage's maps may all be out of the policy's reach; see stage metrics and report.md"
-        )
-    return {
-        "checkpoint": result["checkpoint"],
-        "reward_state": result["reward_state"],
-        "train_metrics": m,
-        "log": lines,
-    }
 
 
 def init_from_arg(text: str) -> Path:

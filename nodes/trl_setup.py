@@ -4,6 +4,13 @@ The trainers' arguments (`grpo_config`, `lora_config`, `use_bf16`, `check_genera
 train (`freeze_lower_layers`), who writes files under accelerate (`main_process`), and how a trainer reports:
 TensorBoard (`tb_callback`, `tb_scalars`), the stop flag (`stop_callbacks`, `raise_if_stopped`, `nodes.stop`)
 and a labelled step bar with the trainer's log dicts in the log file only (`quiet_trainer`).
+
+Generation during training: TRL's transformers path everywhere by default on CPU. On a GPU, `use_vllm=True`
+uses TRL's colocated vLLM (`vllm_mode="colocate"`) or a separate `trl vllm-serve` (`vllm_mode="server"`).
+TRL's colocated vLLM does not sync weights on vLLM's CPU backend (VLLM-CPU.md); we do not patch it, because
+its ~40 s engine start-up per stage outweighs the ~3.5 s/step it saves over a few-minute CPU stage.
+
+`use_vllm=True` without CUDA is refused at stage start (`check_generation_backend`), before any model loads.
 """
 
 from __future__ import annotations
@@ -16,11 +23,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from nodes.train_config import TrainConfig
+from nodes.train_config import TrainConfig, wants_lora
 
 
 # TRL 1.16 warns five times on import that vLLM 0.32 (vllm-cpu) is newer than it was tested with. Training on
-# CPU never uses TRL's vLLM path (nodes.train_stage), so the warning is silenced for vllm-cpu only; on a GPU the `gpu`
+# CPU never uses TRL's vLLM path (see above), so the warning is silenced for vllm-cpu only; on a GPU the `gpu`
 # extra installs vllm 0.31.0, inside TRL's range, and any other vLLM there keeps TRL's warning.
 def _vllm_cpu_installed() -> bool:
     from importlib.metadata import PackageNotFoundError, version
@@ -75,6 +82,35 @@ def freeze_lower_layers(model, n_top: int) -> int:
         for p in norm.parameters():
             p.requires_grad_(True)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def trainable_model(load_from: Path, cfg: TrainConfig, base_model: str, *, named: bool):
+    """Load the weights a stage trains: `(model, tokenizer, base_model, is_lora)`.
+
+    `base_model` is the checkpoint's base as far as the caller knows (`named`: from its `trainer_meta.json`). A
+    bare adapter folder keeps the base it was loaded on; a full model over `cfg.lora`'s size gets a new adapter,
+    whose base is the weights it was loaded onto (the base model, the cached warm start, or a previous stage's
+    full fine-tune): those are what the next load must put it on. Full fine-tunes train only the top
+    `cfg.train_layers` blocks.
+    """
+    from peft import PeftModel, get_peft_model
+
+    from llm_backends.checkpoints import adapter_base, load_checkpoint
+
+    model, tok = load_checkpoint(load_from, dtype="bfloat16" if use_bf16(cfg) else "float32", trainable=True)
+    if isinstance(model, PeftModel) and not named:
+        base_model = str(adapter_base(load_from))
+    if not isinstance(model, PeftModel) and wants_lora(cfg.lora, sum(p.numel() for p in model.parameters())):
+        model = get_peft_model(model, lora_config(cfg))
+        base_model = str(load_from.resolve())
+        for pc in model.peft_config.values():
+            pc.base_model_name_or_path = base_model
+    is_lora = isinstance(model, PeftModel)
+    if cfg.train_layers and not is_lora:
+        freeze_lower_layers(model, cfg.train_layers)
+    if cfg.gradient_checkpointing:
+        model.config.use_cache = False
+    return model, tok, base_model, is_lora
 
 
 def main_process() -> bool:
