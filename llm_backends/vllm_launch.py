@@ -47,7 +47,7 @@ def watch_parent(parent: int, period_s: float = 1.0) -> None:
     a server whose owner died without stopping it must not hold the port and the memory."""
     while os.getppid() == parent:
         time.sleep(period_s)
-    from llm_backends.vllm_server import descendants
+    from llm_backends.server_cleanup import descendants
 
     for pid in descendants(os.getpid()):
         try:
