@@ -14,12 +14,12 @@ import os
 import threading
 import time
 
-from llm_backends.base import ChatResult, Messages, UsageStats, extract_json, with_schema_in_prompt
+from llm_backends.base import ChatModel, ChatResult, Messages, UsageStats, extract_json, with_schema_in_prompt
 
 log = logging.getLogger(__name__)
 
 
-class LocalEngine:
+class LocalEngine(ChatModel):
     """A :class:`~llm_backends.base.ChatModel` running ``model_path`` in this process.
 
     Args:
@@ -77,16 +77,6 @@ class LocalEngine:
 
     def __repr__(self) -> str:
         return f"LocalEngine({str(self.model_path)!r}, device={self.device!r})"
-
-    def chat(
-        self,
-        messages: Messages,
-        *,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-        json_schema: dict | None = None,
-    ) -> ChatResult:
-        return self.chat_batch([messages], max_tokens=max_tokens, temperature=temperature, json_schema=json_schema)[0]
 
     def chat_batch(
         self,
