@@ -19,15 +19,20 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from llm_backends.vllm_server import VLLMServer
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
+
+class Server(Protocol):
+    """What clean-up needs of a server (`llm_backends.vllm_server.VLLMServer`): this module never imports it."""
+
+    def stop(self, timeout_s: float = 20.0) -> None: ...
+
+    def kill_now(self) -> None: ...
+
 # servers started and not yet stopped; strong references, so a server its owner dropped is still stopped
-_LIVE: dict[int, VLLMServer] = {}
+_LIVE: dict[int, Server] = {}
 _ATEXIT_REGISTERED = False
 _HANDLERS_INSTALLED = False
 _DEFERRED = False  # True: the process's own SIGINT/SIGTERM handler decides when servers stop (graph.run)
@@ -102,7 +107,7 @@ def die_with_parent() -> None:
         pass
 
 
-def register(server: VLLMServer) -> None:
+def register(server: Server) -> None:
     """Hold a started server until `unregister`, and make sure exit and signals stop it."""
     global _ATEXIT_REGISTERED
     with _GUARD:
@@ -130,13 +135,13 @@ def install_signal_handlers() -> bool:
     return True
 
 
-def unregister(server: VLLMServer) -> None:
+def unregister(server: Server) -> None:
     """Forget a stopped server."""
     with _GUARD:
         _LIVE.pop(id(server), None)
 
 
-def live_servers() -> list[VLLMServer]:
+def live_servers() -> list[Server]:
     """The servers this process started and has not stopped yet."""
     with _GUARD:
         return list(_LIVE.values())
