@@ -161,3 +161,26 @@ def test_embedded_model_is_a_loadable_folder(embedded_model_path):
     assert (embedded_model_path / "config.json").exists()
     assert any(embedded_model_path.glob("*.safetensors"))
     assert resolve_model() == embedded_model_path  # second call: the cache
+
+
+def test_one_base_model_rule_for_training_and_serving(tmp_path):
+    """llm_backends.checkpoints.adapter_base: trainer_meta.json's base first, then the adapter's; the two naming
+    different folders is an error; no base that resolves and no fallback is an error, never another model."""
+    import json
+
+    from llm_backends.checkpoints import CheckpointError, adapter_base
+
+    base, other, adapter = tmp_path / "base", tmp_path / "other", tmp_path / "adapter"
+    for d in (base, other, adapter):
+        d.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
+    assert adapter_base(adapter) == base.resolve()
+    (adapter / "trainer_meta.json").write_text(json.dumps({"is_lora": True, "base_model": str(other)}))
+    with pytest.raises(CheckpointError, match="names base model .*other but adapter_config.json names"):
+        adapter_base(adapter, base)
+    (adapter / "adapter_config.json").write_text("{}")
+    assert adapter_base(adapter) == other.resolve()  # the trainer's record
+    (adapter / "trainer_meta.json").unlink()
+    with pytest.raises(CheckpointError, match="names no base model"):
+        adapter_base(adapter)
+    assert adapter_base(adapter, base) == base.resolve()
