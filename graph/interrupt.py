@@ -50,7 +50,7 @@ def _write_now(text: str) -> None:
 
 def _kill_children() -> None:
     """SIGKILL the vLLM servers (their groups and engine cores) and every other process below this one."""
-    from llm_backends.vllm_server import descendants, kill_all
+    from llm_backends.server_cleanup import descendants, kill_all
 
     try:
         kill_all()
@@ -65,7 +65,7 @@ def _kill_children() -> None:
 
 def install_signal_handlers() -> None:
     """Our handler for SIGINT and SIGTERM, with a fresh count and stop flag (one per `main` call)."""
-    from llm_backends.vllm_server import defer_signal_cleanup
+    from llm_backends.server_cleanup import defer_signal_cleanup
 
     SIGNALS.update(count=0, interruptible=True, run_dir=None)
     stop.reset()
@@ -79,7 +79,7 @@ def stop_servers() -> None:
     if "llm_backends.vllm_server" not in sys.modules:
         return
     from llm_backends.policy import stop_kept_server
-    from llm_backends.vllm_server import stop_all
+    from llm_backends.server_cleanup import stop_all
 
     try:
         stop_kept_server()

@@ -18,7 +18,8 @@ from graph.settings import ENV_VARS, Settings, SettingsError
 def check_policy_model(name: str) -> None:
     """The embedded short name, an existing model folder, or something shaped like a hub id (`org/name`):
     the same three forms `llm_backends.models.resolve_model` accepts, checked without loading or downloading."""
-    from llm_backends.models import EMBEDDED, is_model_dir
+    from llm_backends.checkpoints import is_model_dir
+    from llm_backends.models import EMBEDDED
 
     allowed = f"allowed: {', '.join(sorted(EMBEDDED))}, a model folder (config.json), or a Hugging Face id like Qwen/Qwen3-4B"
     path = Path(name).expanduser()

@@ -53,7 +53,7 @@ EXIT_BAD_SETTINGS = 2
 def preset_help() -> str:
     """One paragraph per preset for --help, built from the presets themselves (so it cannot go stale)."""
     from graph.settings import PRESETS
-    from nodes.train_stage import TRAIN_PRESETS, TrainConfig
+    from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
     def train(name: str, field: str) -> Any:
         return TRAIN_PRESETS[name].get(field, TrainConfig.model_fields[field].default)
@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
                "eval_max_tokens", "engineer_max_attempts", "prompts_dir", "approve"}
     others = [f"  {env_of[f]:<22} --set {f}=...  {fields[f].description}" for f in fields
               if f not in flagged and f in env_of]
-    from nodes.train_stage import TrainConfig
+    from nodes.train_config import TrainConfig
 
     train = [f"  TRAIN__{f.upper():<22} --set train.{f}=...  {TrainConfig.model_fields[f].description}"
              for f in TrainConfig.model_fields]

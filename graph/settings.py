@@ -23,9 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from llm_backends.engineers import CLASSIC_ENGINEERS, MODEL_ENGINEERS
 from nodes.summarize_failures import CONTEXT_VARIANTS
-from nodes.train_stage import TRAIN_PRESETS, TrainConfig
+from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
-# Run-level values per preset; the training hyper-parameters come from nodes.train_stage.TRAIN_PRESETS.
+# Run-level values per preset; the training hyper-parameters come from nodes.train_config.TRAIN_PRESETS.
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
         "stages": 2,

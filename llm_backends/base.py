@@ -51,7 +51,10 @@ class ChatError(RuntimeError):
 
 @runtime_checkable
 class ChatModel(Protocol):
-    """What every engineer, policy and API-model solver is called through."""
+    """What every engineer, policy and API-model solver is called through.
+
+    A backend that subclasses it (LocalEngine) gets `chat` as a batch of one; OpenAIChat and test fakes define
+    the three methods themselves."""
 
     def chat(
         self,
@@ -60,7 +63,9 @@ class ChatModel(Protocol):
         max_tokens: int = 512,
         temperature: float = 0.0,
         json_schema: dict | None = None,
-    ) -> ChatResult: ...
+    ) -> ChatResult:
+        """One answer: `chat_batch` of one conversation."""
+        return self.chat_batch([messages], max_tokens=max_tokens, temperature=temperature, json_schema=json_schema)[0]
 
     def chat_batch(
         self,

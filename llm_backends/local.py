@@ -2,26 +2,24 @@
 
 Prompts go through the tokenizer's chat template, are left-padded and generated in batches (greedy at
 ``temperature=0``, sampled otherwise). A folder holding a LoRA adapter (``adapter_config.json``) is loaded
-on its base model and merged; the base is chosen like the vLLM path does (:func:`llm_backends.models.adapter_base`):
-the one the adapter names when it resolves, else ``base_model``, else the embedded default. ``json_schema`` cannot be enforced here: the schema is written into the
-prompt and the first JSON value of the answer is returned as ``ChatResult.parsed``.
+on its base model and merged; the base is chosen as everywhere else (:func:`llm_backends.checkpoints.adapter_base`):
+the one the checkpoint names when it resolves, else ``base_model``. ``json_schema`` cannot be enforced here: the
+schema is written into the prompt and the first JSON value of the answer is returned as ``ChatResult.parsed``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
-from pathlib import Path
 
-from llm_backends.base import ChatResult, Messages, UsageStats, extract_json, with_schema_in_prompt
+from llm_backends.base import ChatModel, ChatResult, Messages, UsageStats, extract_json, with_schema_in_prompt
 
 log = logging.getLogger(__name__)
 
 
-class LocalEngine:
+class LocalEngine(ChatModel):
     """A :class:`~llm_backends.base.ChatModel` running ``model_path`` in this process.
 
     Args:
@@ -49,7 +47,8 @@ class LocalEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from llm_backends.models import adapter_base, resolve_model
+        from llm_backends.checkpoints import adapter_base, adapter_config
+        from llm_backends.models import resolve_model
 
         path = resolve_model(model_path)
         self.model_path = path
@@ -58,9 +57,8 @@ class LocalEngine:
         self.chat_template_kwargs = dict(chat_template_kwargs or {})  # e.g. {"enable_thinking": False} (Qwen3)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         torch_dtype = getattr(torch, dtype)
-        adapter = path / "adapter_config.json"
-        if adapter.exists():
-            base = adapter_base(path, json.loads(adapter.read_text()), base_model)
+        if adapter_config(path) is not None:
+            base = adapter_base(path, base_model)
             from peft import PeftModel
 
             model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
@@ -79,16 +77,6 @@ class LocalEngine:
 
     def __repr__(self) -> str:
         return f"LocalEngine({str(self.model_path)!r}, device={self.device!r})"
-
-    def chat(
-        self,
-        messages: Messages,
-        *,
-        max_tokens: int = 512,
-        temperature: float = 0.0,
-        json_schema: dict | None = None,
-    ) -> ChatResult:
-        return self.chat_batch([messages], max_tokens=max_tokens, temperature=temperature, json_schema=json_schema)[0]
 
     def chat_batch(
         self,
@@ -183,7 +171,3 @@ def _as_list(x) -> list:
         return []
     return list(x) if isinstance(x, list | tuple) else [x]
 
-
-def is_adapter(path: str | os.PathLike) -> bool:
-    """True when ``path`` holds a LoRA adapter rather than full weights."""
-    return (Path(path) / "adapter_config.json").exists()

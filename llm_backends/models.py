@@ -57,11 +57,6 @@ def embedded_gguf(name: str = DEFAULT_POLICY) -> Path:
     return files[0]
 
 
-def is_model_dir(path: Path) -> bool:
-    """True for a folder transformers/vLLM can load: full weights or a LoRA adapter."""
-    return path.is_dir() and ((path / "config.json").exists() or (path / "adapter_config.json").exists())
-
-
 def resolve_model(name_or_path: str | os.PathLike = DEFAULT_POLICY, cache_dir=None) -> Path:
     """A local folder with safetensors + tokenizer for a short name, a local folder or a Hugging Face id.
 
@@ -172,15 +167,3 @@ def _gguf_to_safetensors(gguf: Path, out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
 
-
-def adapter_base(path: Path, adapter: dict, fallback: str | os.PathLike | None) -> Path:
-    """The base model of a LoRA adapter: the one its config names when that resolves, else ``fallback``
-    (else the embedded default policy)."""
-    named = adapter.get("base_model_name_or_path")
-    if named:
-        try:
-            return resolve_model(named)
-        except (ValueError, FileNotFoundError):
-            if fallback is None:
-                raise
-    return resolve_model(fallback or DEFAULT_POLICY)

@@ -34,7 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from llm_backends.base import ChatModel
-from llm_backends.models import DEFAULT_POLICY, adapter_base, resolve_model
+from llm_backends.checkpoints import adapter_base, adapter_config
+from llm_backends.models import DEFAULT_POLICY, resolve_model
 
 BACKENDS = ("auto", "transformers", "vllm")
 _LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's --max-lora-rank accepts
@@ -131,8 +132,8 @@ def open_checkpoint(
             finally:
                 chat.close()
         return
-    base = adapter_base(path, adapter, base_model)
-    with VLLMServer(base, log_path=log_path, enable_lora=True, max_lora_rank=_lora_rank(adapter)) as server:
+    base = adapter_base(path, base_model)
+    with VLLMServer(base, log_path=log_path, enable_lora=True, max_lora_rank=lora_rank(adapter)) as server:
         server.load_lora(served_name, path)
         chat = server.client(model=served_name, max_concurrency=max_concurrency, **extra)
         try:
@@ -154,13 +155,9 @@ def template_kwargs(enable_thinking: bool | None) -> dict:
     return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
 
 
-def adapter_config(path: str | os.PathLike) -> dict | None:
-    """The LoRA adapter config in ``path``, or None for full weights."""
-    f = Path(path) / "adapter_config.json"
-    return json.loads(f.read_text()) if f.exists() else None
-
-
-def _lora_rank(adapter: dict) -> int:
+def lora_rank(adapter: dict) -> int:
+    """The ``--max-lora-rank`` a vLLM server needs for ``adapter``: the smallest value vLLM accepts at or above
+    its rank, at least 16."""
     rank = int(adapter.get("r") or 16)
     return max(16, next((r for r in _LORA_RANKS if r >= rank), rank))
 
@@ -180,18 +177,18 @@ def _arch(path: Path) -> tuple:
 def _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency, **client_kw):
     from llm_backends.vllm_server import VLLMServer
 
-    weights = path if adapter is None else adapter_base(path, adapter, base_model)
+    weights = path if adapter is None else adapter_base(path, base_model)
     server = _KEPT.get("server")
     usable = (
         server is not None
         and server.running
         and _arch(server.model_path) == _arch(weights)
-        and (adapter is None or (server.enable_lora and server.max_lora_rank >= _lora_rank(adapter)))
+        and (adapter is None or (server.enable_lora and server.max_lora_rank >= lora_rank(adapter)))
     )
     if not usable:
         stop_kept_server()
         server = VLLMServer(weights, log_path=log_path, enable_lora=True,
-                            max_lora_rank=_lora_rank(adapter or {}), served_model_name="kept").start()
+                            max_lora_rank=lora_rank(adapter or {}), served_model_name="kept").start()
         _KEPT.update(server=server, weights=weights)
     else:
         # the kept server logs to its first caller's file: mark where this use starts, and leave a pointer

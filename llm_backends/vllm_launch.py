@@ -42,10 +42,12 @@ def patch_metadata() -> None:
 patch_metadata()
 
 
-def _watch_parent(parent: int, period_s: float = 1.0) -> None:
+def watch_parent(parent: int, period_s: float = 1.0) -> None:
+    """Once `parent` is gone (this process re-parented), kill the server's descendants, its group and itself:
+    a server whose owner died without stopping it must not hold the port and the memory."""
     while os.getppid() == parent:
         time.sleep(period_s)
-    from llm_backends.vllm_server import descendants
+    from llm_backends.server_cleanup import descendants
 
     for pid in descendants(os.getpid()):
         try:
@@ -60,7 +62,7 @@ def _watch_parent(parent: int, period_s: float = 1.0) -> None:
 def main() -> None:
     parent = os.environ.get("VLLM_LAUNCH_PARENT_PID", "")
     if parent.isdigit() and int(parent) == os.getppid():
-        threading.Thread(target=_watch_parent, args=(int(parent),), daemon=True, name="parent-watchdog").start()
+        threading.Thread(target=watch_parent, args=(int(parent),), daemon=True, name="parent-watchdog").start()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     vllm_main()

@@ -15,11 +15,8 @@ port, logs stdout+stderr to ``log_path`` and runs in its own process group, whic
 its parent dies without cleaning up (SIGKILL). A server that dies or is not healthy
 within ``startup_timeout_s`` raises :class:`VLLMStartError` with the tail of its log.
 
-Every started server is held (a strong reference) until ``stop()``, so one whose owner dropped it is
-still stopped at exit. SIGINT/SIGTERM handlers can only be installed from the main thread: they are
-installed by the first ``start()`` on the main thread (or by :func:`install_signal_handlers`); a server
-started from another thread before that is covered by atexit and, once any later main-thread start or
-call installs them, by the handlers too.
+Every started server is registered with :mod:`llm_backends.server_cleanup` until ``stop()``, which stops it at
+interpreter exit and on SIGINT/SIGTERM even when its owner dropped it.
 
 The server runs with ``VLLM_SERVER_DEV_MODE=1`` (for ``/collective_rpc`` weight reload) and, with
 ``enable_lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``: both are fine because it binds to 127.0.0.1.
@@ -27,7 +24,6 @@ The server runs with ``VLLM_SERVER_DEV_MODE=1`` (for ``/collective_rpc`` weight 
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
 import logging
 import os
@@ -40,6 +36,16 @@ import time
 from pathlib import Path
 
 import httpx
+
+from llm_backends.server_cleanup import (
+    descendants,
+    die_with_parent,
+    group_alive,
+    kill_group,
+    kill_pids,
+    register,
+    unregister,
+)
 
 log = logging.getLogger(__name__)
 
@@ -299,9 +305,9 @@ class VLLMServer:
             env=self.environment(),
             cwd=str(_REPO_ROOT),
             start_new_session=True,  # its own process group, so stop() takes the engine workers too
-            preexec_fn=_die_with_parent if threading.current_thread() is threading.main_thread() else None,
+            preexec_fn=die_with_parent if threading.current_thread() is threading.main_thread() else None,
         )
-        _register(self)
+        register(self)
         log.info("vLLM starting on %s (pid %d, log %s)", self.base_url, self._proc.pid, self.log_path)
         try:
             self._wait_healthy(t0)
@@ -339,19 +345,19 @@ class VLLMServer:
         if proc is not None:
             family = descendants(proc.pid)  # before the kill: orphans are re-parented and lost from view
             if proc.poll() is None:
-                _kill_group(proc, signal.SIGTERM)
+                kill_group(proc, signal.SIGTERM)
                 try:
                     proc.wait(timeout=timeout_s)
                 except subprocess.TimeoutExpired:
-                    _kill_group(proc, signal.SIGKILL)
+                    kill_group(proc, signal.SIGKILL)
                     proc.wait(timeout=10)
             # engine workers left behind by a crashed front-end still share the group
-            if _group_alive(proc.pid, wait_s=5.0):
-                _kill_group(proc, signal.SIGKILL)
-                _group_alive(proc.pid, wait_s=5.0)
-            _kill_pids(family)
+            if group_alive(proc.pid, wait_s=5.0):
+                kill_group(proc, signal.SIGKILL)
+                group_alive(proc.pid, wait_s=5.0)
+            kill_pids(family)
             log.info("vLLM server on port %s stopped", self.port)
-        _unregister(self)
+        unregister(self)
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
@@ -362,8 +368,8 @@ class VLLMServer:
         if proc is None:
             return
         family = descendants(proc.pid)
-        _kill_group(proc, signal.SIGKILL)
-        _kill_pids(family)
+        kill_group(proc, signal.SIGKILL)
+        kill_pids(family)
 
     def dead_reason(self) -> str | None:
         """None while the server process runs; else one line saying it is gone (for retries to stop)."""
@@ -439,156 +445,3 @@ class VLLMServer:
         if r.status_code >= 400:
             raise RuntimeError(f"vLLM {route} failed: HTTP {r.status_code}: {r.text[:500]}")
         return r
-
-
-# -- cleanup on exit and on signals ---------------------------------------------------------------
-
-# servers started and not yet stopped; strong references, so a server its owner dropped is still stopped
-_LIVE: dict[int, VLLMServer] = {}
-_ATEXIT_REGISTERED = False
-_HANDLERS_INSTALLED = False
-_DEFERRED = False  # True: the process's own SIGINT/SIGTERM handler decides when servers stop (graph.run)
-_GUARD = threading.RLock()  # re-entrant: a signal handler may run stop_all() while the main thread holds it
-
-
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def descendants(pid: int) -> list[int]:
-    """PIDs of every process below ``pid`` (children, grandchildren, ...), from psutil or /proc."""
-    try:
-        import psutil
-
-        try:
-            return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-        except psutil.Error:
-            return []
-    except ImportError:
-        pass
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            stat = entry.read_text()
-            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
-
-
-def _kill_pids(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _group_alive(pgid: int, wait_s: float = 0.0) -> bool:
-    """True while any process of group ``pgid`` exists (zombies awaiting their reaper count), polled."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        if time.monotonic() >= deadline:
-            return True
-        time.sleep(0.1)
-
-
-def _die_with_parent() -> None:
-    """In the child: SIGTERM when the parent dies, even by SIGKILL (Linux; the forking thread must be
-    the main thread, because the signal fires when the forking *thread* exits)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: atexit and signal handlers still apply
-        pass
-
-
-def _register(server: VLLMServer) -> None:
-    global _ATEXIT_REGISTERED
-    with _GUARD:
-        _LIVE[id(server)] = server
-        if not _ATEXIT_REGISTERED:
-            atexit.register(stop_all)
-            _ATEXIT_REGISTERED = True
-    if not install_signal_handlers():
-        log.debug("vLLM server started off the main thread: SIGINT/SIGTERM clean-up waits for a main-thread start")
-
-
-def install_signal_handlers() -> bool:
-    """Chains SIGINT/SIGTERM handlers that stop every live server; True once they are installed.
-
-    Only the main thread may install signal handlers: from any other thread this does nothing and returns
-    False (the next call from the main thread, e.g. the next ``start()``, installs them). Idempotent."""
-    global _HANDLERS_INSTALLED
-    if threading.current_thread() is not threading.main_thread():
-        return _HANDLERS_INSTALLED
-    with _GUARD:
-        if not _HANDLERS_INSTALLED:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                _chain_handler(sig)
-            _HANDLERS_INSTALLED = True
-    return True
-
-
-def _unregister(server: VLLMServer) -> None:
-    with _GUARD:
-        _LIVE.pop(id(server), None)
-
-
-def live_servers() -> list[VLLMServer]:
-    """The servers this process started and has not stopped yet."""
-    with _GUARD:
-        return list(_LIVE.values())
-
-
-def stop_all() -> None:
-    """Stops every server this process started and has not stopped yet."""
-    for server in live_servers():
-        try:
-            server.stop(timeout_s=5.0)
-        except Exception as e:  # noqa: BLE001 - keep stopping the others
-            log.warning("could not stop %r: %s", server, e)
-
-
-def defer_signal_cleanup() -> None:
-    """Leave SIGINT/SIGTERM to the handler the caller installed before any server started: the handlers
-    chained here then pass the signal on without stopping servers. graph.run's first signal asks the run
-    to stop at the next step (a server it still needs must stay up), its second calls :func:`kill_all`;
-    the servers are stopped at exit either way (context managers, atexit)."""
-    global _DEFERRED
-    _DEFERRED = True
-
-
-def kill_all() -> None:
-    """SIGKILL every live server with its process group and descendants, without waiting."""
-    for server in live_servers():
-        server.kill_now()
-
-
-def _chain_handler(sig: int) -> None:
-    previous = signal.getsignal(sig)
-
-    def handler(signum, frame):
-        if not _DEFERRED:
-            stop_all()
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_DFL:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    signal.signal(sig, handler)

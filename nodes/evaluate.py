@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from env import FAILURES, load_split, verify
+from env.library import prompt_messages
 from nodes.files import stage_dir, write_text_atomic
-from nodes.train_stage import prompt_messages
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -108,7 +108,7 @@ def answer_and_verify(
 ) -> list[dict]:
     """Ask `model` (a `llm_backends.base.ChatModel`) every instance's prompt in batches and verify each answer.
 
-    The prompt is the policy's own (`nodes.train_stage.prompt_messages` in `prompt_style`, the run's
+    The prompt is the policy's own (`env.library.prompt_messages` in `prompt_style`, the run's
     `train.prompt_style`), so the policy is evaluated on the prompt it was trained on.
 
     Returns one row per instance, in order: id, size, num_agents, tags, text, completion_tokens,

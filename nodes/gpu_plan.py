@@ -1,7 +1,7 @@
 """What a stage would run on a GPU, built on any machine (`python -m graph.run --dry-run`, tests).
 
 `mock_cuda()` makes torch report one bf16-capable CUDA device, so that the very functions the stage calls
-(`nodes.train_stage.grpo_config`, `_lora_config`, `llm_backends.vllm_server.VLLMServer.command`) build the objects a
+(`nodes.trl_setup.grpo_config`, `lora_config`, `llm_backends.vllm_server.VLLMServer.command`) build the objects a
 GPU run would build; nothing is loaded and no kernel runs. `training_plan(settings, run_dir)` returns those
 objects and `plan_lines(plan)` says what would run, one line each.
 """
@@ -45,9 +45,9 @@ def training_plan(settings, run_dir: Path | None = None, *, stage: int = 0) -> d
     """
     import torch
 
-    from llm_backends.policy import _lora_rank
+    from llm_backends.policy import lora_rank
     from llm_backends.vllm_server import VLLMServer, is_cpu_build
-    from nodes.train_stage import _lora_config, check_generation_backend, grpo_config
+    from nodes.trl_setup import check_generation_backend, grpo_config, lora_config
 
     cfg = settings.train
     run_dir = Path(run_dir or settings.run_dir or "runs/<run-id>")
@@ -65,11 +65,11 @@ def training_plan(settings, run_dir: Path | None = None, *, stage: int = 0) -> d
         args = grpo_config(cfg, out_dir, seed, progress=True)
         world_size, device = args.world_size, str(args.device)  # read while accelerate's state exists
     lora = cfg.lora is True
-    lora_cfg = _lora_config(cfg) if lora else None
+    lora_cfg = lora_config(cfg) if lora else None
     # the evaluation and self-engineer server: LoRA checkpoints are served on their base with runtime adapters
     server = VLLMServer(settings.policy_model, log_path=run_dir / "logs" / "policy-vllm.log", resolve=False,
                         cpu_build=is_cpu_build() and not mocked, enable_lora=lora,
-                        max_lora_rank=_lora_rank({"r": cfg.lora_r}) if lora else 16,
+                        max_lora_rank=lora_rank({"r": cfg.lora_r}) if lora else 16,
                         served_model_name="kept" if settings.keep_server else "policy", port=8000)
     command = server.command()
     env = {k: v for k, v in server.environment().items() if k.startswith("VLLM_") and k != "VLLM_LAUNCH_PARENT_PID"}

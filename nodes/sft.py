@@ -6,7 +6,7 @@ the stored optimal plan (`Instance.plan`) in the exact format `env.parse_plan` r
 policy that is sometimes right, which is what a group-relative advantage needs. The loss is on the
 answer tokens only (prompt-completion data). Runs once, before the first GRPO stage (`nodes.train_stage`).
 
-By default (`TrainConfig.sft_sizes = [3]`) the examples are fresh 3x3 instances (`warm_start_instances`):
+By default (`TrainConfig.sft_sizes = [3]`) the examples are fresh 3x3 instances (`nodes.train_data.warm_start_instances`):
 on 2 CPU cores, 20 steps on the stage's mixed 3..10 maps or on 3..5 maps taught the 135M model nothing measurable
 (0/24 valid on val-mini 3..5, with endless repetition or wrong agent counts), while 30 steps on 3x3 gave
 valid plans on 3x3 and errors that name a real cause (hole, illegal move) instead of a parse error
@@ -24,78 +24,23 @@ import hashlib
 import json
 import logging
 import os
-import random
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from env.library import prompt_messages
+from nodes.train_data import sft_dataset, warm_start_instances
+from nodes.trl_setup import (
+    freeze_lower_layers,
+    quiet_trainer,
+    raise_if_stopped,
+    stop_callbacks,
+    tb_callback,
+    use_bf16,
+)
+
 log = logging.getLogger(__name__)
-
-
-def format_answer(instance) -> str:
-    """The optimal plan of `instance` written in the answer format the prompt asks for.
-
-    >>> # plan [[(0,0),(0,1)], [(1,1),(1,0)]] ->
-    >>> # "<answer>\\nAgent 0: (0,0) (0,1)\\nAgent 1: (1,1) (1,0)\\n</answer>"
-    """
-    from env import plan_text
-
-    return plan_text(instance.plan)
-
-
-def warm_start_instances(sizes: list[int], n: int, seed: int) -> list:
-    """`n` fresh solvable 2-agent instances spread evenly over the grid `sizes` (hole 0.2, wait 0.5), drawn
-    from a seed of their own, so that they never coincide with the stage's training draw. Instances that are
-    also in an evaluation split (same map, starts and goals as a `val`, `val-small` or `test` instance: small
-    maps have few distinct layouts) are left out and replaced, so the warm start never trains on the answers it
-    is scored on."""
-    from env import SIZES, EnvConfig, generate
-
-    knobs = {s: {"data_ratio": 1 / len(sizes) if s in sizes else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5}
-             for s in SIZES}
-    config = EnvConfig.model_validate({"sizes": knobs})
-    held_out = _eval_layouts()
-    out: list = []
-    for attempt in range(8):
-        batch = generate(config, n if attempt == 0 else max(8, n // 4), seed=seed + 104_729 + 7919 * attempt)
-        out.extend(i for i in batch.instances if _layout(i) not in held_out)
-        if len(out) >= n:
-            break
-    return out[:n]
-
-
-def _layout(inst) -> tuple:
-    return (tuple(inst.grid), tuple(map(tuple, inst.starts)), tuple(map(tuple, inst.goals)))
-
-
-def _eval_layouts() -> set[tuple]:
-    from env import list_splits, load_split
-
-    return {_layout(i) for name in list_splits() for i in load_split(name) if i.num_agents == 2}
-
-
-def sft_dataset(instances: list, seed: int, prompt_style: str = "full", order: str = "shuffle"):
-    """Prompt-completion chat rows: the policy prompt and the solver's optimal plan as the answer.
-
-    `order="shuffle"`: a seeded random order; `order="size"`: a curriculum inside the warm start, small maps
-    first (shuffled within a size). The trainer keeps this order (`_InOrderSFTTrainer`)."""
-    from datasets import Dataset
-
-    from nodes.train_stage import prompt_messages
-
-    rows = [
-        {
-            "prompt": prompt_messages(inst, prompt_style),
-            "completion": [{"role": "assistant", "content": format_answer(inst)}],
-            "size": inst.size,
-        }
-        for inst in instances
-    ]
-    random.Random(seed).shuffle(rows)
-    if order == "size":
-        rows.sort(key=lambda r: r["size"])  # stable: shuffled within a size
-    return Dataset.from_list([{k: v for k, v in r.items() if k != "size"} for r in rows])
 
 
 def warm_start(
@@ -114,7 +59,7 @@ def warm_start(
 
     The examples are exactly the instances given (`build_warm_start` passes fresh instances of
     `cfg.sft_sizes`, or the stage's own training set when that is None). `cfg` is a
-    `nodes.train_stage.TrainConfig` (its `sft_*` fields and `prompt_style`). Only the answer tokens are scored,
+    `nodes.train_config.TrainConfig` (its `sft_*` fields and `prompt_style`). Only the answer tokens are scored,
     and TRL's fused LM head projects only them (`nodes.trl_cpu`).
 
     `curve_every=N` with `curve_instances`: every N steps (and at the end) the model answers those instances
@@ -123,13 +68,12 @@ def warm_start(
     import torch
     from trl import SFTConfig, SFTTrainer
 
-    from nodes.train_stage import _tb_callback, _use_bf16
     from nodes.trl_cpu import score_labelled_positions_only
 
     score_labelled_positions_only()
     data = sft_dataset(instances, seed, cfg.prompt_style, cfg.sft_order)
     cuda = torch.cuda.is_available()
-    bf16 = cfg.sft_bf16 if cfg.sft_bf16 is not None else _use_bf16(cfg)
+    bf16 = cfg.sft_bf16 if cfg.sft_bf16 is not None else use_bf16(cfg)
     args = SFTConfig(
         output_dir=str(Path(out_dir) / "sft"),
         learning_rate=cfg.sft_lr,
@@ -160,16 +104,16 @@ def warm_start(
         train_dataset=data,
         processing_class=tokenizer,
         # transformers' names (train/loss, ...) in a TensorBoard run of their own, beside GRPO's tb/
-        callbacks=[_tb_callback(Path(out_dir) / "tb" / "sft", main=main), *_extra_callbacks()],
+        callbacks=[tb_callback(Path(out_dir) / "tb" / "sft", main=main), *stop_callbacks()],
     )
     curve: list[dict] = []
     if curve_every and curve_instances:
         trainer.add_callback(_curve_callback(tokenizer, curve_instances, curve_every, cfg, curve))
-    _quiet_trainer(trainer, progress, label="SFT warm start")
+    quiet_trainer(trainer, progress, label="SFT warm start")
     t0 = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - t0
-    _raise_if_stopped("SFT warm start")
+    raise_if_stopped("SFT warm start")
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     out: dict[str, Any] = {
         "seconds": seconds,
@@ -224,69 +168,6 @@ def _curve_callback(tokenizer, instances: list, every: int, cfg, curve: list):
                 self._score(state, model)
 
     return Curve()
-
-
-def _extra_callbacks() -> list:
-    """The stop-flag callback (`nodes.stop`): the first SIGINT/SIGTERM ends training at a step boundary."""
-    from nodes.stop import StopCallback
-
-    return [StopCallback()]
-
-
-def _raise_if_stopped(what: str) -> None:
-    from nodes.stop import StageInterrupted, stop_requested
-
-    if stop_requested():
-        raise StageInterrupted(f"{what} stopped at a step boundary on request; nothing of it was saved")
-
-
-def _quiet_trainer(trainer, progress: bool, label: str) -> None:
-    """No trainer log dicts on stdout (they go to the log file); a labelled step bar when `progress`."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    trainer.remove_callback(PrinterCallback)
-    trainer.add_callback(_LogDictsToFile())
-    if not progress:
-        trainer.remove_callback(ProgressCallback)
-        return
-    trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(_LabelledProgress(label))
-
-
-class _LogDictsToFile:
-    """Each trainer log dict as one INFO line of the `nodes.trainer` logger: in the stage's child process that
-    is `stage_<k>/logs/train.log` only (its terminal handler shows warnings and up; nodes.stage_child)."""
-
-    def __new__(cls):
-        from transformers.trainer_callback import TrainerCallback
-
-        class LogDicts(TrainerCallback):
-            def on_log(self, args, state, control, logs=None, **kwargs):
-                if logs and state.is_world_process_zero:
-                    logging.getLogger("nodes.trainer").info("step %d: %s", state.global_step,
-                                                            json.dumps(logs, default=str))
-
-        return LogDicts()
-
-
-class _LabelledProgress:
-    """transformers' step bar with a label (`SFT warm start: 40%|... [02:10<03:15, ...]`), made lazily so that
-    importing this module needs no transformers."""
-
-    def __new__(cls, label: str):
-        from transformers.trainer_callback import ProgressCallback
-
-        class Labelled(ProgressCallback):
-            def on_train_begin(self, args, state, control, **kwargs):
-                super().on_train_begin(args, state, control, **kwargs)
-                if self.training_bar is not None:
-                    self.training_bar.set_description(label)
-
-            def on_log(self, args, state, control, logs=None, **kwargs):  # no dicts on stdout
-                if self.training_bar is not None and logs and "loss" in logs:
-                    self.training_bar.set_postfix(loss=f"{logs['loss']:.3f}")
-
-        return Labelled()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -448,7 +329,7 @@ def _train_warm_start(
     """Load the base model, run the SFT warm start on fresh solver-optimal instances, save it to `out`."""
     from transformers import set_seed
 
-    from nodes.train_stage import META_FILE, freeze_lower_layers, load_checkpoint
+    from llm_backends.checkpoints import META_FILE, load_checkpoint
 
     if out.exists():
         shutil.rmtree(out)
@@ -484,7 +365,6 @@ def greedy_valid_rate(
     import torch
 
     from env import verify
-    from nodes.train_stage import prompt_messages
 
     was_training = model.training
     model.eval()
@@ -532,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m nodes.sft`: build (or find) the cached SFT warm start of a preset, and print where it is."""
     import argparse
 
-    from nodes.train_stage import TRAIN_PRESETS, TrainConfig
+    from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
     p = argparse.ArgumentParser(
         prog="python -m nodes.sft",
@@ -577,7 +457,7 @@ def main(argv: list[str] | None = None) -> None:
                            curve_instances=val)
     figures = {"path": res["path"], "key": res["key"], "reused": res["hit"], **res["metrics"]}
     if a.eval and not a.curve:
-        from nodes.train_stage import load_checkpoint
+        from llm_backends.checkpoints import load_checkpoint
 
         model, tok = load_checkpoint(res["path"])
         r = greedy_valid_rate(model, tok, val, max_new_tokens=cfg.max_completion_length, prompt_style=cfg.prompt_style)

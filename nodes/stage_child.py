@@ -58,8 +58,8 @@ class StageProcessError(RuntimeError):
 
 # exceptions that come back from the child as their own type (the message is kept)
 def _known_errors() -> dict[str, type[BaseException]]:
+    from llm_backends.checkpoints import CheckpointError
     from nodes.stop import StageInterrupted
-    from nodes.train_stage import CheckpointError
 
     return {
         "StageInterrupted": StageInterrupted,
@@ -212,14 +212,15 @@ def run_stage_in_child(
     The cheap checks run here first (vLLM without CUDA, a missing training set, a missing or corrupt
     checkpoint), so that they fail at once with their own error instead of after a child's start-up.
     """
-    from nodes.train_stage import META_FILE, _check_checkpoint, check_generation_backend
+    from llm_backends.checkpoints import META_FILE, check_checkpoint
+    from nodes.trl_setup import check_generation_backend
 
     out_dir = Path(out_dir)
     label = label or f"{out_dir.name} training"
     check_generation_backend(cfg)
     if not Path(train_path).exists():
         raise FileNotFoundError(f"training set {train_path} does not exist (the apply node writes it)")
-    _check_checkpoint(Path(init_checkpoint))
+    check_checkpoint(Path(init_checkpoint))
     out_dir.mkdir(parents=True, exist_ok=True)
     metrics_file = out_dir / "metrics.json"
     metrics_file.unlink(missing_ok=True)  # a stale file from an interrupted attempt must not pass for this one's

@@ -24,15 +24,9 @@ Outputs in the stage folder (`run_dir/stage_<k>/`):
   With several processes (accelerate), only the main process writes the checkpoint, `metrics.json` and `tb/`;
   the reward statistics in `metrics.json` are then the main process's share of the completions.
 
-Presets (`TRAIN_PRESETS`): `smoke` (CI, seconds), `cpu` (embedded 135M model on a laptop, warm start on),
-`paper` (Qwen3-4B, 4,000 instances per stage, 2 epochs, LoRA, vLLM generation, for a GPU).
-
-Generation during training: TRL's transformers path everywhere by default on CPU. On a GPU, `use_vllm=True`
-uses TRL's colocated vLLM (`vllm_mode="colocate"`) or a separate `trl vllm-serve` (`vllm_mode="server"`).
-TRL's colocated vLLM does not sync weights on vLLM's CPU backend (VLLM-CPU.md); we do not patch it, because
-its ~40 s engine start-up per stage outweighs the ~3.5 s/step it saves over a few-minute CPU stage.
-
-`use_vllm=True` without CUDA is refused at stage start (`check_generation_backend`), before any model loads.
+The pieces, each in its own module: settings and presets (`nodes.train_config`), prompts, datasets and the
+reward (`nodes.train_data`), TRL set-up (`nodes.trl_setup`), checkpoints (`llm_backends.checkpoints`). Here: the
+graph node, then the stage it runs, then the module CLI.
 
 The graph's `train_stage` node runs `run_stage` in a child process of its own (`nodes.stage_child`; several GPUs:
 `STAGE_LAUNCHER`), so that GPU memory, TRL's RANK/WORLD_SIZE/MASTER_* variables and vLLM's process groups end
@@ -63,917 +57,26 @@ import os
 import shutil
 import statistics
 import time
-import warnings
-from collections import defaultdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-# one home for what the policy sees and how a completion's text is read: the env's library (no torch)
-from env.library import LengthAwareReward, completion_text, prompt_messages  # noqa: F401 - also imported from here
+from llm_backends.checkpoints import CheckpointError, check_checkpoint, save_checkpoint
+from llm_backends.policy import template_kwargs
+from nodes.train_config import TRAIN_PRESETS, TrainConfig
+from nodes.train_data import MapfReward, build_dataset, reward_summary, row_size
+from nodes.trl_setup import (
+    check_generation_backend,
+    grpo_config,
+    main_process,
+    quiet_trainer,
+    raise_if_stopped,
+    stop_callbacks,
+    tb_callback,
+    tb_scalars,
+    trainable_model,
+)
 
 log = logging.getLogger(__name__)
-# TRL 1.16 warns five times on import that vLLM 0.32 (vllm-cpu) is newer than it was tested with. Training on
-# CPU never uses TRL's vLLM path (see above), so the warning is silenced for vllm-cpu only; on a GPU the `gpu`
-# extra installs vllm 0.31.0, inside TRL's range, and any other vLLM there keeps TRL's warning.
-def _vllm_cpu_installed() -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return bool(version("vllm-cpu"))
-    except PackageNotFoundError:
-        return False
-
-
-if _vllm_cpu_installed():
-    warnings.filterwarnings("ignore", message=r"TRL currently supports vLLM versions", category=UserWarning)
-
-META_FILE = "trainer_meta.json"
-
-
-LORA_AUTO_PARAMS = 1e9  # `lora="auto"` turns LoRA on above this many parameters
-
-
-def wants_lora(lora: bool | str, num_params: int) -> bool:
-    """The LoRA decision for a model of `num_params` parameters (`lora`: True, False or "auto")."""
-    return lora if isinstance(lora, bool) else num_params > LORA_AUTO_PARAMS
-
-
-class TrainConfig(BaseModel):
-    """Every GRPO / SFT hyper-parameter of a stage (defaults = the `cpu` preset's values)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    # --- data
-    prompt_style: Literal["full", "compact"] = Field(
-        "compact",
-        description="the policy's prompt at training and evaluation: full (the paper's, with the rules text) or "
-        "compact (map, hole list, agents and answer format only, no default system prompt: 2.3x fewer tokens, "
-        "for small models). The same instance and verifier either way",
-    )
-    instances_per_stage: int = Field(64, ge=1, description="training instances generated per stage")
-    max_prompt_length: int = Field(
-        1024, ge=16, description="prompts longer than this (tokens) are dropped from training, and counted"
-    )
-    # --- GRPO
-    learning_rate: float = Field(1e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
-    num_generations: int = Field(8, ge=2, description="completions sampled per prompt (one GRPO group)")
-    per_device_train_batch_size: int = Field(
-        16, ge=1, description="completions per device per micro-batch (multiple of num_generations)"
-    )
-    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimiser step")
-    epochs: float = Field(
-        1.0, gt=0, description="passes over the stage's instances (ignored if max_steps > 0)"
-    )
-    max_steps: int = Field(8, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
-    max_completion_length: int = Field(128, ge=8, description="token limit of one sampled answer")
-    temperature: float = Field(0.7, gt=0, description="sampling temperature of GRPO completions")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of GRPO completions")
-    beta: float = Field(
-        0.0, ge=0, description="KL coefficient to the reference model (0: no reference model)"
-    )
-    loss_type: str = Field("dapo", description="TRL GRPO loss: grpo | dapo | dr_grpo | bnpo | ...")
-    scale_rewards: str = Field("group", description="TRL reward scaling: group | batch | none")
-    warmup_ratio: float = Field(0.0, ge=0, le=1, description="linear warm-up share of the steps")
-    lr_scheduler_type: str = Field("constant", description="learning-rate schedule (transformers name)")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
-    train_layers: int = Field(
-        8,
-        ge=0,
-        description="full fine-tune: train only the top N transformer blocks (+ final norm; 0: all weights). "
-        "Backward then stops at block N from the top: about 3x cheaper steps on CPU with N=8 of 30",
-    )
-    gradient_checkpointing: bool = Field(False, description="trade compute for memory (large models)")
-    bf16: bool | None = Field(None, description="bf16 weights/compute; None: on CUDA with bf16 support only")
-    # --- LoRA
-    lora: bool | Literal["auto"] = Field(
-        "auto",
-        description="train a LoRA adapter (peft) instead of all weights; auto: on for models over "
-        f"{LORA_AUTO_PARAMS / 1e9:.0f}B parameters (Qwen3-4B), off for the embedded 135M model",
-    )
-    lora_r: int = Field(16, ge=1, description="LoRA rank")
-    lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha")
-    lora_dropout: float = Field(0.05, ge=0, le=1, description="LoRA dropout")
-    lora_target_modules: str = Field(
-        "all-linear", description="peft target_modules (comma list or all-linear)"
-    )
-    resample_rounds: int = Field(
-        2,
-        ge=0,
-        le=8,
-        description="dynamic sampling (DAPO): extra generations per batch that replace groups whose completions all "
-        "scored the same with fresh groups that did not (0: off; nodes.grpo_sampling)",
-    )
-    # --- generation backend
-    use_vllm: bool = Field(
-        False, description="generate GRPO completions with vLLM (GPU) instead of transformers"
-    )
-    vllm_mode: Literal["colocate", "server"] = Field("colocate", description="TRL vLLM mode when use_vllm")
-    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="colocated vLLM's GPU share")
-    # --- SFT warm start (first stage only)
-    sft_warm_start: bool = Field(True, description="SFT on solver-optimal plans before the first GRPO stage")
-    sft_epochs: float = Field(2.0, gt=0, description="SFT passes over the warm-start examples")
-    sft_steps: int = Field(300, ge=-1, description="SFT optimiser steps; -1 or 0: use sft_epochs")
-    sft_lr: float = Field(3e-4, gt=0, description="SFT learning rate")
-    sft_batch_size: int = Field(8, ge=1, description="SFT examples per optimiser step")
-    sft_lr_scheduler: str = Field("cosine", description="SFT learning-rate schedule (transformers name: cosine, ...)")
-    sft_warmup_ratio: float = Field(0.05, ge=0, lt=1, description="SFT linear warm-up share of the steps")
-    sft_order: Literal["shuffle", "size"] = Field(
-        "shuffle", description="warm-start example order: shuffle, or size (small maps first: a curriculum)"
-    )
-    sft_train_layers: int | None = Field(
-        None, ge=0, description="top blocks trained by the warm start (0: all weights; None: train_layers)"
-    )
-    sft_bf16: bool | None = Field(None, description="bf16 autocast in the warm start (None: as bf16)")
-    sft_sizes: list[int] | None = Field(
-        [3, 4, 5],
-        description="warm start on fresh solver-optimal 2-agent instances of these grid sizes (cached: built once "
-        "per model, warm-start settings and seed; the 135M model learns small maps in minutes, not 10x10); None: "
-        "on the stage's own instances (not cached)",
-    )
-    sft_instances: int = Field(2400, ge=1, description="fresh warm-start instances generated when sft_sizes is set")
-    # --- bookkeeping
-    logging_steps: int = Field(1, ge=1, description="log to TensorBoard every this many optimiser steps")
-    log_completions: bool = Field(False, description="print sampled completions to the log (TRL)")
-    save_steps: int = Field(
-        0,
-        ge=0,
-        description="save a resumable checkpoint of the stage every N GRPO optimiser steps (weights, optimiser, "
-        "scheduler, RNG, reward state) in stage_<k>/trl/, so that a crash or stop loses at most N steps and "
-        "--resume continues the stage from there (nodes.stage_resume); 0: none",
-    )
-    # --- chat template (issue 18)
-    enable_thinking: bool | None = Field(
-        None,
-        description="Qwen3-style thinking mode of the chat template (its enable_thinking switch), the same at "
-        "training (TRL's chat_template_kwargs), prompt-length counting and every vLLM request; None: pass nothing "
-        "(the template's own default; SmolLM2's template has no such switch). True is refused by the loop: its "
-        "evaluation is greedy, which Qwen advises against in thinking mode",
-    )
-    # --- tracking (issue 20): the loop's own tracker (graph/tracking.py), one run per loop
-    report_to: str = Field(
-        "tensorboard",
-        description="where the loop logs its scalars (train/* per step, eval/* per stage, final/*) on one global "
-        "step: tensorboard (run_dir/tb), wandb (needs the wandb package: pip install 'env-engineer[wandb]'), "
-        "tensorboard,wandb, or none",
-    )
-
-    @field_validator("report_to")
-    @classmethod
-    def _report_targets(cls, v: str) -> str:
-        """`tensorboard`, `wandb`, `tensorboard,wandb` (any order, spaces allowed) or `none`."""
-        parts = [p.strip().lower() for p in str(v).split(",") if p.strip()]
-        if parts == ["none"]:
-            return "none"
-        if not parts or any(p not in ("tensorboard", "wandb") for p in parts):
-            raise ValueError(f"report_to={v!r}: allowed: tensorboard, wandb, tensorboard,wandb, none")
-        return ",".join(p for p in ("tensorboard", "wandb") if p in parts)
-
-    @field_validator("sft_sizes", mode="before")
-    @classmethod
-    def _sizes_from_text(cls, v: Any) -> Any:
-        """`3,4` or `[3, 4]` (flags, environment) -> [3, 4]; `none` -> None."""
-        if isinstance(v, str):
-            text = v.strip().strip("[]").strip()
-            if text.lower() in ("none", "null"):
-                return None
-            try:
-                return [int(x) for x in text.split(",") if x.strip()]
-            except ValueError:
-                raise ValueError(f"sft_sizes={v!r}: allowed: grid sizes as a comma list (3,4) or none") from None
-        return v
-
-    @field_validator("sft_sizes")
-    @classmethod
-    def _known_sizes(cls, v: list[int] | None) -> list[int] | None:
-        from env import SIZES
-
-        if v is not None:
-            bad = [s for s in v if s not in SIZES]
-            if not v or bad:
-                raise ValueError(f"sft_sizes={v}: allowed: a non-empty list of grid sizes from {list(SIZES)}")
-            v = sorted(set(v))
-        return v
-
-    def max_steps_or_none(self) -> int | None:
-        return self.max_steps if self.max_steps > 0 else None
-
-
-TRAIN_PRESETS: dict[str, dict[str, Any]] = {
-    # CI: a few steps, tiny completions; a stage takes well under a minute on 2 CPU cores.
-    "smoke": {
-        "instances_per_stage": 16,
-        "num_generations": 2,
-        "per_device_train_batch_size": 4,
-        "max_steps": 2,
-        "max_completion_length": 24,
-        "learning_rate": 1e-4,
-        "sft_warm_start": True,  # 2 tiny SFT steps: weights move even when every GRPO group scores the same
-        "sft_steps": 2,
-        "sft_batch_size": 2,
-        "sft_instances": 8,
-        "sft_sizes": [3],
-        "sft_lr_scheduler": "constant",
-        "sft_warmup_ratio": 0.0,
-        "max_prompt_length": 768,
-        "train_layers": 2,
-        "resample_rounds": 0,  # 24-token answers are never valid: every group scores 0, resampling finds nothing
-    },
-    # Laptop default with the embedded SmolLM2-135M (= TrainConfig's defaults): 64 instances, SFT warm start
-    # on 64 fresh 3x3 instances (20 steps x 4 plans), then 5 GRPO steps of 2 groups x 4 completions of <= 128
-    # tokens, top 8 blocks trained. Sized so that `python -m graph.run` (3 stages, evaluations on vLLM) finishes
-    # in under 30 min on 2 cores. Measured 2026-11-23 on an idle 2-core AMD EPYC: 14-17 s per 3x3 SFT step,
-    # 61-84 s per GRPO step; with 30 SFT steps and in-process evaluations the run took about 34 min (issue 6).
-    "cpu": {},
-    # The paper's scale on a GPU: Qwen3-4B, 4,000 instances, 2 epochs, LoRA, vLLM generation.
-    "paper": {
-        "prompt_style": "full",  # the paper's prompt, rules text included
-        "resample_rounds": 0,  # the paper's GRPO: every group is trained on as sampled
-        "instances_per_stage": 4000,
-        "epochs": 2.0,
-        "max_steps": -1,
-        "num_generations": 8,
-        "per_device_train_batch_size": 8,
-        "gradient_accumulation_steps": 8,
-        "max_prompt_length": 2048,
-        "max_completion_length": 4096,
-        "learning_rate": 1e-5,
-        "temperature": 1.0,
-        "lora": True,
-        "lora_r": 32,
-        "lora_alpha": 64,
-        "use_vllm": True,
-        "vllm_mode": "colocate",
-        "gradient_checkpointing": True,
-        "sft_warm_start": False,
-        "train_layers": 0,
-        "logging_steps": 5,
-        # Thinking off, deliberately: evaluation is greedy, and greedy decoding in Qwen3's thinking mode loops to
-        # the token cap without an <answer> (Qwen's own advice); the prompt still asks for reasoning first.
-        "enable_thinking": False,
-        # a stage is about 1,000 optimiser steps, roughly a day on one GPU: a crash loses at most 50 of them
-        "save_steps": 50,
-    },
-}
-
-
-class CheckpointError(RuntimeError):
-    """A previous checkpoint is missing or unusable; the message names the path and what is wrong."""
-
-
-# ----------------------------------------------------------------------------------------------------
-# checkpoints
-
-
-def read_meta(path: str | os.PathLike) -> dict | None:
-    """`trainer_meta.json` of a checkpoint written by this module, or None for a plain base-model folder."""
-    f = Path(path) / META_FILE
-    if not f.exists():
-        return None
-    try:
-        return json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(
-            f"checkpoint {path}: {META_FILE} is unreadable ({e}); re-run that stage"
-        ) from None
-
-
-def _check_checkpoint(path: Path) -> dict | None:
-    """Raise `CheckpointError` unless `path` holds a loadable model; return its meta (None: base model)."""
-    if not path.exists():
-        raise CheckpointError(
-            f"checkpoint {path} does not exist; the previous stage did not finish (re-run it, or start a new run)"
-        )
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} is a file; expected a folder with weights and {META_FILE}")
-    meta = read_meta(path)
-    is_lora = (path / "adapter_config.json").exists() if meta is None else bool(meta.get("is_lora"))
-    if is_lora:
-        need = ["adapter_config.json"]
-        weights = list(path.glob("adapter_model.*"))
-        what = "adapter_model.safetensors"
-    else:
-        need = ["config.json"]
-        weights = list(path.glob("*.safetensors")) + list(path.glob("*.bin"))
-        what = "model weights (*.safetensors)"
-    missing = [n for n in need if not (path / n).exists()] + ([] if weights else [what])
-    if not any((path / t).exists() for t in ("tokenizer.json", "tokenizer_config.json")):
-        missing.append("tokenizer (tokenizer.json)")
-    if meta is not None and is_lora and not meta.get("base_model"):
-        missing.append(f"base_model in {META_FILE}")
-    if missing:
-        raise CheckpointError(
-            f"checkpoint {path} is incomplete: missing {', '.join(missing)}; re-run the stage that wrote it"
-        )
-    for w in weights:
-        if w.suffix == ".safetensors":
-            try:
-                from safetensors import safe_open
-
-                with safe_open(str(w), framework="pt") as fh:
-                    fh.keys()
-            except Exception as e:  # noqa: BLE001 - any parse failure means a corrupt file
-                raise CheckpointError(
-                    f"checkpoint {path}: weight file {w.name} is corrupt ({type(e).__name__}: {e}); "
-                    "re-run the stage that wrote it"
-                ) from None
-    return meta
-
-
-def load_checkpoint(path: str | os.PathLike, *, dtype: str = "float32", trainable: bool = False):
-    """Load `(model, tokenizer)` from a full checkpoint, a LoRA checkpoint or a base-model folder.
-
-    A LoRA checkpoint (`is_lora` in `trainer_meta.json`, or a bare `adapter_config.json`) is loaded onto its
-    base model as a `peft.PeftModel` (trainable when `trainable=True`). Raises `CheckpointError` naming
-    the path and what is missing or corrupt; never falls back to the base model.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = Path(path)
-    meta = _check_checkpoint(path)
-    torch_dtype = getattr(torch, dtype)
-    is_lora = bool(meta.get("is_lora")) if meta else (path / "adapter_config.json").exists()
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-        if is_lora:
-            from peft import PeftModel
-
-            peft_base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
-            base = (meta or {}).get("base_model") or peft_base
-            if not base or not Path(base).exists():
-                raise CheckpointError(f"checkpoint {path}: its base model {base} does not exist")
-            if peft_base and Path(peft_base).exists() and Path(peft_base).resolve() != Path(base).resolve():
-                # an adapter loaded onto other weights than it was trained on would silently drop training
-                raise CheckpointError(
-                    f"checkpoint {path}: {META_FILE} names base model {base} but adapter_config.json names "
-                    f"{peft_base}; the adapter was trained on one of them only. Re-run the stage that wrote it"
-                )
-            model = AutoModelForCausalLM.from_pretrained(base, dtype=torch_dtype)
-            model = PeftModel.from_pretrained(model, str(path), is_trainable=trainable)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-    except CheckpointError:
-        raise
-    except Exception as e:  # noqa: BLE001 - transformers/peft raise many types; one clear line matters
-        raise CheckpointError(f"checkpoint {path} could not be loaded ({type(e).__name__}: {e})") from e
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    return model, tok
-
-
-def _save_checkpoint(trainer, out: Path, meta: dict) -> Path:
-    """Save model (or adapter) + tokenizer + meta into `out` atomically (temp folder, then rename)."""
-    tmp = out.with_name(out.name + ".tmp")
-    main = trainer.is_world_process_zero()
-    if main and tmp.exists():
-        shutil.rmtree(tmp)
-    trainer.accelerator.wait_for_everyone()  # no-op in one process
-    # every process calls save_model (DeepSpeed / FSDP gather shards there); only process zero writes files
-    trainer.save_model(str(tmp))  # full weights, or the adapter only for a PeftModel; + processing_class
-    if main:
-        for junk in ("training_args.bin",):
-            (tmp / junk).unlink(missing_ok=True)
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    trainer.accelerator.wait_for_everyone()  # other processes return only once the folder is in place
-    return out
-
-
-# ----------------------------------------------------------------------------------------------------
-# data and reward
-
-
-def chat_template_kwargs(enable_thinking: bool | None) -> dict:
-    """The chat template's extra arguments for a `TrainConfig.enable_thinking` value ({} for None)."""
-    return {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
-
-
-def prompt_tokens(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> int:
-    """Token count of the chat-templated prompt (with the generation prompt), as TRL feeds it (TRL passes its
-    `chat_template_kwargs` to `apply_chat_template`; pass the same here)."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                         **(template_kwargs or {}))
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def build_dataset(
-    instances: list, tokenizer, max_prompt_length: int, prompt_style: str = "full",
-    template_kwargs: dict | None = None,
-) -> tuple[Any, int]:
-    """A `datasets.Dataset` with `prompt` (chat messages) and the reward's columns; and the dropped count.
-
-    `instance` holds the full instance JSON, so the reward scores each completion against exactly the
-    instance it answered, whatever order TRL batches rows in; `instance_id` is for logs and grouping.
-    """
-    from datasets import Dataset
-
-    rows, dropped = [], 0
-    for inst in instances:
-        msgs = prompt_messages(inst, prompt_style)
-        n = prompt_tokens(tokenizer, msgs, template_kwargs)
-        if n > max_prompt_length:
-            dropped += 1
-            continue
-        rows.append({"prompt": msgs, "instance": inst.to_json(), "instance_id": inst.id})
-    return Dataset.from_list(rows), dropped
-
-
-class MapfReward(LengthAwareReward):
-    """TRL reward function: `env.verify` + `env.total_reward` with the adaptive length weights: the library's
-    `LengthAwareReward`, plus the prompt check, the instance cache and per-batch statistics.
-
-    TRL calls it with `prompts`, `completions`, `completion_ids` and every dataset column as a list aligned
-    with the completions (here `instance`, `instance_id`). Each completion is scored against the instance
-    JSON in its own row, never against a position in the batch. When `prompts` are given, each must be the
-    instance's own prompt (`env.render_prompt`, as the last user message); a row whose prompt shows another
-    map raises `ValueError`, since its completion answered a different instance. The batch is scored with
-    the weights in force before it, then `RewardState.update` takes the batch's token counts (one update
-    per batch).
-    Per-batch statistics go to TRL's `log_metric` (-> TensorBoard `train/<name>`) and to `self.history`.
-    """
-
-    __name__ = "mapf"
-
-    def __init__(self, tokenizer=None, reward_state: dict | None = None, prompt_style: str = "full"):
-        from env import RewardState
-
-        # the state, the tokenizer and token counting are the library reward's (env.library.LengthAwareReward)
-        super().__init__(RewardState.model_validate(reward_state) if reward_state else None, tokenizer)
-        self.prompt_style = prompt_style
-        self.history: list[dict] = []
-        self._cache: dict[str, Any] = {}
-        self._prompts: dict[str, str] = {}
-
-    def _instance(self, raw):
-        from env import Instance
-
-        if not isinstance(raw, str):
-            return raw if hasattr(raw, "grid") else Instance.model_validate(raw)
-        inst = self._cache.get(raw)
-        if inst is None:
-            inst = self._cache[raw] = Instance.from_json(raw)
-        return inst
-
-    def _check_prompt(self, row: int, raw, inst, prompt) -> None:
-        """Raise `ValueError` unless `prompt` (chat messages or text) is `inst`'s rendered prompt."""
-        from env import render_prompt
-
-        want = self._prompts.get(raw) if isinstance(raw, str) else None
-        if want is None:
-            want = render_prompt(inst, self.prompt_style)
-            if isinstance(raw, str):
-                self._prompts[raw] = want
-        if isinstance(prompt, str):
-            ok, got = want in prompt, prompt
-        else:
-            users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-            got = users[-1] if users else ""
-            ok = got == want
-        if not ok:
-            got = str(got)
-            at = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), len(got))
-            raise ValueError(
-                f"reward 'mapf': row {row}: its prompt is not the prompt of its instance {inst.id} (they differ "
-                f"from character {at}: {got[at:at + 40]!r} vs {want[at:at + 40]!r}); the dataset's 'prompt' "
-                "and 'instance' columns are misaligned. Build rows with nodes.train_stage.build_dataset"
-            )
-
-    def __call__(
-        self, prompts=None, completions=None, completion_ids=None, instance=None, **kw
-    ) -> list[float]:
-        from env import total_reward, verify
-
-        if instance is None:
-            raise ValueError("reward 'mapf' needs the dataset column 'instance' (the instance JSON)")
-        if len(instance) != len(completions):
-            raise ValueError(f"reward 'mapf': {len(completions)} completions but {len(instance)} instances")
-        if prompts is not None and len(prompts) != len(completions):
-            raise ValueError(f"reward 'mapf': {len(completions)} completions but {len(prompts)} prompts")
-        weights = tuple(self.state.weights())
-        rewards, n_tokens, valid, optimal, keys = [], [], [], [], []
-        for i, (raw, comp) in enumerate(zip(instance, completions, strict=True)):
-            inst = self._instance(raw)
-            if prompts is not None:
-                self._check_prompt(i, raw, inst, prompts[i])
-            text = completion_text(comp)
-            n = self._n_tokens(text, completion_ids[i] if completion_ids is not None else None)
-            verdict = verify(inst, text)
-            rewards.append(float(total_reward(verdict, n, self.state)))
-            n_tokens.append(n)
-            valid.append(bool(verdict.valid))
-            optimal.append(bool(verdict.optimal))
-            keys.append(inst.id)
-        self.state.update(n_tokens)
-        groups: dict[str, list[float]] = defaultdict(list)
-        for k, r in zip(keys, rewards, strict=True):
-            groups[k].append(r)
-        multi = [g for g in groups.values() if len(g) > 1]
-        zero_std = sum(1 for g in multi if max(g) - min(g) < 1e-9) / len(multi) if multi else float("nan")
-        stats = {
-            "valid_rate": sum(valid) / len(valid),
-            "optimal_rate": sum(optimal) / len(optimal),
-            "zero_std_groups": zero_std,
-            "w_acc": weights[0],
-            "w_len": weights[1],
-            "completion_tokens": sum(n_tokens) / len(n_tokens),
-        }
-        self.history.append({**stats, "rewards": rewards, "groups": list(groups.values())})
-        log_metric = kw.get("log_metric")
-        if log_metric is not None:
-            for name, value in stats.items():
-                if not math.isnan(value):
-                    log_metric(name, value)
-        return rewards
-
-
-def _row_size(row: dict) -> int:
-    """The grid size of a training row (`build_dataset`'s `instance` column holds the instance JSON)."""
-    return int(json.loads(row["instance"])["size"])
-
-
-def reward_summary(history: list[dict]) -> dict[str, float]:
-    """Stage-level `train/...` reward statistics from `MapfReward.history`."""
-    rewards = [r for h in history for r in h["rewards"]]
-    groups = [g for h in history for g in h["groups"] if len(g) > 1]
-    if not rewards:
-        return {"train/reward_mean": float("nan"), "train/reward_std": float("nan")}
-    q = max(1, len(history) // 4)
-    first = [r for h in history[:q] for r in h["rewards"]]
-    last = [r for h in history[-q:] for r in h["rewards"]]
-    valid = [h["valid_rate"] * len(h["rewards"]) for h in history]
-    optimal = [h["optimal_rate"] * len(h["rewards"]) for h in history]
-    return {
-        "train/reward_mean": statistics.fmean(rewards),
-        "train/reward_std": statistics.pstdev(rewards),
-        "train/reward_group_std_mean": statistics.fmean(statistics.pstdev(g) for g in groups)
-        if groups
-        else 0.0,
-        "train/reward_first_quarter": statistics.fmean(first),
-        "train/reward_last_quarter": statistics.fmean(last),
-        "train/zero_std_groups": sum(1 for g in groups if max(g) - min(g) < 1e-9) / len(groups)
-        if groups
-        else 1.0,
-        "train/groups": len(groups),
-        "train/completions": len(rewards),
-        "train/valid_rate": sum(valid) / len(rewards),
-        "train/optimal_rate": sum(optimal) / len(rewards),
-        "train/completion_tokens": statistics.fmean(h["completion_tokens"] for h in history),
-    }
-
-
-# ----------------------------------------------------------------------------------------------------
-# the stage
-
-
-def _use_bf16(cfg: TrainConfig) -> bool:
-    import torch
-
-    if cfg.bf16 is not None:
-        return cfg.bf16
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-
-
-def _lora_config(cfg: TrainConfig):
-    from peft import LoraConfig
-
-    targets = cfg.lora_target_modules
-    return LoraConfig(
-        r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=targets if targets == "all-linear" else [t.strip() for t in targets.split(",")],
-        task_type="CAUSAL_LM",
-    )
-
-
-def freeze_lower_layers(model, n_top: int) -> int:
-    """Leave only the top `n_top` decoder blocks and the final norm trainable; return the trainable count.
-
-    Embeddings (tied to the LM head in SmolLM2) and lower blocks are frozen, so autograd never walks below
-    the lowest trainable block: the backward pass shrinks in proportion. Saved checkpoints stay full models.
-    """
-    blocks = getattr(getattr(model, "model", None), "layers", None)
-    if blocks is None:
-        raise ValueError(f"train_layers needs a decoder with model.layers; {type(model).__name__} has none")
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for block in list(blocks)[-n_top:]:
-        for p in block.parameters():
-            p.requires_grad_(True)
-    norm = getattr(model.model, "norm", None)
-    if norm is not None:
-        for p in norm.parameters():
-            p.requires_grad_(True)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def main_process() -> bool:
-    """True in a single process, and in process zero under accelerate/torchrun (the one that writes files)."""
-    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0) == 0
-
-
-def _tb_callback(log_dir: Path, main: bool = True):
-    """transformers' TensorBoard callback writing to `log_dir`; `main=False` (not process zero): no writer,
-    so no empty event file either (the callback itself logs on process zero only)."""
-    from transformers.integrations import TensorBoardCallback
-
-    if not main:
-        return TensorBoardCallback()
-    from torch.utils.tensorboard import SummaryWriter
-
-    log_dir.mkdir(parents=True, exist_ok=True)
-    return TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(log_dir)))
-
-
-def check_generation_backend(cfg: TrainConfig) -> None:
-    """Raise `ValueError` when `cfg` asks for vLLM generation on a machine without CUDA.
-
-    TRL's vLLM paths cannot push the trained weights into vLLM's CPU backend (VLLM-CPU.md): colocated, the
-    CPU backend prepacks each Linear and empties `layer.weight`, so the first weight sync crashes after the
-    model and engine have loaded; `trl vllm-serve`'s weight transfer needs CUDA.
-    """
-    if not cfg.use_vllm:
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ValueError(
-            f"use_vllm=True (vllm_mode={cfg.vllm_mode}) needs a CUDA GPU, and this machine has none: TRL cannot "
-            "sync trained weights into vLLM's CPU backend (colocate: it empties each Linear's weight when it "
-            "prepacks, so the first sync crashes; server: the weight transfer needs CUDA). Set use_vllm=False "
-            "(TRAIN__USE_VLLM=false, or --set train.use_vllm=false) to generate with transformers, or use the "
-            "cpu / smoke preset"
-        )
-
-
-def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = True):
-    """The TRL `GRPOConfig` for a `TrainConfig` (CPU: `use_cpu=True`, `bf16=False`, see VLLM-CPU.md)."""
-    import torch
-    from trl import GRPOConfig
-
-    cuda = torch.cuda.is_available()
-    kwargs: dict[str, Any] = dict(
-        output_dir=str(out_dir / "trl"),
-        learning_rate=cfg.learning_rate,
-        num_generations=cfg.num_generations,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        num_train_epochs=cfg.epochs,
-        max_steps=cfg.max_steps if cfg.max_steps > 0 else -1,
-        max_completion_length=cfg.max_completion_length,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        beta=cfg.beta,
-        loss_type=cfg.loss_type,
-        scale_rewards=cfg.scale_rewards,
-        warmup_steps=cfg.warmup_ratio,  # transformers 5: a float < 1 is a share of the steps
-        lr_scheduler_type=cfg.lr_scheduler_type,
-        weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-        use_cpu=not cuda,
-        bf16=_use_bf16(cfg),
-        use_vllm=cfg.use_vllm,
-        logging_steps=cfg.logging_steps,
-        log_completions=cfg.log_completions,
-        save_strategy="no",
-        report_to="none",  # our TensorBoardCallback writes out_dir/tb; train.report_to: the loop's run (graph/tracking.py)
-        seed=seed,
-        data_seed=seed,
-        disable_tqdm=not progress,  # a step bar with ETA on the terminal
-    )
-    if cfg.use_vllm:
-        kwargs.update(vllm_mode=cfg.vllm_mode, vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
-        # vLLM's context: the longest prompt kept (build_dataset drops longer ones) plus the longest answer; TRL
-        # would otherwise take the model's whole context (Qwen3: 40,960) and size the KV cache for it
-        kwargs["vllm_max_model_length"] = cfg.max_prompt_length + cfg.max_completion_length
-    if cfg.save_steps > 0:  # in-stage checkpoints, completed by nodes.stage_resume's callback
-        kwargs.update(save_strategy="steps", save_steps=cfg.save_steps)
-    if cfg.enable_thinking is not None:  # the same switch as prompt counting and the vLLM requests
-        kwargs["chat_template_kwargs"] = chat_template_kwargs(cfg.enable_thinking)
-    return GRPOConfig(**kwargs)
-
-
-def run_stage(
-    *,
-    train_path: Path,
-    init_checkpoint: Path | str,
-    out_dir: Path,
-    cfg: TrainConfig,
-    seed: int,
-    reward_state: dict | None,
-    progress: bool = True,
-    warm_start: bool | None = None,
-) -> dict:
-    """Train one stage and write `out_dir/checkpoint/`, `out_dir/metrics.json`, `out_dir/tb/`.
-
-    Args:
-        train_path: the stage's instances (`.jsonl`, one `env.Instance` a line).
-        init_checkpoint: a local folder: the previous stage's checkpoint, or the base model's folder
-            (`llm_backends.models.resolve_model(...)`) for the first stage. A missing or corrupt folder raises
-            `CheckpointError`.
-        out_dir: the stage folder.
-        cfg: hyper-parameters.
-        seed: seed of sampling, shuffling and initialisation.
-        reward_state: `env.RewardState` dump to continue from; None: the checkpoint's saved state, else fresh.
-        progress: log progress lines (INFO) while training.
-        warm_start: run the SFT warm start; None: when `cfg.sft_warm_start` and `init_checkpoint` is a
-            base model (not a checkpoint of this module), i.e. at the first stage.
-
-    Returns:
-        {"checkpoint": str, "reward_state": dict, "metrics": dict}
-    """
-    t_start = time.perf_counter()
-    loop_s = 0.0
-    check_generation_backend(cfg)  # before any work: a CPU machine cannot run TRL's vLLM path
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    train_path = Path(train_path)
-    if not train_path.exists():
-        raise FileNotFoundError(f"training set {train_path} does not exist (the apply node writes it)")
-    init = Path(init_checkpoint)
-    meta_in = _check_checkpoint(init)  # raises CheckpointError before any work
-    if reward_state is None and meta_in is not None:
-        reward_state = meta_in.get("reward_state")
-    base_model = str((meta_in or {}).get("base_model") or init.resolve())
-    import torch
-    from transformers import set_seed
-    from env import read_jsonl
-
-    set_seed(seed)
-    if not progress:
-        logging.getLogger("transformers").setLevel(logging.WARNING)
-    from nodes.trl_cpu import score_labelled_positions_only
-
-    instances = read_jsonl(train_path)
-    if not instances:
-        raise ValueError(f"training set {train_path} holds no instances")
-    score_labelled_positions_only()  # TRL's fused LM head: only answer positions on CPU too (nodes.trl_cpu)
-    if cfg.use_vllm:  # LoRA syncs into vLLM merge into copies: the bf16 base never drifts (nodes.lora_sync)
-        from nodes.lora_sync import install_exact_lora_sync
-
-        install_exact_lora_sync()
-    metrics: dict[str, Any] = {}
-    do_sft = warm_start if warm_start is not None else (cfg.sft_warm_start and meta_in is None)
-    from nodes import stage_resume
-
-    key = stage_resume.stage_key(train_path=train_path, init_checkpoint=init, seed=seed, cfg=cfg)
-    resume = stage_resume.find_resume(out_dir / "trl", key)  # a half-trained attempt of this very stage
-    load_from, warm_info = init, None
-    if do_sft and cfg.sft_sizes:
-        # the cached warm start (nodes.sft.build_warm_start): built once per (model, warm-start settings, seed)
-        from nodes.sft import build_warm_start
-
-        t0 = time.perf_counter()
-        ws = build_warm_start(init, cfg, seed, progress=progress)
-        loop_s += ws["metrics"].get("sft/seconds", 0.0) if not ws["hit"] else 0.0
-        warm_info = {"key": ws["key"], "path": ws["path"], "hit": ws["hit"]}
-        metrics.update(ws["metrics"])
-        metrics.update({"sft/cache_key": ws["key"], "sft/cache_path": ws["path"], "sft/cache_hit": ws["hit"],
-                        "sft/cache_seconds": time.perf_counter() - t0})
-        load_from = Path(ws["path"])
-        if main_process() and (load_from / "tb" / "sft").is_dir():  # the warm start's curves, beside GRPO's
-            shutil.copytree(load_from / "tb" / "sft", out_dir / "tb" / "sft", dirs_exist_ok=True)
-    dtype = "bfloat16" if _use_bf16(cfg) else "float32"
-    model, tok = load_checkpoint(load_from, dtype=dtype, trainable=True)
-    from peft import PeftModel
-
-    if isinstance(model, PeftModel) and not (meta_in or {}).get("base_model"):
-        # a bare adapter folder (no trainer_meta.json): its base is the one load_checkpoint used
-        base_model = str(Path(model.peft_config[model.active_adapter].base_model_name_or_path).resolve())
-    if not isinstance(model, PeftModel) and wants_lora(cfg.lora, sum(p.numel() for p in model.parameters())):
-        from peft import get_peft_model
-
-        model = get_peft_model(model, _lora_config(cfg))
-        # The new adapter sits on the weights it was loaded onto (the base model, the cached warm start, or a
-        # previous stage's full fine-tune): those are what the next load must put it on.
-        base_model = str(load_from.resolve())
-        for pc in model.peft_config.values():
-            pc.base_model_name_or_path = base_model
-    is_lora = isinstance(model, PeftModel)
-    if cfg.train_layers and not is_lora:
-        freeze_lower_layers(model, cfg.train_layers)
-    if cfg.gradient_checkpointing:
-        model.config.use_cache = False
-
-    if do_sft and not cfg.sft_sizes and resume is None:  # on the stage's own instances: not cached (they vary
-        # per run); a resumed stage skips it: the in-stage checkpoint holds the weights trained after it
-        from nodes.sft import warm_start as sft_warm_start
-
-        sft = sft_warm_start(model, tok, instances, cfg=cfg, out_dir=out_dir, seed=seed, progress=progress)
-        loop_s += sft["seconds"]
-        metrics.update({f"sft/{k}": v for k, v in sft.items()})
-
-    dataset, dropped = build_dataset(instances, tok, cfg.max_prompt_length, cfg.prompt_style,
-                                     chat_template_kwargs(cfg.enable_thinking))
-    if len(dataset) == 0:
-        raise ValueError(
-            f"all {len(instances)} prompts of {train_path} are longer than max_prompt_length={cfg.max_prompt_length}"
-        )
-    reward = MapfReward(tok, reward_state, cfg.prompt_style)
-    if resume is not None:
-        stage_resume.restore_reward(reward, resume[1])
-        metrics["train/resumed_from_step"] = int(resume[1]["global_step"])
-        if progress:
-            log.info("resuming %s from its in-stage checkpoint %s (step %d)", out_dir.name, resume[0],
-                     resume[1]["global_step"])
-    args = grpo_config(cfg, out_dir, seed, progress=progress)
-    main = args.process_index == 0  # = trainer.is_world_process_zero(); only it writes files
-    from nodes.grpo_sampling import make_trainer_class, sampling_metrics
-    from nodes.sft import _extra_callbacks, _quiet_trainer, _raise_if_stopped
-
-    trainer = make_trainer_class()(
-        model=model,
-        reward_funcs=[reward],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tok,
-        callbacks=[_tb_callback(out_dir / "tb", main=main), *_extra_callbacks(),
-                   *([stage_resume.resume_callback(reward, key, main)] if cfg.save_steps > 0 else [])],
-        resample_rounds=cfg.resample_rounds,
-        resample_seed=seed,
-        group_key=_row_size,  # replacements lean to the sizes where the policy is sometimes right
-    )
-    _quiet_trainer(trainer, progress, label=f"GRPO {out_dir.name}")
-    t0 = time.perf_counter()
-    result = trainer.train(resume_from_checkpoint=str(resume[0]) if resume is not None else None)
-    grpo_s = time.perf_counter() - t0
-    loop_s += grpo_s
-    _raise_if_stopped(f"GRPO of {out_dir.name}")
-    steps = int(trainer.state.global_step)
-    metrics.update(sampling_metrics(trainer.stats))
-
-    meta = {
-        "reward_state": reward.state.model_dump(mode="json"),
-        "base_model": base_model,
-        "is_lora": is_lora,
-        "init_checkpoint": str(init),
-        "train_path": str(train_path),
-        "seed": seed,
-        "grpo_steps": steps,
-        "sft_warm_start": bool(do_sft),
-        "warm_start_cache": warm_info,
-        "prompt_style": cfg.prompt_style,
-        "train_config": cfg.model_dump(mode="json"),
-    }
-    ckpt = _save_checkpoint(trainer, out_dir / "checkpoint", meta)
-    if main:
-        shutil.rmtree(out_dir / "trl", ignore_errors=True)  # TRL's output_dir: nothing we keep
-
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    trl_zero = [h["frac_reward_zero_std"] for h in trainer.state.log_history if "frac_reward_zero_std" in h]
-    metrics.update(reward_summary(reward.history))
-    wall = time.perf_counter() - t_start
-    metrics.update(
-        {
-            "train/steps": steps,
-            "train/instances": len(dataset),
-            "train/prompts_dropped": dropped,
-            "train/loss": statistics.fmean(losses) if losses else float(result.training_loss),
-            "train/frac_reward_zero_std_trl": statistics.fmean(trl_zero) if trl_zero else None,
-            "train/w_acc": reward.state.weights()[0],
-            "train/w_len": reward.state.weights()[1],
-            "train/grpo_seconds": grpo_s,
-            "train/seconds_per_step": grpo_s / steps if steps else None,
-            "train/seconds": wall,
-            "train/outside_loop_seconds": wall - loop_s,
-            "train/outside_loop_share": (wall - loop_s) / wall,
-            "train/is_lora": is_lora,
-            "train/device": "cuda" if torch.cuda.is_available() else "cpu",
-        }
-    )
-    if main:
-        from nodes.files import write_text_atomic
-
-        write_text_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=2, default=str) + "\n")
-        _tb_scalars(out_dir / "tb", metrics)
-    if progress and main:
-        log.info(
-            "stage trained: %d steps, %.1f s/step, reward %.3f, valid %.2f, zero-std groups %.2f -> %s",
-            steps,
-            metrics["train/seconds_per_step"] or 0.0,
-            metrics["train/reward_mean"],
-            metrics.get("train/valid_rate", float("nan")),
-            metrics.get("train/zero_std_groups", float("nan")),
-            ckpt,
-        )
-    del trainer, model
-    return {"checkpoint": str(ckpt), "reward_state": meta["reward_state"], "metrics": metrics}
-
-
-def _tb_scalars(log_dir: Path, metrics: dict) -> None:
-    """Stage-level summary scalars under `stage/<name>` (one point per stage)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    with SummaryWriter(log_dir=str(log_dir)) as w:
-        for k, v in metrics.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                w.add_scalar(f"stage/{k}", v, 0)
 
 
 def train_stage(state: dict, runtime) -> dict:
@@ -1029,6 +132,194 @@ def train_stage(state: dict, runtime) -> dict:
         "train_metrics": m,
         "log": lines,
     }
+
+
+def run_stage(
+    *,
+    train_path: Path,
+    init_checkpoint: Path | str,
+    out_dir: Path,
+    cfg: TrainConfig,
+    seed: int,
+    reward_state: dict | None,
+    progress: bool = True,
+    warm_start: bool | None = None,
+) -> dict:
+    """Train one stage and write `out_dir/checkpoint/`, `out_dir/metrics.json`, `out_dir/tb/`.
+
+    Args:
+        train_path: the stage's instances (`.jsonl`, one `env.Instance` a line).
+        init_checkpoint: a local folder: the previous stage's checkpoint, or the base model's folder
+            (`llm_backends.models.resolve_model(...)`) for the first stage. A missing or corrupt folder raises
+            `CheckpointError`.
+        out_dir: the stage folder.
+        cfg: hyper-parameters.
+        seed: seed of sampling, shuffling and initialisation.
+        reward_state: `env.RewardState` dump to continue from; None: the checkpoint's saved state, else fresh.
+        progress: log progress lines (INFO) while training.
+        warm_start: run the SFT warm start; None: when `cfg.sft_warm_start` and `init_checkpoint` is a
+            base model (not a checkpoint of this module), i.e. at the first stage.
+
+    Returns:
+        {"checkpoint": str, "reward_state": dict, "metrics": dict}
+    """
+    t_start = time.perf_counter()
+    loop_s = 0.0
+    check_generation_backend(cfg)  # before any work: a CPU machine cannot run TRL's vLLM path
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train_path = Path(train_path)
+    if not train_path.exists():
+        raise FileNotFoundError(f"training set {train_path} does not exist (the apply node writes it)")
+    init = Path(init_checkpoint)
+    meta_in = check_checkpoint(init)  # raises CheckpointError before any work
+    if reward_state is None and meta_in is not None:
+        reward_state = meta_in.get("reward_state")
+    base_model = str((meta_in or {}).get("base_model") or init.resolve())
+    import torch
+    from transformers import set_seed
+
+    from env import read_jsonl
+
+    set_seed(seed)
+    if not progress:
+        logging.getLogger("transformers").setLevel(logging.WARNING)
+    from nodes.trl_cpu import score_labelled_positions_only
+
+    instances = read_jsonl(train_path)
+    if not instances:
+        raise ValueError(f"training set {train_path} holds no instances")
+    score_labelled_positions_only()  # TRL's fused LM head: only answer positions on CPU too (nodes.trl_cpu)
+    if cfg.use_vllm:  # LoRA syncs into vLLM merge into copies: the bf16 base never drifts (nodes.lora_sync)
+        from nodes.lora_sync import install_exact_lora_sync
+
+        install_exact_lora_sync()
+    metrics: dict[str, Any] = {}
+    do_sft = warm_start if warm_start is not None else (cfg.sft_warm_start and meta_in is None)
+    from nodes import stage_resume
+
+    key = stage_resume.stage_key(train_path=train_path, init_checkpoint=init, seed=seed, cfg=cfg)
+    resume = stage_resume.find_resume(out_dir / "trl", key)  # a half-trained attempt of this very stage
+    load_from, warm_info = init, None
+    if do_sft and cfg.sft_sizes:
+        # the cached warm start (nodes.sft.build_warm_start): built once per (model, warm-start settings, seed)
+        from nodes.sft import build_warm_start
+
+        t0 = time.perf_counter()
+        ws = build_warm_start(init, cfg, seed, progress=progress)
+        loop_s += ws["metrics"].get("sft/seconds", 0.0) if not ws["hit"] else 0.0
+        warm_info = {"key": ws["key"], "path": ws["path"], "hit": ws["hit"]}
+        metrics.update(ws["metrics"])
+        metrics.update({"sft/cache_key": ws["key"], "sft/cache_path": ws["path"], "sft/cache_hit": ws["hit"],
+                        "sft/cache_seconds": time.perf_counter() - t0})
+        load_from = Path(ws["path"])
+        if main_process() and (load_from / "tb" / "sft").is_dir():  # the warm start's curves, beside GRPO's
+            shutil.copytree(load_from / "tb" / "sft", out_dir / "tb" / "sft", dirs_exist_ok=True)
+    named = bool((meta_in or {}).get("base_model"))
+    model, tok, base_model, is_lora = trainable_model(load_from, cfg, base_model, named=named)
+
+    if do_sft and not cfg.sft_sizes and resume is None:  # on the stage's own instances: not cached (they vary
+        # per run); a resumed stage skips it: the in-stage checkpoint holds the weights trained after it
+        from nodes.sft import warm_start as sft_warm_start
+
+        sft = sft_warm_start(model, tok, instances, cfg=cfg, out_dir=out_dir, seed=seed, progress=progress)
+        loop_s += sft["seconds"]
+        metrics.update({f"sft/{k}": v for k, v in sft.items()})
+
+    dataset, dropped = build_dataset(instances, tok, cfg.max_prompt_length, cfg.prompt_style,
+                                     template_kwargs(cfg.enable_thinking))
+    if len(dataset) == 0:
+        raise ValueError(
+            f"all {len(instances)} prompts of {train_path} are longer than max_prompt_length={cfg.max_prompt_length}"
+        )
+    reward = MapfReward(tok, reward_state, cfg.prompt_style)
+    if resume is not None:
+        stage_resume.restore_reward(reward, resume[1])
+        metrics["train/resumed_from_step"] = int(resume[1]["global_step"])
+        if progress:
+            log.info("resuming %s from its in-stage checkpoint %s (step %d)", out_dir.name, resume[0],
+                     resume[1]["global_step"])
+    args = grpo_config(cfg, out_dir, seed, progress=progress)
+    main = args.process_index == 0  # = trainer.is_world_process_zero(); only it writes files
+    from nodes.grpo_sampling import make_trainer_class, sampling_metrics
+
+    trainer = make_trainer_class()(
+        model=model,
+        reward_funcs=[reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[tb_callback(out_dir / "tb", main=main), *stop_callbacks(),
+                   *([stage_resume.resume_callback(reward, key, main)] if cfg.save_steps > 0 else [])],
+        resample_rounds=cfg.resample_rounds,
+        resample_seed=seed,
+        group_key=row_size,  # replacements lean to the sizes where the policy is sometimes right
+    )
+    quiet_trainer(trainer, progress, label=f"GRPO {out_dir.name}")
+    t0 = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=str(resume[0]) if resume is not None else None)
+    grpo_s = time.perf_counter() - t0
+    loop_s += grpo_s
+    raise_if_stopped(f"GRPO of {out_dir.name}")
+    steps = int(trainer.state.global_step)
+    metrics.update(sampling_metrics(trainer.stats))
+
+    meta = {
+        "reward_state": reward.state.model_dump(mode="json"),
+        "base_model": base_model,
+        "is_lora": is_lora,
+        "init_checkpoint": str(init),
+        "train_path": str(train_path),
+        "seed": seed,
+        "grpo_steps": steps,
+        "sft_warm_start": bool(do_sft),
+        "warm_start_cache": warm_info,
+        "prompt_style": cfg.prompt_style,
+        "train_config": cfg.model_dump(mode="json"),
+    }
+    ckpt = save_checkpoint(trainer, out_dir / "checkpoint", meta)
+    if main:
+        shutil.rmtree(out_dir / "trl", ignore_errors=True)  # TRL's output_dir: nothing we keep
+
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    trl_zero = [h["frac_reward_zero_std"] for h in trainer.state.log_history if "frac_reward_zero_std" in h]
+    metrics.update(reward_summary(reward.history))
+    wall = time.perf_counter() - t_start
+    metrics.update(
+        {
+            "train/steps": steps,
+            "train/instances": len(dataset),
+            "train/prompts_dropped": dropped,
+            "train/loss": statistics.fmean(losses) if losses else float(result.training_loss),
+            "train/frac_reward_zero_std_trl": statistics.fmean(trl_zero) if trl_zero else None,
+            "train/w_acc": reward.state.weights()[0],
+            "train/w_len": reward.state.weights()[1],
+            "train/grpo_seconds": grpo_s,
+            "train/seconds_per_step": grpo_s / steps if steps else None,
+            "train/seconds": wall,
+            "train/outside_loop_seconds": wall - loop_s,
+            "train/outside_loop_share": (wall - loop_s) / wall,
+            "train/is_lora": is_lora,
+            "train/device": "cuda" if torch.cuda.is_available() else "cpu",
+        }
+    )
+    if main:
+        from nodes.files import write_text_atomic
+
+        write_text_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=2, default=str) + "\n")
+        tb_scalars(out_dir / "tb", metrics)
+    if progress and main:
+        log.info(
+            "stage trained: %d steps, %.1f s/step, reward %.3f, valid %.2f, zero-std groups %.2f -> %s",
+            steps,
+            metrics["train/seconds_per_step"] or 0.0,
+            metrics["train/reward_mean"],
+            metrics.get("train/valid_rate", float("nan")),
+            metrics.get("train/zero_std_groups", float("nan")),
+            ckpt,
+        )
+    del trainer, model
+    return {"checkpoint": str(ckpt), "reward_state": meta["reward_state"], "metrics": metrics}
 
 
 def init_from_arg(text: str) -> Path:

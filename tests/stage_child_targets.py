@@ -26,7 +26,7 @@ def like_trl_colocate(out: str) -> None:
 
 
 def fail(kind: str, message: str) -> None:
-    from nodes.train_stage import CheckpointError
+    from llm_backends.checkpoints import CheckpointError
 
     raise {"CheckpointError": CheckpointError, "RuntimeError": RuntimeError, "KeyError": KeyError}[kind](message)
 
@@ -38,15 +38,15 @@ def die(sig: int) -> None:
 
 def wait_for_stop(started: str, timeout_s: float = 60.0) -> None:
     """A trainer's loop in miniature: step until the stop flag is set, then raise StageInterrupted as run_stage
-    does after its StopCallback ended training (nodes.sft._raise_if_stopped)."""
-    from nodes.sft import _raise_if_stopped
+    does after its StopCallback ended training (nodes.trl_setup.raise_if_stopped)."""
     from nodes.stop import stop_requested
+    from nodes.trl_setup import raise_if_stopped
 
     Path(started).write_text(str(os.getpid()))
     t0 = time.monotonic()
     while not stop_requested() and time.monotonic() - t0 < timeout_s:
         time.sleep(0.05)
-    _raise_if_stopped("GRPO of stage_3")
+    raise_if_stopped("GRPO of stage_3")
     Path(started).with_suffix(".finished").write_text("the stop never came")
 
 

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from graph.settings import build_settings
+from llm_backends.policy import template_kwargs
 from nodes.gpu_plan import mock_cuda, plan_lines, training_plan
-from nodes.train_stage import TRAIN_PRESETS, TrainConfig, _lora_config, _use_bf16, build_dataset, grpo_config
+from nodes.train_config import TRAIN_PRESETS, TrainConfig
+from nodes.train_data import build_dataset
+from nodes.trl_setup import grpo_config, lora_config, use_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = TrainConfig.model_validate(TRAIN_PRESETS["paper"])
@@ -45,8 +48,8 @@ def test_paper_grpo_config_on_a_gpu_is_bf16_lora_vllm_and_not_cpu(paper_args):
     assert args.use_vllm is True and args.vllm_mode == "colocate"
     assert args.gradient_checkpointing is True
     with mock_cuda():
-        assert _use_bf16(PAPER) is True  # the model loads in bfloat16 (run_stage's dtype)
-    lora = _lora_config(PAPER)
+        assert use_bf16(PAPER) is True  # the model loads in bfloat16 (run_stage's dtype)
+    lora = lora_config(PAPER)
     assert PAPER.lora is True and (lora.r, lora.lora_alpha) == (32, 64) and lora.target_modules == "all-linear"
 
 
@@ -88,7 +91,6 @@ class RecordingTokenizer:
 def test_one_thinking_setting_reaches_grpo_config_prompt_counting_and_every_request(tmp_path, fake_openai,
                                                                                    monkeypatch):
     from env import generate, uniform_config
-    from nodes.train_stage import chat_template_kwargs
 
     cfg = PAPER
     assert cfg.enable_thinking is False  # the paper preset's deliberate choice
@@ -98,7 +100,7 @@ def test_one_thinking_setting_reaches_grpo_config_prompt_counting_and_every_requ
     # prompt counting: the same kwargs as TRL passes to apply_chat_template
     tok = RecordingTokenizer()
     build_dataset(generate(uniform_config(), 2, seed=0).instances, tok, 10_000, "full",
-                  chat_template_kwargs(cfg.enable_thinking))
+                  template_kwargs(cfg.enable_thinking))
     assert tok.calls and all(c.get("enable_thinking") is False for c in tok.calls)
     # every request to the policy's vLLM server
     import llm_backends.policy as lp

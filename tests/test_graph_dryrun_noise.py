@@ -76,7 +76,7 @@ def test_dry_run_reply_without_a_config_is_said_not_fatal(tmp_path):
 
 
 def test_help_lists_train_settings_and_explains_the_smoke_caps(tmp_path):
-    from nodes.train_stage import TrainConfig
+    from nodes.train_config import TrainConfig
 
     out = run_cli(["--help"], {}, cwd=tmp_path).stdout
     flat = " ".join(out.split())
@@ -125,7 +125,7 @@ def test_report_warns_about_zero_variance_stages(tmp_path):
 def test_trainer_log_dicts_go_to_the_log_file_not_stdout(tmp_path, capsys):
     from transformers.trainer_callback import PrinterCallback, TrainerState
 
-    from nodes.sft import _quiet_trainer
+    from nodes.trl_setup import quiet_trainer
 
     class FakeTrainer:
         def __init__(self):
@@ -138,7 +138,7 @@ def test_trainer_log_dicts_go_to_the_log_file_not_stdout(tmp_path, capsys):
             self.callbacks.append(cb)
 
     trainer = FakeTrainer()
-    _quiet_trainer(trainer, progress=False, label="GRPO stage_0")
+    quiet_trainer(trainer, progress=False, label="GRPO stage_0")
     assert not any(isinstance(c, PrinterCallback) for c in trainer.callbacks)
     root = logging.getLogger()
     handler = logging.FileHandler(tmp_path / "train.log")

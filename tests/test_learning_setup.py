@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from env import load_split, parse_plan, plan_text, render_compact_prompt, render_prompt
-from nodes.train_stage import TRAIN_PRESETS, TrainConfig, prompt_messages
+from env.library import prompt_messages
+from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
 # ----------------------------------------------------------------------------------------------------
 # the compact prompt
@@ -93,10 +94,10 @@ def test_val_small_split_is_150_two_agent_instances_of_sizes_3_to_5():
 
 def test_fused_head_scores_only_labelled_positions_with_the_same_values(embedded_model_path, monkeypatch):
     import torch
+    import trl.trainer.utils as trl_utils
     from transformers import AutoModelForCausalLM
     from trl.trainer.utils import add_fused_lm_head
 
-    import trl.trainer.utils as trl_utils
     from nodes import trl_cpu
 
     # start from TRL as shipped, whatever earlier tests patched (monkeypatch puts it back afterwards)
@@ -299,8 +300,9 @@ def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(embedded_mode
 
     from datasets import Dataset
 
+    from llm_backends.checkpoints import load_checkpoint
     from nodes.grpo_sampling import make_trainer_class, sampling_metrics
-    from nodes.train_stage import grpo_config, load_checkpoint
+    from nodes.trl_setup import grpo_config
 
     model, tok = load_checkpoint(embedded_model_path, trainable=True)
     rows = [{"prompt": [{"role": "user", "content": f"Say a number ({i})."}], "dead": i % 2 == 0} for i in range(16)]
@@ -308,7 +310,7 @@ def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(embedded_mode
 
     def reward(completions, dead, **kw):
         sizes.append(len(completions))
-        return [0.0 if d else float(len(c[0]["content"]) % 7) + random.random() for c, d in zip(completions, dead)]
+        return [0.0 if d else float(len(c[0]["content"]) % 7) + random.random() for c, d in zip(completions, dead, strict=True)]
 
     reward.__name__ = "toy"
     cfg = TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "max_steps": 2, "max_completion_length": 8,

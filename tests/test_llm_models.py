@@ -78,12 +78,12 @@ def test_the_short_embedded_name_never_goes_to_the_hub(fake_hub, tmp_path, monke
 
 
 def test_lora_base_falls_back_like_the_vllm_path(tmp_path, monkeypatch):
-    """LocalEngine picks an adapter's base as policy.adapter_base does: the named base when it resolves,
+    """LocalEngine picks an adapter's base as the vLLM path does (checkpoints.adapter_base): the named base when it resolves,
     else ``base_model`` (an adapter trained elsewhere names a path that does not exist here)."""
     import peft
     import transformers
 
-    from llm_backends import policy
+    from llm_backends.checkpoints import CheckpointError, adapter_base
     from llm_backends.local import LocalEngine
 
     base = tmp_path / "base"
@@ -111,11 +111,10 @@ def test_lora_base_falls_back_like_the_vllm_path(tmp_path, monkeypatch):
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda p, **k: loaded.append(p) or Dummy())
     monkeypatch.setattr(peft.PeftModel, "from_pretrained", lambda m, p, **k: Dummy())
 
-    cfg = policy.adapter_config(adapter)
-    assert policy.adapter_base(adapter, cfg, base) == base.resolve()
+    assert adapter_base(adapter, base) == base.resolve()
     LocalEngine(adapter, base_model=base, device="cpu")
     assert loaded == [base.resolve(), base.resolve()]  # weights and tokenizer from the fallback base
-    with pytest.raises(ValueError, match="/trainer/home/base-model.*does not exist"):
+    with pytest.raises(CheckpointError, match="/trainer/home/base-model does not exist"):
         LocalEngine(adapter, device="cpu")  # no fallback: the same clear error as the vLLM path
 
 
@@ -162,3 +161,26 @@ def test_embedded_model_is_a_loadable_folder(embedded_model_path):
     assert (embedded_model_path / "config.json").exists()
     assert any(embedded_model_path.glob("*.safetensors"))
     assert resolve_model() == embedded_model_path  # second call: the cache
+
+
+def test_one_base_model_rule_for_training_and_serving(tmp_path):
+    """llm_backends.checkpoints.adapter_base: trainer_meta.json's base first, then the adapter's; the two naming
+    different folders is an error; no base that resolves and no fallback is an error, never another model."""
+    import json
+
+    from llm_backends.checkpoints import CheckpointError, adapter_base
+
+    base, other, adapter = tmp_path / "base", tmp_path / "other", tmp_path / "adapter"
+    for d in (base, other, adapter):
+        d.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(base)}))
+    assert adapter_base(adapter) == base.resolve()
+    (adapter / "trainer_meta.json").write_text(json.dumps({"is_lora": True, "base_model": str(other)}))
+    with pytest.raises(CheckpointError, match="names base model .*other but adapter_config.json names"):
+        adapter_base(adapter, base)
+    (adapter / "adapter_config.json").write_text("{}")
+    assert adapter_base(adapter) == other.resolve()  # the trainer's record
+    (adapter / "trainer_meta.json").unlink()
+    with pytest.raises(CheckpointError, match="names no base model"):
+        adapter_base(adapter)
+    assert adapter_base(adapter, base) == base.resolve()

@@ -3,7 +3,7 @@ processes are stand-ins (python scripts), the cleanup code is the real one.
 
 - `VLLMServer.stop()` kills a descendant that left the server's process group (an engine core in a
   session of its own), which a process-group kill alone misses;
-- the launcher's watchdog (`llm_backends.vllm_launch._watch_parent`) kills the server's group and descendants once
+- the launcher's watchdog (`llm_backends.vllm_launch.watch_parent`) kills the server's group and descendants once
   its parent is gone (SIGKILL), instead of vLLM's minutes-long SIGTERM shutdown;
 - a client of a server whose process died gets one error at once, not retries for its whole budget.
 """
@@ -74,11 +74,11 @@ def test_launcher_watchdog_kills_the_group_when_its_parent_dies(tmp_path):
     launcher = textwrap.dedent(f"""
         import os, subprocess, sys, threading, time
         sys.path.insert(0, {str(ROOT)!r})
-        from llm_backends.vllm_launch import _watch_parent
+        from llm_backends.vllm_launch import watch_parent
         parent = os.getppid()
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
         print(os.getpid(), child.pid, flush=True)
-        _watch_parent(parent, period_s=0.1)
+        watch_parent(parent, period_s=0.1)
     """)
     parent_code = textwrap.dedent(f"""
         import subprocess, sys, time

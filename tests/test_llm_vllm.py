@@ -254,14 +254,14 @@ def test_a_dropped_server_is_still_stopped_at_exit(tmp_path):
 def test_off_main_thread_start_installs_no_handler_until_a_main_thread_call(monkeypatch):
     import threading
 
-    from llm_backends import vllm_server as vs
+    from llm_backends import server_cleanup as vs
 
     monkeypatch.setattr(vs, "_HANDLERS_INSTALLED", False)
     chained = []
     monkeypatch.setattr(vs, "_chain_handler", chained.append)
     monkeypatch.setattr(vs, "_ATEXIT_REGISTERED", True)
     server = object.__new__(VLLMServer)
-    t = threading.Thread(target=vs._register, args=(server,))
+    t = threading.Thread(target=vs.register, args=(server,))
     t.start()
     t.join()
     try:
@@ -269,7 +269,7 @@ def test_off_main_thread_start_installs_no_handler_until_a_main_thread_call(monk
         assert vs.install_signal_handlers() and chained == [signal.SIGINT, signal.SIGTERM]
         assert vs.install_signal_handlers() and len(chained) == 2  # once
     finally:
-        vs._unregister(server)
+        vs.unregister(server)
     assert server not in vs.live_servers()
 
 

@@ -140,6 +140,7 @@ def test_run_stage_installs_the_exact_sync_before_any_vllm_stage(tmp_path, monke
     from llm_backends.models import resolve_model
     from nodes import stage_resume, train_stage
     from nodes.gpu_plan import mock_cuda
+    from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
     for attr in ("_iter_named_params", "_exact_lora_sync", "_trl_iter_named_params"):
         if attr in VLLMGeneration.__dict__:
@@ -159,13 +160,13 @@ def test_run_stage_installs_the_exact_sync_before_any_vllm_stage(tmp_path, monke
     train = tmp_path / "train.jsonl"
     write_jsonl(train, generate(uniform_config(), 2, seed=0).instances)
     base = resolve_model("smollm2-135m")  # the embedded model: a loadable start (nothing is loaded before the stop)
-    cpu = train_stage.TrainConfig.model_validate(train_stage.TRAIN_PRESETS["cpu"])
+    cpu = TrainConfig.model_validate(TRAIN_PRESETS["cpu"])
     with pytest.raises(Reached):
         train_stage.run_stage(train_path=train, init_checkpoint=base, out_dir=tmp_path / "s0", cfg=cpu, seed=0,
                               reward_state=None, progress=False)
     assert VLLMGeneration._iter_named_params is trl_own  # no vLLM generation: nothing patched
 
-    paper = train_stage.TrainConfig.model_validate(train_stage.TRAIN_PRESETS["paper"])
+    paper = TrainConfig.model_validate(TRAIN_PRESETS["paper"])
     with mock_cuda(), pytest.raises(Reached):
         train_stage.run_stage(train_path=train, init_checkpoint=base, out_dir=tmp_path / "s1", cfg=paper,
                               seed=0, reward_state=None, progress=False)

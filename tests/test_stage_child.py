@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from llm_backends.checkpoints import CheckpointError
 from nodes import stop
 from nodes.stage_child import StageProcessError, run_in_child
 from nodes.stop import StageInterrupted
-from nodes.train_stage import CheckpointError
+from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -127,7 +128,7 @@ def test_train_stage_node_trains_in_a_child(monkeypatch, tmp_path):
                                                              "train/reward_mean": 0.5}})
     from types import SimpleNamespace
 
-    cfg = ts.TrainConfig.model_validate(ts.TRAIN_PRESETS["smoke"])
+    cfg = TrainConfig.model_validate(TRAIN_PRESETS["smoke"])
     runtime = SimpleNamespace(context=SimpleNamespace(
         settings=SimpleNamespace(train=cfg, policy_model="smollm2-135m", seed=0), run_dir=tmp_path))
     up = ts.train_stage({"stage": 1, "train_path": "t.jsonl", "checkpoint": str(tmp_path), "reward_state": {}},

@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from nodes import stage_resume as sr
-from nodes.train_stage import TRAIN_PRESETS, TrainConfig, grpo_config
+from nodes.train_config import TRAIN_PRESETS, TrainConfig
+from nodes.trl_setup import grpo_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,21 +14,12 @@ from types import SimpleNamespace
 import pytest
 
 from env import SIZES, EnvConfig, Instance, generate, plan_text, uniform_config, verify, write_jsonl
-from nodes.train_stage import (
-    META_FILE,
-    TRAIN_PRESETS,
-    CheckpointError,
-    MapfReward,
-    TrainConfig,
-    build_dataset,
-    check_generation_backend,
-    init_from_arg,
-    load_checkpoint,
-    main,
-    prompt_messages,
-    run_stage,
-    train_stage,
-)
+from env.library import prompt_messages
+from llm_backends.checkpoints import META_FILE, CheckpointError, load_checkpoint, save_checkpoint
+from nodes.train_config import TRAIN_PRESETS, TrainConfig
+from nodes.train_data import MapfReward, build_dataset
+from nodes.train_stage import init_from_arg, main, run_stage, train_stage
+from nodes.trl_setup import check_generation_backend, freeze_lower_layers, tb_callback
 
 
 def _only_size(size: int) -> EnvConfig:
@@ -59,7 +50,7 @@ def test_presets_validate_and_describe_every_field():
 
 
 def test_warm_start_instances_are_fresh_solvable_and_of_the_asked_sizes():
-    from nodes.sft import warm_start_instances
+    from nodes.train_data import warm_start_instances
 
     def key(x):  # what the model sees: the map and the agents' starts and goals
         return (tuple(x.grid), str(x.starts), str(x.goals))
@@ -253,9 +244,8 @@ def test_vllm_without_cuda_is_refused_before_any_work(tmp_path, monkeypatch, cap
 
 
 def test_only_process_zero_writes_checkpoint_and_tb(tmp_path):
-    from nodes.train_stage import _save_checkpoint, _tb_callback
 
-    class Trainer:  # the two Trainer/accelerate calls _save_checkpoint makes, in one process of several
+    class Trainer:  # the two Trainer/accelerate calls save_checkpoint makes, in one process of several
         def __init__(self, zero: bool):
             self.zero, self.waits = zero, 0
             self.accelerator = SimpleNamespace(wait_for_everyone=self._wait)
@@ -275,12 +265,12 @@ def test_only_process_zero_writes_checkpoint_and_tb(tmp_path):
     stale = out.with_name("checkpoint.tmp")
     stale.mkdir()
     other = Trainer(zero=False)
-    assert _save_checkpoint(other, out, {"is_lora": False}) == out
+    assert save_checkpoint(other, out, {"is_lora": False}) == out
     assert stale.exists() and not out.exists() and other.waits == 2  # touched nothing, met the barriers
     zero = Trainer(zero=True)
-    _save_checkpoint(zero, out, {"is_lora": False})
+    save_checkpoint(zero, out, {"is_lora": False})
     assert json.loads((out / META_FILE).read_text()) == {"is_lora": False} and not stale.exists()
-    assert _tb_callback(tmp_path / "tb_other", main=False).tb_writer is None
+    assert tb_callback(tmp_path / "tb_other", main=False).tb_writer is None
     assert not (tmp_path / "tb_other").exists()
 
 
@@ -409,7 +399,7 @@ def _answer_nll(model, tok, instances, style: str) -> float:
     """Mean negative log-likelihood per answer token of the solver's plans after their chat prompts."""
     import torch
 
-    from nodes.sft import format_answer
+    from nodes.train_data import format_answer
 
     model.eval()
     total = count = 0.0
@@ -430,7 +420,6 @@ def _answer_nll(model, tok, instances, style: str) -> float:
 def test_warm_start_on_3x3_gives_valid_plans_on_held_out_3x3(tmp_path):
     from llm_backends.models import resolve_model
     from nodes.sft import greedy_valid_rate, warm_start
-    from nodes.train_stage import freeze_lower_layers
 
     def key(x):  # what the model sees: the map and the agents' starts and goals
         return (tuple(x.grid), str(x.starts), str(x.goals))

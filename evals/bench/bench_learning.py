@@ -59,7 +59,7 @@ def t_interval(values: list[float]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from nodes.train_stage import TRAIN_PRESETS
+    from nodes.train_config import TRAIN_PRESETS
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="cpu", choices=sorted(TRAIN_PRESETS))
@@ -78,9 +78,11 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
 
     from env import SIZES, EnvConfig, generate, load_split, write_jsonl
+    from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
     from nodes.sft import build_warm_start, greedy_valid_rate
-    from nodes.train_stage import TrainConfig, load_checkpoint, run_stage
+    from nodes.train_config import TrainConfig
+    from nodes.train_stage import run_stage
 
     raw = dict(TRAIN_PRESETS[a.preset])
     if a.quick:

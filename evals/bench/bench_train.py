@@ -46,9 +46,13 @@ SAME_WORK = {"num_generations": 4, "per_device_train_batch_size": 8, "max_comple
 def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], seed: int, model: str) -> dict:
     """SFT examples/s and GRPO s/step for one TrainConfig in this process."""
     from env import generate, uniform_config, write_jsonl
+    from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
-    from nodes.sft import warm_start, warm_start_instances
-    from nodes.train_stage import TrainConfig, freeze_lower_layers, load_checkpoint, run_stage
+    from nodes.sft import warm_start
+    from nodes.train_config import TrainConfig
+    from nodes.train_data import warm_start_instances
+    from nodes.train_stage import run_stage
+    from nodes.trl_setup import freeze_lower_layers
 
     base = resolve_model(model)
     out: dict = {}
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(measure(json.loads(a.child), a.sft_steps, a.grpo_steps, sizes, a.seed, a.model)))
         return {}
 
-    from nodes.train_stage import TRAIN_PRESETS
+    from nodes.train_config import TRAIN_PRESETS
 
     preset = dict(TRAIN_PRESETS[a.preset])
     if not a.compare:

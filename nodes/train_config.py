@@ -1,0 +1,239 @@
+"""Train settings: every GRPO / SFT hyper-parameter of a stage (`TrainConfig`) and the presets (`TRAIN_PRESETS`).
+
+A small module of its own, so that the run settings (which embed a `TrainConfig`) and the CLIs read the training
+knobs without importing the trainer. The presets: `smoke` (CI, seconds), `cpu` (embedded 135M model on a laptop,
+warm start on), `paper` (Qwen3-4B, 4,000 instances per stage, 2 epochs, LoRA, vLLM generation, for a GPU).
+Every field can also be set from the environment as `TRAIN__<NAME>` (`nodes.train_stage`'s CLI).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+LORA_AUTO_PARAMS = 1e9  # `lora="auto"` turns LoRA on above this many parameters
+
+
+def wants_lora(lora: bool | str, num_params: int) -> bool:
+    """The LoRA decision for a model of `num_params` parameters (`lora`: True, False or "auto")."""
+    return lora if isinstance(lora, bool) else num_params > LORA_AUTO_PARAMS
+
+
+class TrainConfig(BaseModel):
+    """Every GRPO / SFT hyper-parameter of a stage (defaults = the `cpu` preset's values)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- data
+    prompt_style: Literal["full", "compact"] = Field(
+        "compact",
+        description="the policy's prompt at training and evaluation: full (the paper's, with the rules text) or "
+        "compact (map, hole list, agents and answer format only, no default system prompt: 2.3x fewer tokens, "
+        "for small models). The same instance and verifier either way",
+    )
+    instances_per_stage: int = Field(64, ge=1, description="training instances generated per stage")
+    max_prompt_length: int = Field(
+        1024, ge=16, description="prompts longer than this (tokens) are dropped from training, and counted"
+    )
+    # --- GRPO
+    learning_rate: float = Field(1e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
+    num_generations: int = Field(8, ge=2, description="completions sampled per prompt (one GRPO group)")
+    per_device_train_batch_size: int = Field(
+        16, ge=1, description="completions per device per micro-batch (multiple of num_generations)"
+    )
+    gradient_accumulation_steps: int = Field(1, ge=1, description="micro-batches per optimiser step")
+    epochs: float = Field(
+        1.0, gt=0, description="passes over the stage's instances (ignored if max_steps > 0)"
+    )
+    max_steps: int = Field(8, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
+    max_completion_length: int = Field(128, ge=8, description="token limit of one sampled answer")
+    temperature: float = Field(0.7, gt=0, description="sampling temperature of GRPO completions")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of GRPO completions")
+    beta: float = Field(
+        0.0, ge=0, description="KL coefficient to the reference model (0: no reference model)"
+    )
+    loss_type: str = Field("dapo", description="TRL GRPO loss: grpo | dapo | dr_grpo | bnpo | ...")
+    scale_rewards: str = Field("group", description="TRL reward scaling: group | batch | none")
+    warmup_ratio: float = Field(0.0, ge=0, le=1, description="linear warm-up share of the steps")
+    lr_scheduler_type: str = Field("constant", description="learning-rate schedule (transformers name)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    train_layers: int = Field(
+        8,
+        ge=0,
+        description="full fine-tune: train only the top N transformer blocks (+ final norm; 0: all weights). "
+        "Backward then stops at block N from the top: about 3x cheaper steps on CPU with N=8 of 30",
+    )
+    gradient_checkpointing: bool = Field(False, description="trade compute for memory (large models)")
+    bf16: bool | None = Field(None, description="bf16 weights/compute; None: on CUDA with bf16 support only")
+    # --- LoRA
+    lora: bool | Literal["auto"] = Field(
+        "auto",
+        description="train a LoRA adapter (peft) instead of all weights; auto: on for models over "
+        f"{LORA_AUTO_PARAMS / 1e9:.0f}B parameters (Qwen3-4B), off for the embedded 135M model",
+    )
+    lora_r: int = Field(16, ge=1, description="LoRA rank")
+    lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha")
+    lora_dropout: float = Field(0.05, ge=0, le=1, description="LoRA dropout")
+    lora_target_modules: str = Field(
+        "all-linear", description="peft target_modules (comma list or all-linear)"
+    )
+    resample_rounds: int = Field(
+        2,
+        ge=0,
+        le=8,
+        description="dynamic sampling (DAPO): extra generations per batch that replace groups whose completions all "
+        "scored the same with fresh groups that did not (0: off; nodes.grpo_sampling)",
+    )
+    # --- generation backend
+    use_vllm: bool = Field(
+        False, description="generate GRPO completions with vLLM (GPU) instead of transformers"
+    )
+    vllm_mode: Literal["colocate", "server"] = Field("colocate", description="TRL vLLM mode when use_vllm")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="colocated vLLM's GPU share")
+    # --- SFT warm start (first stage only)
+    sft_warm_start: bool = Field(True, description="SFT on solver-optimal plans before the first GRPO stage")
+    sft_epochs: float = Field(2.0, gt=0, description="SFT passes over the warm-start examples")
+    sft_steps: int = Field(300, ge=-1, description="SFT optimiser steps; -1 or 0: use sft_epochs")
+    sft_lr: float = Field(3e-4, gt=0, description="SFT learning rate")
+    sft_batch_size: int = Field(8, ge=1, description="SFT examples per optimiser step")
+    sft_lr_scheduler: str = Field("cosine", description="SFT learning-rate schedule (transformers name: cosine, ...)")
+    sft_warmup_ratio: float = Field(0.05, ge=0, lt=1, description="SFT linear warm-up share of the steps")
+    sft_order: Literal["shuffle", "size"] = Field(
+        "shuffle", description="warm-start example order: shuffle, or size (small maps first: a curriculum)"
+    )
+    sft_train_layers: int | None = Field(
+        None, ge=0, description="top blocks trained by the warm start (0: all weights; None: train_layers)"
+    )
+    sft_bf16: bool | None = Field(None, description="bf16 autocast in the warm start (None: as bf16)")
+    sft_sizes: list[int] | None = Field(
+        [3, 4, 5],
+        description="warm start on fresh solver-optimal 2-agent instances of these grid sizes (cached: built once "
+        "per model, warm-start settings and seed; the 135M model learns small maps in minutes, not 10x10); None: "
+        "on the stage's own instances (not cached)",
+    )
+    sft_instances: int = Field(2400, ge=1, description="fresh warm-start instances generated when sft_sizes is set")
+    # --- bookkeeping
+    logging_steps: int = Field(1, ge=1, description="log to TensorBoard every this many optimiser steps")
+    log_completions: bool = Field(False, description="print sampled completions to the log (TRL)")
+    save_steps: int = Field(
+        0,
+        ge=0,
+        description="save a resumable checkpoint of the stage every N GRPO optimiser steps (weights, optimiser, "
+        "scheduler, RNG, reward state) in stage_<k>/trl/, so that a crash or stop loses at most N steps and "
+        "--resume continues the stage from there (nodes.stage_resume); 0: none",
+    )
+    # --- chat template (issue 18)
+    enable_thinking: bool | None = Field(
+        None,
+        description="Qwen3-style thinking mode of the chat template (its enable_thinking switch), the same at "
+        "training (TRL's chat_template_kwargs), prompt-length counting and every vLLM request; None: pass nothing "
+        "(the template's own default; SmolLM2's template has no such switch). True is refused by the loop: its "
+        "evaluation is greedy, which Qwen advises against in thinking mode",
+    )
+    # --- tracking (issue 20): the loop's own tracker (graph/tracking.py), one run per loop
+    report_to: str = Field(
+        "tensorboard",
+        description="where the loop logs its scalars (train/* per step, eval/* per stage, final/*) on one global "
+        "step: tensorboard (run_dir/tb), wandb (needs the wandb package: pip install 'env-engineer[wandb]'), "
+        "tensorboard,wandb, or none",
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _report_targets(cls, v: str) -> str:
+        """`tensorboard`, `wandb`, `tensorboard,wandb` (any order, spaces allowed) or `none`."""
+        parts = [p.strip().lower() for p in str(v).split(",") if p.strip()]
+        if parts == ["none"]:
+            return "none"
+        if not parts or any(p not in ("tensorboard", "wandb") for p in parts):
+            raise ValueError(f"report_to={v!r}: allowed: tensorboard, wandb, tensorboard,wandb, none")
+        return ",".join(p for p in ("tensorboard", "wandb") if p in parts)
+
+    @field_validator("sft_sizes", mode="before")
+    @classmethod
+    def _sizes_from_text(cls, v: Any) -> Any:
+        """`3,4` or `[3, 4]` (flags, environment) -> [3, 4]; `none` -> None."""
+        if isinstance(v, str):
+            text = v.strip().strip("[]").strip()
+            if text.lower() in ("none", "null"):
+                return None
+            try:
+                return [int(x) for x in text.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError(f"sft_sizes={v!r}: allowed: grid sizes as a comma list (3,4) or none") from None
+        return v
+
+    @field_validator("sft_sizes")
+    @classmethod
+    def _known_sizes(cls, v: list[int] | None) -> list[int] | None:
+        from env import SIZES
+
+        if v is not None:
+            bad = [s for s in v if s not in SIZES]
+            if not v or bad:
+                raise ValueError(f"sft_sizes={v}: allowed: a non-empty list of grid sizes from {list(SIZES)}")
+            v = sorted(set(v))
+        return v
+
+    def max_steps_or_none(self) -> int | None:
+        return self.max_steps if self.max_steps > 0 else None
+
+
+TRAIN_PRESETS: dict[str, dict[str, Any]] = {
+    # CI: a few steps, tiny completions; a stage takes well under a minute on 2 CPU cores.
+    "smoke": {
+        "instances_per_stage": 16,
+        "num_generations": 2,
+        "per_device_train_batch_size": 4,
+        "max_steps": 2,
+        "max_completion_length": 24,
+        "learning_rate": 1e-4,
+        "sft_warm_start": True,  # 2 tiny SFT steps: weights move even when every GRPO group scores the same
+        "sft_steps": 2,
+        "sft_batch_size": 2,
+        "sft_instances": 8,
+        "sft_sizes": [3],
+        "sft_lr_scheduler": "constant",
+        "sft_warmup_ratio": 0.0,
+        "max_prompt_length": 768,
+        "train_layers": 2,
+        "resample_rounds": 0,  # 24-token answers are never valid: every group scores 0, resampling finds nothing
+    },
+    # Laptop default with the embedded SmolLM2-135M (= TrainConfig's defaults): 64 instances, SFT warm start
+    # on 64 fresh 3x3 instances (20 steps x 4 plans), then 5 GRPO steps of 2 groups x 4 completions of <= 128
+    # tokens, top 8 blocks trained. Sized so that `python -m graph.run` (3 stages, evaluations on vLLM) finishes
+    # in under 30 min on 2 cores. Measured 2026-11-23 on an idle 2-core AMD EPYC: 14-17 s per 3x3 SFT step,
+    # 61-84 s per GRPO step; with 30 SFT steps and in-process evaluations the run took about 34 min (issue 6).
+    "cpu": {},
+    # The paper's scale on a GPU: Qwen3-4B, 4,000 instances, 2 epochs, LoRA, vLLM generation.
+    "paper": {
+        "prompt_style": "full",  # the paper's prompt, rules text included
+        "resample_rounds": 0,  # the paper's GRPO: every group is trained on as sampled
+        "instances_per_stage": 4000,
+        "epochs": 2.0,
+        "max_steps": -1,
+        "num_generations": 8,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 8,
+        "max_prompt_length": 2048,
+        "max_completion_length": 4096,
+        "learning_rate": 1e-5,
+        "temperature": 1.0,
+        "lora": True,
+        "lora_r": 32,
+        "lora_alpha": 64,
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "gradient_checkpointing": True,
+        "sft_warm_start": False,
+        "train_layers": 0,
+        "logging_steps": 5,
+        # Thinking off, deliberately: evaluation is greedy, and greedy decoding in Qwen3's thinking mode loops to
+        # the token cap without an <answer> (Qwen's own advice); the prompt still asks for reasoning first.
+        "enable_thinking": False,
+        # a stage is about 1,000 optimiser steps, roughly a day on one GPU: a crash loses at most 50 of them
+        "save_steps": 50,
+    },
+}
