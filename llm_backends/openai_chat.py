@@ -174,6 +174,7 @@ class OpenAIChat:
         t0 = time.monotonic()
         deadline = None if deadline_s is None else t0 + deadline_s
         abort = threading.Event()
+        failed: list[ChatError] = []  # the batch's own failure, never a request it cancelled because of it
         results: list[ChatResult | None] = [None] * len(batch)
 
         def one(messages: Messages) -> ChatResult:
@@ -182,7 +183,9 @@ class OpenAIChat:
                 budget = min(budget, deadline - time.monotonic())
             try:
                 return self._chat(messages, max_tokens, temperature, json_schema, budget, abort)
-            except ChatError:
+            except ChatError as e:
+                if not abort.is_set():
+                    failed.append(e)
                 abort.set()  # before this future completes: no later request of the batch goes out
                 raise
 
@@ -213,6 +216,8 @@ class OpenAIChat:
             abort.set()
             raise deadline_error(None) from None
         except ChatError as e:
+            # futures finished together come out of as_completed in any order: name the cause, not a cancellation
+            e = failed[0] if failed else e
             raise (deadline_error(e.cause, e.attempts) if past_deadline() else e) from None
         finally:
             # never wait for the stragglers: cancel what has not started, let in-flight attempts end alone

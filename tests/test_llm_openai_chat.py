@@ -279,6 +279,30 @@ def test_chat_batch_fails_fast_and_sends_nothing_more():
     assert chat.stats.failures == 1
 
 
+def test_chat_batch_names_the_failure_not_the_requests_it_cancelled(monkeypatch):
+    """Futures that finish together leave as_completed in any order (a loaded machine makes that common):
+    the batch's error is still the request that failed, never 'cancelled: another request of the batch failed'."""
+    import concurrent.futures as cf
+
+    import llm_backends.openai_chat as oc
+
+    def cancelled_first(fs, timeout=None):
+        cf.wait(fs, timeout=timeout)
+        yield from sorted(fs, key=lambda f: "cancelled" not in str(f.exception() or ""))
+
+    monkeypatch.setattr(oc, "as_completed", cancelled_first)
+
+    def slow(body):
+        time.sleep(0.3)
+        return "late"
+
+    with FakeOpenAI(default=slow) as srv:
+        srv.script(Fault.status_code(401, "Incorrect API key provided: sk-abc*********5678"))
+        chat = client(srv, max_concurrency=2, timeout_s=5.0)
+        with pytest.raises(ChatError, match=r"authentication failed \(401\)"):
+            chat.chat_batch([[{"role": "user", "content": str(i)}] for i in range(6)])
+
+
 def test_chat_batch_deadline_bounds_the_whole_batch():
     def answer(body):
         if body["messages"][-1]["content"].startswith("slow"):
