@@ -10,22 +10,19 @@
   Take one of these fixtures rather than a ``skipif(not vllm_available())`` mark, which would skip
   silently where vLLM is missing by accident.
   Do not stop it or reload other weights into it without restoring them: other tests share it.
-- ``smoke_grid`` (session): the smoke comparison grid of tests/smoke_grid.py (``fixed`` and ``self`` x seeds
+- ``smoke_grid`` (session): the smoke comparison grid of tests/support/smoke_grid.py (``fixed`` and ``self`` x seeds
   0 and 1, a real ``evals.compare_engineers`` run): ``(folder, config, process)``. Its ``runs/fixed-s0`` and
   ``runs/fixed-s1`` are the stage-0 donors of the loop tests that fork (pass ``smoke_grid.set_args()``).
   Read-only for every test but its own (tests/test_evals_e2e.py checks that a rerun leaves it untouched).
-- ``fake_openai``: a fresh :class:`tests.fakeopenai.FakeOpenAI` (OpenAI protocol, scripted replies and faults).
+- ``fake_openai``: a fresh :class:`tests.support.fakeopenai.FakeOpenAI` (OpenAI protocol, scripted replies and faults).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # `from fakeopenai import ...` from any test
 
 
 @pytest.fixture(scope="session")
@@ -59,14 +56,14 @@ def vllm_server(vllm_installed, embedded_model_path, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smoke_grid(tmp_path_factory):
-    from smoke_grid import run_grid
+    from tests.support.smoke_grid import run_grid
 
     return run_grid(tmp_path_factory.mktemp("compare"))
 
 
 @pytest.fixture
 def fake_openai():
-    from fakeopenai import FakeOpenAI
+    from tests.support.fakeopenai import FakeOpenAI
 
     with FakeOpenAI() as server:
         yield server

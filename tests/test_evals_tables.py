@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from evals import common, compare_engineers
+from tests.support.run_folder import snapshot
 
 # --------------------------------------------------------------------------- statistics
 
@@ -87,11 +88,6 @@ def write_config(path: Path, tmp: Path, engineers: list[str], seeds: list[int]) 
         f"runs_dir: {tmp / 'runs'}\n"
     )
     return path
-
-
-def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture

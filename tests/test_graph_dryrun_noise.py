@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,11 +17,9 @@ from env import SIZES
 from graph import run as gr
 from graph.prune import prune_older
 from nodes.context import build_settings
+from tests.support.fakeopenai import FakeOpenAI
 from tests.test_graph_settings import run_cli
 from tests.test_graph_wiring import settings_for, stub_nodes  # noqa: F401 - fixture
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fakeopenai import FakeOpenAI  # noqa: E402
 
 ENGINEER_REPLY = json.dumps({
     "rationale": "more small grids while large ones fail",

@@ -111,7 +111,7 @@ def test_dry_run_engineer_that_does_not_answer_is_one_line(tmp_path, how):
     import socket
     import time
 
-    from fakeopenai import FakeOpenAI, Fault
+    from tests.support.fakeopenai import FakeOpenAI, Fault
 
     with FakeOpenAI() as srv:
         srv.script(*[Fault.server_error() for _ in range(20)])

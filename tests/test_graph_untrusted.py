@@ -99,11 +99,7 @@ def test_a_fork_that_evaluates_stage_0_again_never_writes_into_its_donor(tmp_pat
     from graph.stage0 import check_donor, seed_from_donor
     from nodes.context import Settings
     from nodes.evaluate import evaluate_stage
-
-    try:
-        from tests.test_nodes_support import scripted_policy
-    except ImportError:
-        from test_nodes_support import scripted_policy
+    from tests.support.node_helpers import scripted_policy
 
     donor = tmp_path / "donor"
     assert gr.main(["--run-dir", str(donor), "--stages", "2", *SET]) == 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -114,7 +113,6 @@ def test_resume_does_not_call_provenance_a_settings_change(tmp_path, monkeypatch
 
 
 def test_evals_drift_ignores_provenance(tmp_path):
-    sys.path.insert(0, str(ROOT))
     from evals import common
 
     src = Path(common.__file__).read_text()

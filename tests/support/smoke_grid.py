@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # What stage 0 generates, trains and evaluates: equal for the grid and for every fork of it.
 SMOKE_SET = {"eval_limit": 4, "final_limit": 6, "eval_max_tokens": 32, "train.max_steps": 1}
