@@ -14,6 +14,8 @@
   0 and 1, a real ``evals.compare_engineers`` run): ``(folder, config, process)``. Its ``runs/fixed-s0`` and
   ``runs/fixed-s1`` are the stage-0 donors of the loop tests that fork (pass ``smoke_grid.set_args()``).
   Read-only for every test but its own (tests/test_evals_e2e.py checks that a rerun leaves it untouched).
+- ``stub_nodes`` / ``stubs``: the slow nodes of graph.graph stubbed for fast in-process runs of graph.run
+  (tests/support/graph_stubs.py): ``stubs`` records the calls and writes small real files.
 - ``fake_openai``: a fresh :class:`tests.support.fakeopenai.FakeOpenAI` (OpenAI protocol, scripted replies and faults).
 """
 
@@ -67,3 +69,38 @@ def fake_openai():
 
     with FakeOpenAI() as server:
         yield server
+
+
+@pytest.fixture
+def stub_nodes(monkeypatch):
+    """The slow nodes of graph.graph replaced by stubs that only return state (tests.support.graph_stubs)."""
+    from tests.support.graph_stubs import stub_slow_nodes
+
+    stub_slow_nodes(monkeypatch)
+
+
+@pytest.fixture
+def stubs(monkeypatch):
+    """Recording stubs of the slow nodes that write small real files (tests.support.graph_stubs.Stubs), the run
+    settings cleared from the environment (smoke preset, fixed engineer), signal handlers and stop flag restored."""
+    import signal
+
+    import graph.graph as gg
+    from graph import run as gr
+    from nodes import stop
+    from tests.support.graph_stubs import Stubs
+
+    s = Stubs()
+    for name in ("train_stage", "evaluate", "final_evaluate", "report"):
+        monkeypatch.setattr(gg, name, getattr(s, name))
+    for var in list(os.environ):
+        if var.startswith("TRAIN__") or var in gr.ENV_VARS or var.endswith("_API_KEY"):
+            monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PRESET", "smoke")
+    monkeypatch.setenv("ENGINEER", "fixed")
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop.reset()
+    yield s
+    stop.reset()
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)

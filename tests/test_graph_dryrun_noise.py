@@ -18,8 +18,7 @@ from graph import run as gr
 from graph.prune import prune_older
 from nodes.context import build_settings
 from tests.support.fakeopenai import FakeOpenAI
-from tests.test_graph_settings import run_cli
-from tests.test_graph_wiring import settings_for, stub_nodes  # noqa: F401 - fixture
+from tests.support.graph_stubs import run_cli, settings_for
 
 ENGINEER_REPLY = json.dumps({
     "rationale": "more small grids while large ones fail",

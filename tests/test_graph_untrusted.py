@@ -16,10 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_graph_runfolder import SET, files, stubs  # noqa: F401 - the fixture
-
 from env import SIZES
 from graph import run as gr
+from tests.support.graph_stubs import SET
+from tests.support.run_folder import files
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-proj-Zq8xYv7Wt6Us5Rr4Qp3Lm2"

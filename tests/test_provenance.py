@@ -15,7 +15,6 @@ from graph import provenance
 from graph import run as gr
 from graph.stage0 import compare_settings
 from nodes.context import ENV_VARS, Settings, SettingsError, build_settings
-from tests.test_graph_wiring import stub_nodes  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,6 +6,8 @@ repository root is on ``sys.path`` (pytest's ``pythonpath`` setting in pyproject
 - ``node_helpers``: small settings, a scripted chat model and policy, the engineer loop without LangGraph.
 - ``stage_child_targets``: functions ``nodes.stage_child`` runs in a child process
   (``target="tests.support.stage_child_targets:<name>"``).
+- ``graph_stubs``: the slow nodes stubbed for fast in-process graph.run tests (the ``stub_nodes`` and ``stubs``
+  fixtures), `settings_for()`, `run_cli()` (graph.run in a subprocess), `sizes()`.
 - ``run_folder``: `snapshot()` (a folder that must stay untouched, compared before and after) and
-  `train_stage_runs()` (which stages a run trained, read from graph.sqlite).
+  `train_stage_runs()` (which stages a run trained, read from graph.sqlite), `files()` (bytes only).
 """

@@ -28,3 +28,7 @@ def train_stage_runs(run_dir: Path) -> list[int]:
         return sorted(int(m.group(1)) for ln in lines if (m := re.match(r"stage (\d+): trained ", ln)))
     finally:
         conn.close()
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
