@@ -8,6 +8,7 @@ repository root is on ``sys.path`` (pytest's ``pythonpath`` setting in pyproject
   (``target="tests.support.stage_child_targets:<name>"``).
 - ``graph_stubs``: the slow nodes stubbed for fast in-process graph.run tests (the ``stub_nodes`` and ``stubs``
   fixtures), `settings_for()`, `run_cli()` (graph.run in a subprocess), `sizes()`.
+- ``golden``: the golden smoke runs and their pinned files in tests/golden/ (`python -m tests.support.golden --record`).
 - ``run_folder``: `snapshot()` (a folder that must stay untouched, compared before and after) and
   `train_stage_runs()` (which stages a run trained, read from graph.sqlite), `files()` (bytes only).
 """

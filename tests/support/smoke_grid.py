@@ -49,9 +49,10 @@ def run_config(module: str, cfg: Path, body: str) -> subprocess.CompletedProcess
     return proc
 
 
-def run_grid(tmp: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
+def run_grid(tmp: Path, engineers: str = "fixed, self") -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """The grid in `tmp` (its runs in tmp/runs); `engineers="fixed"` runs the golden runs alone (tests/support/golden.py)."""
     cfg = tmp / "compare.yaml"
     proc = run_config("evals.compare_engineers", cfg,
-                      "preset: smoke\nengineers: [fixed, self]\nseeds: [0, 1]\nbaseline: fixed\nshare_stage0: true\n"
+                      f"preset: smoke\nengineers: [{engineers}]\nseeds: [0, 1]\nbaseline: fixed\nshare_stage0: true\n"
                       f"out: {tmp / 'out'}\nruns_dir: {tmp / 'runs'}\n")
     return tmp, cfg, proc
