@@ -12,7 +12,8 @@
   Do not stop it or reload other weights into it without restoring them: other tests share it.
 - ``smoke_grid`` (session): the smoke comparison grid of tests/support/smoke_grid.py (``fixed`` and ``self`` x seeds
   0 and 1, a real ``evals.compare_engineers`` run): ``(folder, config, process)``. Its ``runs/fixed-s0`` and
-  ``runs/fixed-s1`` are the stage-0 donors of the loop tests that fork (pass ``smoke_grid.set_args()``).
+  ``runs/fixed-s1`` are the stage-0 donors of the loop tests that fork (pass ``smoke_grid.set_args()``) and
+  the golden runs of tests/test_golden.py.
   Read-only for every test but its own (tests/test_evals_e2e.py checks that a rerun leaves it untouched).
 - ``stub_nodes`` / ``stubs``: the slow nodes of graph.graph stubbed for fast in-process runs of graph.run
   (tests/support/graph_stubs.py): ``stubs`` records the calls and writes small real files.

@@ -3,7 +3,8 @@
 One real `python -m evals.compare_engineers` run on the smoke preset, engineers `fixed` and `self`, seeds 0
 and 1, stage 0 shared per seed. Its finished `fixed-s0` / `fixed-s1` runs are also the stage-0 donors
 (`graph.run --stage0-from`) of the fork, approve and SIGKILL tests, so stage 0 is trained twice in the
-suite for these five tests instead of five times.
+suite for these five tests instead of five times; and they are the golden runs (tests/test_golden.py), pinned
+without a training of their own.
 
 SMOKE_SET holds the overrides that a fork must share with its donor (graph.stage0.MAY_DIFFER lists what may
 differ): every loop test that forks from the grid passes exactly these, so the donor check accepts it.
