@@ -10,22 +10,22 @@
   Take one of these fixtures rather than a ``skipif(not vllm_available())`` mark, which would skip
   silently where vLLM is missing by accident.
   Do not stop it or reload other weights into it without restoring them: other tests share it.
-- ``smoke_grid`` (session): the smoke comparison grid of tests/smoke_grid.py (``fixed`` and ``self`` x seeds
+- ``smoke_grid`` (session): the smoke comparison grid of tests/support/smoke_grid.py (``fixed`` and ``self`` x seeds
   0 and 1, a real ``evals.compare_engineers`` run): ``(folder, config, process)``. Its ``runs/fixed-s0`` and
-  ``runs/fixed-s1`` are the stage-0 donors of the loop tests that fork (pass ``smoke_grid.set_args()``).
+  ``runs/fixed-s1`` are the stage-0 donors of the loop tests that fork (pass ``smoke_grid.set_args()``) and
+  the golden runs of tests/test_golden.py.
   Read-only for every test but its own (tests/test_evals_e2e.py checks that a rerun leaves it untouched).
-- ``fake_openai``: a fresh :class:`tests.fakeopenai.FakeOpenAI` (OpenAI protocol, scripted replies and faults).
+- ``stub_nodes`` / ``stubs``: the slow nodes of graph.graph stubbed for fast in-process runs of graph.run
+  (tests/support/graph_stubs.py): ``stubs`` records the calls and writes small real files.
+- ``fake_openai``: a fresh :class:`tests.support.fakeopenai.FakeOpenAI` (OpenAI protocol, scripted replies and faults).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # `from fakeopenai import ...` from any test
 
 
 @pytest.fixture(scope="session")
@@ -59,14 +59,49 @@ def vllm_server(vllm_installed, embedded_model_path, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smoke_grid(tmp_path_factory):
-    from smoke_grid import run_grid
+    from tests.support.smoke_grid import run_grid
 
     return run_grid(tmp_path_factory.mktemp("compare"))
 
 
 @pytest.fixture
 def fake_openai():
-    from fakeopenai import FakeOpenAI
+    from tests.support.fakeopenai import FakeOpenAI
 
     with FakeOpenAI() as server:
         yield server
+
+
+@pytest.fixture
+def stub_nodes(monkeypatch):
+    """The slow nodes of graph.graph replaced by stubs that only return state (tests.support.graph_stubs)."""
+    from tests.support.graph_stubs import stub_slow_nodes
+
+    stub_slow_nodes(monkeypatch)
+
+
+@pytest.fixture
+def stubs(monkeypatch):
+    """Recording stubs of the slow nodes that write small real files (tests.support.graph_stubs.Stubs), the run
+    settings cleared from the environment (smoke preset, fixed engineer), signal handlers and stop flag restored."""
+    import signal
+
+    import graph.graph as gg
+    from graph import run as gr
+    from nodes import stop
+    from tests.support.graph_stubs import Stubs
+
+    s = Stubs()
+    for name in ("train_stage", "evaluate", "final_evaluate", "report"):
+        monkeypatch.setattr(gg, name, getattr(s, name))
+    for var in list(os.environ):
+        if var.startswith("TRAIN__") or var in gr.ENV_VARS or var.endswith("_API_KEY"):
+            monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PRESET", "smoke")
+    monkeypatch.setenv("ENGINEER", "fixed")
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop.reset()
+    yield s
+    stop.reset()
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)

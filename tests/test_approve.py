@@ -12,7 +12,7 @@ import pytest
 
 from env import SIZES
 from graph import approve, loop, progress
-from tests.test_graph_wiring import PROPOSAL, settings_for, sizes, stub_nodes  # noqa: F401 - fixture
+from tests.support.graph_stubs import PROPOSAL, settings_for, sizes
 
 
 def _run(monkeypatch, answers: str, settings, run_dir):

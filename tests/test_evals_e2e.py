@@ -16,15 +16,12 @@ import statistics
 from pathlib import Path
 
 import pytest
-from smoke_grid import evals_cmd, run_config
+
+from tests.support.run_folder import snapshot
+from tests.support.smoke_grid import evals_cmd, run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def rates_from_raw(run_dir: Path, metric: str, keep) -> float:

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-from fakeopenai import FakeOpenAI
 
 from evals import config, grid, solve_direct
+from tests.support.fakeopenai import FakeOpenAI
 
 LIMIT = 18
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from evals import compare_engineers, grid, loop, pairs, results, stats, tables
+from tests.support.run_folder import snapshot
 
 # --------------------------------------------------------------------------- statistics
 
@@ -88,11 +89,6 @@ def write_config(path: Path, tmp: Path, engineers: list[str], seeds: list[int]) 
         f"runs_dir: {tmp / 'runs'}\n"
     )
     return path
-
-
-def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture

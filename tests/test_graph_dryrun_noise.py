@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,11 +18,8 @@ from graph import loop, progress
 from graph.prune import prune_older
 from graph.settings import build_settings
 from nodes.files import stage_dir
-from tests.test_graph_settings import run_cli
-from tests.test_graph_wiring import settings_for, stub_nodes  # noqa: F401 - fixture
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fakeopenai import FakeOpenAI  # noqa: E402
+from tests.support.fakeopenai import FakeOpenAI
+from tests.support.graph_stubs import run_cli, settings_for
 
 ENGINEER_REPLY = json.dumps({
     "rationale": "more small grids while large ones fail",

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from smoke_grid import set_args
+
+from tests.support.run_folder import snapshot, train_stage_runs
+from tests.support.smoke_grid import set_args
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -40,12 +42,6 @@ def wait_for(pred, proc: subprocess.Popen, timeout: float, what: str) -> None:
             raise AssertionError(f"run exited ({proc.returncode}) before {what}")
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
-    """Bytes and modification time of every file below `folder` (a retrain would change the mtimes)."""
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def check_finished_run(run_dir: Path, stages: int) -> None:
@@ -74,25 +70,6 @@ def stat_snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     """Size and modification time of every file below `folder`: a write (through a hard link too) changes them."""
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
             for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def train_stage_runs(run_dir: Path) -> list[int]:
-    """Stages whose train_stage node finished, one entry per finished run of the node: each finished
-    node's update is in the graph's checkpointed state (graph.sqlite), and train_stage logs one line."""
-    import re
-    import sqlite3
-
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
-    conn = sqlite3.connect(run_dir / "graph.sqlite", check_same_thread=False)
-    try:
-        saver = SqliteSaver(conn)
-        latest = saver.get_tuple({"configurable": {"thread_id": run_dir.name}})
-        assert latest is not None, "no checkpoint in graph.sqlite"
-        lines = latest.checkpoint["channel_values"].get("log") or []
-        return sorted(int(m.group(1)) for ln in lines if (m := re.match(r"stage (\d+): trained ", ln)))
-    finally:
-        conn.close()
 
 
 def test_sigkill_in_stage_1_then_resume(tmp_path, smoke_grid):

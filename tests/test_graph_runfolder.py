@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import sqlite3
-import struct
 import subprocess
 import sys
 import time
@@ -31,80 +30,10 @@ import graph.graph as gg
 from graph import run as gr
 from graph.runfolder import RunLock, checkpoint_problem, relative_to_run, resolve_in_run
 from nodes import stop
-from nodes.files import stage_dir
+from tests.support.graph_stubs import SET, Stubs
+from tests.support.run_folder import files
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def make_checkpoint(path: Path) -> None:
-    """A checkpoint folder with the files a loader needs: config.json and a valid one-tensor safetensors."""
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text('{"model_type": "stub"}\n')
-    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
-    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0\0\0\0")
-
-
-class Stubs:
-    """The slow nodes, recording every call: (node, stage, run folder, train_path the node was given)."""
-
-    def __init__(self):
-        self.calls: list[tuple] = []
-        self.crash_train_at: int | None = None  # train_stage of this stage raises (a crash)
-        self.on_train = None  # called inside train_stage (e.g. to send a signal)
-
-    def train_stage(self, state, runtime):
-        k = state["stage"]
-        self.calls.append(("train_stage", k, str(runtime.context.run_dir), state.get("train_path")))
-        if self.on_train is not None:
-            self.on_train(k)
-        if self.crash_train_at == k:
-            raise RuntimeError("simulated crash while training")
-        ckpt = stage_dir(runtime.context.run_dir, k) / "checkpoint"
-        make_checkpoint(ckpt)
-        return {"checkpoint": str(ckpt), "train_metrics": {"train/reward_mean": 0.1},
-                "log": [f"stage {k}: trained 1 GRPO steps in 0 s, reward 0.100 -> {ckpt}"]}
-
-    def evaluate(self, state, runtime):
-        k = state["stage"]
-        self.calls.append(("evaluate", k, str(runtime.context.run_dir), state.get("checkpoint")))
-        d = stage_dir(runtime.context.run_dir, k)
-        (d / "eval.jsonl").write_text(json.dumps({"id": "v0", "size": 3, "valid": True, "optimal": False,
-                                                   "failure": None, "text": "x"}) + "\n")
-        metrics = {"eval/valid_rate": 0.5, "eval/optimal_rate": 0.25}
-        (d / "metrics.json").write_text(json.dumps(metrics))
-        return {"metrics": metrics}
-
-    def final_evaluate(self, state, runtime):
-        self.calls.append(("final_evaluate", state["stage"], str(runtime.context.run_dir), None))
-        return {"final_metrics": {"final/valid_rate": 0.5}}
-
-    def report(self, state, runtime):
-        (runtime.context.run_dir / "report.md").write_text("# report\n")
-        return {"log": ["report"]}
-
-    def trained(self) -> list[int]:
-        return [c[1] for c in self.calls if c[0] == "train_stage"]
-
-
-@pytest.fixture
-def stubs(monkeypatch):
-    s = Stubs()
-    for name in ("train_stage", "evaluate", "final_evaluate", "report"):
-        monkeypatch.setattr(gg, name, getattr(s, name))
-    for var in list(os.environ):
-        if var.startswith("TRAIN__") or var in gr.ENV_VARS or var.endswith("_API_KEY"):
-            monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("PRESET", "smoke")
-    monkeypatch.setenv("ENGINEER", "fixed")
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    stop.reset()
-    yield s
-    stop.reset()
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-
-
-SET = ["--set", "train.instances_per_stage=8", "--set", "feasibility_n=4"]
 
 
 def new_run(run_dir: Path, *extra: str) -> int:
@@ -120,10 +49,6 @@ def crashed_run(tmp_path: Path, stubs: Stubs) -> Path:
     assert stubs.trained() == [0, 1]
     stubs.calls.clear()
     return run_dir
-
-
-def files(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 # ----------------------------------------------------------------------------- identity

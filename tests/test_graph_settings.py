@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from graph.settings import Settings, SettingsError, build_settings
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_cli(args: list[str], env_extra: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if not k.endswith("_API_KEY") and k not in ("ENGINEER", "PRESET", "STAGES", "RUN_DIR")}
-    env.update(env_extra)
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "graph.run", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+from tests.support.graph_stubs import run_cli
 
 
 def test_precedence_cli_over_env_over_preset():
@@ -111,7 +98,7 @@ def test_dry_run_engineer_that_does_not_answer_is_one_line(tmp_path, how):
     import socket
     import time
 
-    from fakeopenai import FakeOpenAI, Fault
+    from tests.support.fakeopenai import FakeOpenAI, Fault
 
     with FakeOpenAI() as srv:
         srv.script(*[Fault.server_error() for _ in range(20)])

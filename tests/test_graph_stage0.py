@@ -184,8 +184,8 @@ def test_stage0_from_dry_run_checks_the_donor(tmp_path):
 @pytest.mark.slow
 def test_fork_shares_stage_0_and_trains_only_later_stages(tmp_path, smoke_grid):
     """A `random`-engineer fork of the session grid's finished `fixed-s0` run (conftest ``smoke_grid``)."""
-    from smoke_grid import set_args
-    from test_graph_e2e import train_stage_runs
+    from tests.support.run_folder import train_stage_runs
+    from tests.support.smoke_grid import set_args
 
     donor, fork = smoke_grid[0] / "runs" / "fixed-s0", tmp_path / "fork"
     r = run_cli(["--run-dir", str(fork), "--engineer", "random", "--seed", "0", "--stage0-from", str(donor),

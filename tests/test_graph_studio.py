@@ -22,7 +22,6 @@ import pytest
 import graph.graph as gg
 from graph import studio
 from graph.settings import ENV_VARS, SettingsError
-from tests.test_graph_wiring import stub_nodes  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 

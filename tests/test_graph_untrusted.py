@@ -16,10 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_graph_runfolder import SET, files, stubs  # noqa: F401 - the fixture
-
 from env import SIZES
 from graph import run as gr
+from tests.support.graph_stubs import SET
+from tests.support.run_folder import files
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "sk-proj-Zq8xYv7Wt6Us5Rr4Qp3Lm2"
@@ -99,11 +99,7 @@ def test_a_fork_that_evaluates_stage_0_again_never_writes_into_its_donor(tmp_pat
     from graph.settings import Settings
     from graph.stage0 import check_donor, seed_from_donor
     from nodes.evaluate import evaluate
-
-    try:
-        from tests.test_nodes_support import runtime, scripted_policy
-    except ImportError:
-        from test_nodes_support import runtime, scripted_policy
+    from tests.support.node_helpers import runtime, scripted_policy
 
     donor = tmp_path / "donor"
     assert gr.main(["--run-dir", str(donor), "--stages", "2", *SET]) == 0

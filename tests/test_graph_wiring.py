@@ -17,57 +17,10 @@ from langgraph.errors import GraphRecursionError
 import graph.graph as gg
 from env import SIZES
 from graph import approve, loop, progress
-from graph.settings import RunContext, build_settings
-from nodes.files import stage_dir
+from graph.settings import RunContext
+from tests.support.graph_stubs import settings_for, sizes
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def sizes(data: dict[int, float], hole: float = 0.1, wait: float = 0.25) -> dict:
-    return {str(n): {"data_ratio": data.get(n, 0.0), "hole_ratio": hole, "wait_ratio": wait} for n in SIZES}
-
-
-PROPOSAL = {"sizes": sizes({3: 0.5, 4: 0.5})}
-
-
-@pytest.fixture
-def stub_nodes(monkeypatch):
-    """Stub the slow nodes in graph.graph's namespace (build_graph reads them at call time)."""
-
-    def train_stage(state, runtime):
-        k = state["stage"]
-        ckpt = stage_dir(runtime.context.run_dir, k) / "checkpoint"
-        return {"checkpoint": str(ckpt), "train_metrics": {"train/reward_mean": 0.1},
-                "log": [f"stage {k}: trained 0 GRPO steps in 0 s, reward 0.100 -> {ckpt}"]}
-
-    def evaluate(state, runtime):
-        return {"metrics": {"eval/valid_rate": 0.5, "eval/optimal_rate": 0.25}}
-
-    def summarize_failures(state, runtime):
-        return {"context": "evidence"}
-
-    def propose_config(state, runtime):
-        retry = state.get("decision") == "retry"
-        return {"proposal": PROPOSAL,
-                "rationale": "more small grids", "attempts": int(state.get("attempts") or 0) + 1 if retry else 1,
-                "log": ["stage 0: stub engineer proposed"]}
-
-    def final_evaluate(state, runtime):
-        return {"final_metrics": {"final/valid_rate": 0.5}}
-
-    def report(state, runtime):
-        return {"log": ["report"]}
-
-    for name, fn in dict(train_stage=train_stage, evaluate=evaluate, summarize_failures=summarize_failures,
-                         propose_config=propose_config, final_evaluate=final_evaluate, report=report).items():
-        monkeypatch.setattr(gg, name, fn)
-
-
-def settings_for(tmp_path: Path, **over):
-    s = build_settings({"engineer": "fixed", **{k: str(v) for k, v in over.items()}}, {"PRESET": "smoke"})
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    return s.model_copy(update={"run_dir": run_dir}), run_dir
 
 
 def test_langgraph_json_entry_compiles():

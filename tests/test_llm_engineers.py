@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 
 import pytest
-from fakeopenai import FakeOpenAI, Fault
 
 from llm_backends.base import ChatError
 from llm_backends.engineers import DEFAULTS, EngineerConfigError, check_engineer_env, open_engineer
 from llm_backends.openai_chat import OpenAIChat
+from tests.support.fakeopenai import FakeOpenAI, Fault
 
 PLANTED = "sk-planted-Zq9xW2vK7mN4pL8r"
 

@@ -8,10 +8,10 @@ import logging
 import time
 
 import pytest
-from fakeopenai import FakeOpenAI, Fault, Reply
 
 from llm_backends.base import ChatError, ChatModel, extract_json
 from llm_backends.openai_chat import OpenAIChat
+from tests.support.fakeopenai import FakeOpenAI, Fault, Reply
 
 HI = [{"role": "user", "content": "hi"}]
 KEY = "sk-test-0123456789abcdef"

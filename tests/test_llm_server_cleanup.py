@@ -71,9 +71,8 @@ def test_stop_kills_a_descendant_that_left_the_process_group(tmp_path):
 
 def test_launcher_watchdog_kills_the_group_when_its_parent_dies(tmp_path):
     """parent -> launcher stand-in (own session, running the real watchdog) -> child that left the group."""
-    launcher = textwrap.dedent(f"""
+    launcher = textwrap.dedent("""
         import os, subprocess, sys, threading, time
-        sys.path.insert(0, {str(ROOT)!r})
         from llm_backends.vllm_launch import watch_parent
         parent = os.getppid()
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
@@ -85,7 +84,8 @@ def test_launcher_watchdog_kills_the_group_when_its_parent_dies(tmp_path):
         p = subprocess.Popen([sys.executable, "-c", {launcher!r}], start_new_session=True, stdout=sys.stdout)
         time.sleep(300)
     """)
-    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})  # the launcher imports llm_backends
     launcher_pid, child = map(int, parent.stdout.readline().split())
     try:
         assert alive(launcher_pid) and alive(child)

@@ -7,11 +7,7 @@ import json
 
 from env import EnvConfig, random_config, read_jsonl, uniform_config
 from nodes.apply import apply, stage_seed
-
-try:
-    from tests.test_nodes_support import make_settings, runtime
-except ImportError:
-    from test_nodes_support import make_settings, runtime
+from tests.support.node_helpers import make_settings, runtime
 
 
 def test_first_apply_builds_stage0_from_the_random_config(tmp_path):

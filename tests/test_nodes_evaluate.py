@@ -16,11 +16,7 @@ from nodes.evaluate import (
     limit_instances,
     read_rows,
 )
-
-try:
-    from tests.test_nodes_support import make_settings, runtime, scripted_policy
-except ImportError:
-    from test_nodes_support import make_settings, runtime, scripted_policy
+from tests.support.node_helpers import make_settings, runtime, scripted_policy
 
 
 def _answer(i, inst):

@@ -16,11 +16,7 @@ from nodes.evaluate import evaluate, limit_instances
 from nodes.propose_config import propose_config
 from nodes.summarize_failures import fenced_spans, summarize_failures
 from nodes.validate_config import feasibility, validate_config
-
-try:
-    from tests.test_nodes_support import engineer_round, make_settings, runtime, scripted_policy
-except ImportError:
-    from test_nodes_support import engineer_round, make_settings, runtime, scripted_policy
+from tests.support.node_helpers import engineer_round, make_settings, runtime, scripted_policy
 
 GOOD = {"sizes": {str(s): {"data_ratio": 0.125, "hole_ratio": 0.1, "wait_ratio": 0.3} for s in range(3, 11)}}
 
@@ -107,7 +103,7 @@ def test_loop_with_an_http_engineer(tmp_path, fake_openai):
 
 
 def test_http_engineer_failure_keeps_the_config(tmp_path, fake_openai):
-    from fakeopenai import Fault
+    from tests.support.fakeopenai import Fault
 
     fake_openai.script(*[Fault.status_code(400, "bad request")] * 4)
     settings = make_settings(engineer="scripted-endpoint", engineer_base_url=fake_openai.base_url,

@@ -19,11 +19,7 @@ from nodes.validate_config import (
     config_diff,
     validate_config,
 )
-
-try:
-    from tests.test_nodes_support import ScriptedChat, engineer_round, make_settings, runtime
-except ImportError:  # tests/ is not a package: pytest puts it on sys.path
-    from test_nodes_support import ScriptedChat, engineer_round, make_settings, runtime
+from tests.support.node_helpers import ScriptedChat, engineer_round, make_settings, runtime
 
 
 def _sizes(data=0.125, hole=0.2, wait=0.4):

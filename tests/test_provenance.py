@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from graph import provenance
 from graph import run as gr
 from graph.settings import ENV_VARS, Settings, SettingsError, build_settings
 from graph.stage0 import compare_settings
-from tests.test_graph_wiring import stub_nodes  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,7 +112,6 @@ def test_resume_does_not_call_provenance_a_settings_change(tmp_path, monkeypatch
 
 
 def test_evals_drift_ignores_provenance(tmp_path):
-    sys.path.insert(0, str(ROOT))
     from evals import pairs
 
     src = Path(pairs.__file__).read_text()

@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,15 +16,13 @@ from nodes.stage_child import StageProcessError, run_in_child
 from nodes.stop import StageInterrupted
 from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
-ENV = {"PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")])}
 DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _run(tmp_path, target, **kwargs):
-    run_in_child(tmp_path / "stage_9", kwargs, label="stage 9 training", target=f"stage_child_targets:{target}",
-                 env=ENV)
+    # run_in_child puts the repository root on the child's PYTHONPATH: tests.support imports there too
+    run_in_child(tmp_path / "stage_9", kwargs, label="stage 9 training",
+                 target=f"tests.support.stage_child_targets:{target}")
 
 
 @pytest.fixture(autouse=True)
@@ -147,7 +144,7 @@ def test_a_launcher_runs_one_child_per_process_and_rank_0_reports(tmp_path):
     out = tmp_path / "ranks"
     out.mkdir()
     run_in_child(tmp_path / "stage_9", {"out_dir": str(out)}, label="stage 9 training",
-                 target="stage_child_targets:write_rank", env={**ENV, "STAGE_LAUNCHER": launcher})
+                 target="tests.support.stage_child_targets:write_rank", env={"STAGE_LAUNCHER": launcher})
     assert sorted(p.name for p in out.iterdir()) == ["rank0", "rank1"]
     assert (out / "rank1").read_text() == "2"
     logs = tmp_path / "stage_9" / "logs"

@@ -15,7 +15,7 @@ import graph.graph as gg
 from graph import loop, preflight, tracking
 from graph.settings import SettingsError, build_settings
 from nodes.files import stage_dir
-from tests.test_graph_wiring import settings_for, stub_nodes  # noqa: F401 - fixture
+from tests.support.graph_stubs import settings_for
 
 STEPS = {0: 3, 1: 2, 2: 4}
 

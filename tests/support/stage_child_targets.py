@@ -1,5 +1,5 @@
-"""Targets for tests/test_stage_child.py, run by `nodes.stage_child` in a child process (importable from
-tests/ through the PYTHONPATH the tests pass)."""
+"""Targets for tests/test_stage_child.py, run by `nodes.stage_child` in a child process as
+`tests.support.stage_child_targets:<name>` (run_in_child puts the repository root on the child's PYTHONPATH)."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 One real `python -m evals.compare_engineers` run on the smoke preset, engineers `fixed` and `self`, seeds 0
 and 1, stage 0 shared per seed. Its finished `fixed-s0` / `fixed-s1` runs are also the stage-0 donors
 (`graph.run --stage0-from`) of the fork, approve and SIGKILL tests, so stage 0 is trained twice in the
-suite for these five tests instead of five times.
+suite for these five tests instead of five times; and they are the golden runs (tests/test_golden.py), pinned
+without a training of their own.
 
 SMOKE_SET holds the overrides that a fork must share with its donor (graph.stage0.MAY_DIFFER lists what may
 differ): every loop test that forks from the grid passes exactly these, so the donor check accepts it.
@@ -16,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # What stage 0 generates, trains and evaluates: equal for the grid and for every fork of it.
 SMOKE_SET = {"eval_limit": 4, "final_limit": 6, "eval_max_tokens": 32, "train.max_steps": 1}
@@ -49,9 +50,10 @@ def run_config(module: str, cfg: Path, body: str) -> subprocess.CompletedProcess
     return proc
 
 
-def run_grid(tmp: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
+def run_grid(tmp: Path, engineers: str = "fixed, self") -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """The grid in `tmp` (its runs in tmp/runs); `engineers="fixed"` runs the golden runs alone (tests/support/golden.py)."""
     cfg = tmp / "compare.yaml"
     proc = run_config("evals.compare_engineers", cfg,
-                      "preset: smoke\nengineers: [fixed, self]\nseeds: [0, 1]\nbaseline: fixed\nshare_stage0: true\n"
+                      f"preset: smoke\nengineers: [{engineers}]\nseeds: [0, 1]\nbaseline: fixed\nshare_stage0: true\n"
                       f"out: {tmp / 'out'}\nruns_dir: {tmp / 'runs'}\n")
     return tmp, cfg, proc
