@@ -136,9 +136,7 @@ def main(argv: list[str] | None, *, prog: str, description: str, model: type[Loo
         cfg, arms, title = plan(retarget_from_args(load_config(args.config, model), args))
         return run_loop_eval(arms=arms, cfg=cfg, config_path=args.config, arm_header=arm_header, title=title,
                              dry_run=args.dry_run, tables_only=args.tables_only)
-    except EvalConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
-        return 130
+    except (EvalConfigError, KeyboardInterrupt) as e:
+        stopped = isinstance(e, KeyboardInterrupt)
+        print("\ninterrupted; rerun the same command to resume" if stopped else f"error: {e}", file=sys.stderr)
+        return 130 if stopped else 2

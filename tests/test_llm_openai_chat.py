@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import logging
@@ -259,16 +260,22 @@ def test_chat_batch_keeps_order_and_bounds_concurrency():
     assert peak <= 4 and elapsed < 8 * 0.3 * 0.75  # overlapped, 4 at a time
 
 
-def test_chat_batch_fails_fast_and_sends_nothing_more():
-    """A fatal error on one request ends the batch at once; requests not yet started are never sent."""
+@contextlib.contextmanager
+def batch_with_bad_key(answer_s: float):
+    """A server refusing the first request (401, a bad key) while every other takes `answer_s` seconds."""
 
     def slow(body):
-        time.sleep(1.5)
+        time.sleep(answer_s)
         return "late"
 
     with FakeOpenAI(default=slow) as srv:
         srv.script(Fault.status_code(401, "Incorrect API key provided: sk-abc*********5678"))
-        chat = client(srv, max_concurrency=2, timeout_s=5.0)
+        yield srv, client(srv, max_concurrency=2, timeout_s=5.0)
+
+
+def test_chat_batch_fails_fast_and_sends_nothing_more():
+    """A fatal error on one request ends the batch at once; requests not yet started are never sent."""
+    with batch_with_bad_key(1.5) as (srv, chat):
         batch = [[{"role": "user", "content": str(i)}] for i in range(8)]
         t0 = time.monotonic()
         with pytest.raises(ChatError, match=r"authentication failed \(401\)"):
@@ -291,14 +298,7 @@ def test_chat_batch_names_the_failure_not_the_requests_it_cancelled(monkeypatch)
         yield from sorted(fs, key=lambda f: "cancelled" not in str(f.exception() or ""))
 
     monkeypatch.setattr(oc, "as_completed", cancelled_first)
-
-    def slow(body):
-        time.sleep(0.3)
-        return "late"
-
-    with FakeOpenAI(default=slow) as srv:
-        srv.script(Fault.status_code(401, "Incorrect API key provided: sk-abc*********5678"))
-        chat = client(srv, max_concurrency=2, timeout_s=5.0)
+    with batch_with_bad_key(0.3) as (_, chat):
         with pytest.raises(ChatError, match=r"authentication failed \(401\)"):
             chat.chat_batch([[{"role": "user", "content": str(i)}] for i in range(6)])
 
