@@ -1,4 +1,4 @@
-"""evals/solve_direct.py against the scripted OpenAI-compatible server (tests/fakeopenai.py): a server that
+"""evals/solve_direct.py against the scripted OpenAI-compatible server (tests/support/fakeopenai.py): a server that
 answers every benchmark prompt with the solver's optimal plan scores 100% valid and optimal; an unset key
 is a visible skip; a rerun asks only what is missing."""
 

@@ -4,7 +4,7 @@ Ctrl-C (SIGINT, with the vLLM policy server up) in the middle of stage 1, each r
 The SIGKILL and approve runs take their stage 0 from the session's smoke grid (conftest ``smoke_grid``,
 `--stage0-from`): what they test happens after stage 0. SIGINT trains its own: its policy answers on vLLM,
 a setting a fork must share with its donor, and keeps the unshrunk smoke preset. SIGKILL and approve use the
-grid's shrink overrides (tests/smoke_grid.py)."""
+grid's shrink overrides (tests/support/smoke_grid.py)."""
 
 from __future__ import annotations
 
