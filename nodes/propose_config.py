@@ -396,5 +396,6 @@ def _ask(
         model=settings.engineer_model,
         base_url=settings.engineer_base_url,
         keep_server=settings.keep_server,
+        dtype=settings.policy_dtype,
     ) as m:
         return call(m)

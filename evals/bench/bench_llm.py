@@ -8,7 +8,8 @@ Prompts are ``env.render_prompt`` of ``n`` instances taken at an even stride acr
 ``env.load_split("val")`` (it is sorted by grid size, so the first ``n`` would be the small grids only); when
 the split is not built, instances from ``env.generate(uniform_config(), n, seed=0)``; when env/ is unusable,
 plain text prompts (the output says which). Generation is greedy with ``max_tokens`` per answer on both
-backends: fp32 weights (vLLM ``--dtype float32``, ``--enforce-eager``), all prompts submitted at once (vLLM:
+backends: fp32 weights in-process; vLLM in ``--vllm-dtype`` (default: the dtype the cpu preset serves on this
+machine, ``Settings.policy_dtype``) with ``--enforce-eager``; all prompts submitted at once (vLLM:
 ``--concurrency`` requests in flight; in-process: ``--batch-size`` prompts per ``generate``; 16 each).
 Start-up (server start / weight loading) and the same warm-up on both (``--warmup`` prompts of the batch,
 8 tokens each, as one batch) are timed apart and not counted in answers per second.
@@ -120,16 +121,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--prompt-style", default="compact", choices=("full", "compact"),
                    help="policy prompt (the cpu preset's is compact; the paper's is full)")
-    p.add_argument("--vllm-dtype", default="float32", choices=("float32", "bfloat16"),
-                   help="vLLM weights dtype (float32 matches transformers' greedy answers)")
+    p.add_argument("--vllm-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                   help="vLLM weights dtype; auto: what the cpu preset serves here (Settings.policy_dtype: bfloat16 "
+                        "on a CPU with AMX, else float32; float32 matches transformers' greedy answers)")
     p.add_argument("--compiled", action="store_true", help="vLLM without --enforce-eager (torch.compile)")
     p.add_argument("--json", type=Path, help="write the figures here too")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
     from llm_backends.models import resolve_model
-    from llm_backends.vllm_server import vllm_available
+    from llm_backends.vllm_server import resolve_serving_dtype, vllm_available
 
+    if args.vllm_dtype == "auto" and vllm_available():
+        args.vllm_dtype = resolve_serving_dtype("auto")
     model = resolve_model(args.model)
     prompts, source = validation_prompts(args.n, args.prompt_style)
     system = [{"role": "system", "content": ""}] if args.prompt_style == "compact" else []
