@@ -37,9 +37,12 @@ def test_error_echo_is_capped_and_free_of_control_characters(tmp_path, capsys):
 def test_ctrl_c_is_one_line_and_leaves_no_output(tmp_path):
     out = tmp_path / "big.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # SIGINT as a terminal leaves it, even when the suite itself runs in the background (`cmd &` in a
+    # non-interactive shell starts with SIGINT ignored, and a child inherits that: Ctrl-C would be lost)
     proc = subprocess.Popen([sys.executable, "-m", "env", "generate", "--config", "random", "--n", "200000",
                              "--seed", "0", "--workers", "2", "--out", str(out)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(3)
     os.killpg(proc.pid, signal.SIGINT)  # the whole group, like a terminal's Ctrl-C: workers get it too
     _, err = proc.communicate(timeout=60)

@@ -176,10 +176,12 @@ def test_approve_lets_a_person_replace_the_proposal(tmp_path, smoke_grid):
 def test_cpu_preset_end_to_end_through_the_stage_child(tmp_path):
     """The cpu preset (compact prompt, cached SFT warm start, dynamic sampling, vLLM evaluation and
     self-engineer) runs end to end with every stage trained in its own child process (issue 18), shrunk in
-    length only: 2 stages, 1 GRPO step each, a 2-step warm start in a cache of its own."""
+    length only: 2 stages, 1 GRPO step each of completions of at most 48 tokens, a 2-step warm start in a cache of
+    its own, 12 answers of at most 64 tokens per evaluation."""
     run_dir = tmp_path / "cpu-run"
     args = ["--preset", "cpu", "--run-dir", str(run_dir), "--set", "stages=2", "--set", "eval_limit=12",
-            "--set", "final_limit=6", "--set", "train.max_steps=1", "--set", "train.sft_steps=2",
+            "--set", "final_limit=6", "--set", "eval_max_tokens=64", "--set", "train.max_steps=1",
+            "--set", "train.max_completion_length=48", "--set", "train.sft_steps=2",
             "--set", "train.sft_instances=16", "--set", "engineer_max_attempts=1"]
     log = tmp_path / "run.log"
     proc = start_run(args, {"ENV_ENGINEER_CACHE": str(tmp_path / "cache")}, log)
