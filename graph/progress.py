@@ -150,12 +150,9 @@ def describe_update(node: str, update: dict[str, Any], state: dict[str, Any]) ->
             return f"[stage {stage}] engineer proposal: {decision} ({diff_summary(diff)})"
         extra = "; ".join(update.get("feedback") or [])[:200]
         return f"[stage {stage}] engineer proposal: {decision}" + (f" ({extra})" if extra and decision == "retry" else "")
-    if node == "propose_config":
-        # the reply's length is only in the node's log line: propose_config returns no count of its own
-        logged = (update.get("log") or [""])[-1]
-        what = logged.split(": ", 1)[-1].split("; ", 1)[0]
+    if node == "propose_config":  # the reply's length and notes stay in the node's log (progress.txt)
         found = "found a config" if update.get("proposal") is not None else "no usable config"
-        return f"[stage {stage}] {what}: {found}"
+        return f"[stage {stage}] engineer replied (attempt {update.get('attempts', '?')}): {found}"
     if node == "apply":
         return f"[stage {stage}] training set ready: {update.get('train_path', '')}"
     if node == "train_stage":
