@@ -179,7 +179,7 @@ def _arch(path: Path) -> tuple:
 
 
 def _kept_client(path, adapter, log_path, base_model, served_name, max_concurrency, dtype=None, **client_kw):
-    from llm_backends.vllm_server import VLLMServer
+    from llm_backends.vllm_server import VLLMServer, resolve_serving_dtype
 
     weights = path if adapter is None else adapter_base(path, base_model)
     server = _KEPT.get("server")
@@ -187,7 +187,7 @@ def _kept_client(path, adapter, log_path, base_model, served_name, max_concurren
         server is not None
         and server.running
         and _arch(server.model_path) == _arch(weights)
-        and (dtype is None or server.dtype == dtype)
+        and (dtype is None or server.dtype == resolve_serving_dtype(dtype))  # "auto" as the server resolved it
         and (adapter is None or (server.enable_lora and server.max_lora_rank >= lora_rank(adapter)))
     )
     if not usable:

@@ -69,7 +69,7 @@ def test_open_policy_and_the_kept_server_use_the_settings_dtype(tmp_path, monkey
 
     class FakeServer:
         def __init__(self, model, *, log_path, dtype=None, **kw):
-            self.model_path, self.dtype, self.running = model, dtype, True
+            self.model_path, self.dtype, self.running = model, dtype and vs.resolve_serving_dtype(dtype), True
             self.enable_lora, self.max_lora_rank = kw.get("enable_lora", False), kw.get("max_lora_rank", 16)
             self.model_name = "kept"
             started.append(dtype)
@@ -93,14 +93,18 @@ def test_open_policy_and_the_kept_server_use_the_settings_dtype(tmp_path, monkey
             pass
 
     monkeypatch.setattr(vs, "VLLMServer", FakeServer)
+    monkeypatch.setattr(vs, "is_cpu_build", lambda: True)
+    monkeypatch.setattr(vs, "cpu_has_amx", lambda cpuinfo="/proc/cpuinfo": True)
     monkeypatch.setattr(lp, "resolve_model", lambda w: tmp_path)
     monkeypatch.setattr(lp, "_arch", lambda path: ("same",))
     monkeypatch.setattr(lp, "_point_to", lambda *a: None)
     (tmp_path / "config.json").write_text("{}")
     with lp.open_policy(str(tmp_path), "vllm", tmp_path, dtype="bfloat16", keep_server=False):
         pass
-    for dtype in ("bfloat16", "bfloat16", "float32"):
+    for dtype in ("bfloat16", "bfloat16", "float32", "auto", "auto", "bfloat16"):
         with lp.open_policy(str(tmp_path), "vllm", tmp_path, dtype=dtype, keep_server=True):
             pass
     lp._KEPT.clear()
-    assert started == ["bfloat16", "bfloat16", "float32"]  # one plain server, then kept: reused once, replaced once
+    # one plain server; then kept: reused, replaced by float32, replaced by "auto" (bf16 here), which is then
+    # reused for "auto" and for "bfloat16" alike: the kept server is compared by the dtype it resolved to
+    assert started == ["bfloat16", "bfloat16", "float32", "auto"]

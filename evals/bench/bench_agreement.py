@@ -9,7 +9,7 @@ from the fp32 policy that training produced. This bench answers the same instanc
 own prompt (``compact``) and token cap, three ways: in-process transformers fp32 (the reference: the
 policy as trained), vLLM fp32 (the preset's old serving) and vLLM bf16. It prints, per backend: the valid
 and optimal rate with a Wilson 95 % interval, how many answers are the same text as the reference, how many
-get the same verdict (valid/invalid), and the paired difference in valid rate with its own interval.
+get the same verdict (valid/invalid), and the paired difference in valid rate with its Student-t 95 % interval (`evals.stats`).
 A serving dtype is fit for the per-stage evaluation when its verdicts agree with the reference about as
 often as vLLM fp32's do and its valid rate is within the evaluation's noise.
 """
@@ -18,30 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of k successes in n (as fractions): it stays within [0, 1]."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, mid - half), min(1.0, mid + half))
-
-
-def paired_diff(a: list[bool], b: list[bool], z: float = 1.96) -> tuple[float, float, float]:
-    """Mean of b - a over paired items, with a normal 95 % interval (in fractions)."""
-    d = [int(y) - int(x) for x, y in zip(a, b, strict=True)]
-    n = len(d)
-    mean = sum(d) / n
-    var = sum((v - mean) ** 2 for v in d) / max(1, n - 1)
-    half = z * math.sqrt(var / n)
-    return mean, mean - half, mean + half
 
 
 def answer(instances, backend: str, checkpoint: str, dtype: str, max_tokens: int, batch: int, log_dir: Path):
@@ -70,6 +48,7 @@ def answer(instances, backend: str, checkpoint: str, dtype: str, max_tokens: int
 
 def main(argv: list[str] | None = None) -> int:
     from env import load_split
+    from evals.stats import mean_ci, wilson
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the figures and every verdict here")
     p.add_argument("--log-dir", type=Path, default=Path("logs"), help="vLLM server logs")
     args = p.parse_args(argv)
-    if args.n is not None and args.n < 1:
-        p.error(f"--n {args.n}: allowed: a positive number of instances")
+    if args.n is not None and args.n < 2:
+        p.error(f"--n {args.n}: allowed: 2 or more instances (the paired difference needs an interval)")
 
     checkpoint = args.checkpoint
     if checkpoint is None:
@@ -114,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         opt = sum(bool(r.get("optimal")) for r in rows)
         same_text = sum(a["text"] == b["text"] for a, b in zip(ref, rows, strict=True))
         same_verdict = sum(a["valid"] == b["valid"] for a, b in zip(ref, rows, strict=True))
-        d, dlo, dhi = paired_diff([r["valid"] for r in ref], [r["valid"] for r in rows])
+        paired = mean_ci([int(b["valid"]) - int(a["valid"]) for a, b in zip(ref, rows, strict=True)])
+        d, dlo, dhi = paired["mean"], paired["low"], paired["high"]
         rate = n / run["seconds"]
         print(f"{name:<22}{f'{100 * k / n:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]':>20}{100 * opt / n:>11.1f}"
               f"{f'{same_text}/{n}':>11}{f'{same_verdict}/{n}':>14}"
