@@ -1,6 +1,6 @@
 """MAPF-FrozenLake: a multi-agent path-finding testbed for LLM reasoning (the rulebook).
 
-ENV_VERSION = "1.0.0"
+ENV_VERSION = "1.1.0"
 
 Description
     A square frozen lake of size 3..10 with ice cells (``F``) and holes (``H``). 1 to 5 agents each
@@ -42,11 +42,19 @@ Validity checks
     illegal_move, conflict, goal_not_reached, wrong_start, agent_count, hole, out_of_bounds). They are
     evaluated in the order parse_error, agent_count, wrong_start, out_of_bounds, hole, illegal_move,
     goal_not_reached, conflict (`CHECK_ORDER`), and the first failing one is the verdict's `failure`.
-    Optimal = valid and cost == optimal_cost.
+    Optimal = valid and at the optimum of the chosen criterion (`verify(..., criterion=)`): ``soc`` (the
+    default: sum of costs, cost == optimal_cost, the stored plan's optimum) or ``makespan`` (the paper's
+    "makespan-optimal": makespan == optimal_makespan; the loop's default, `train.optimality`). Every
+    verdict carries both optima and both of the plan's figures.
 
 Version history
     1.0.0  first release: 8 sizes, 1-5 agents, sum of costs with agents staying on goals, the answer
            format above, the paper's reward; benchmark splits val, val-mini, test, test-mini.
+    1.1.0  the paper's held-out protocol: ``test`` keeps the paper's cells (3,150; size >= agents), the other
+           450 move to ``test-extra``, ``test-mini`` follows (63), ``test-cpu`` is new; every instance stores
+           its optimal makespan (`optimal_makespan`) beside its optimal sum of costs; verdicts and the reward
+           take an optimality criterion (sum of costs by default; the loop's rewards, evaluations and tables
+           use the makespan by default).
 """
 
 from .benchmark import list_splits, load_split
@@ -59,7 +67,7 @@ from .reward import RewardState, accuracy_reward, length_reward, total_reward
 from .solver import Plan, SolverBudgetExceeded, Unsolvable, solve
 from .verify import CHECK_ORDER, FAILURES, Verdict, plan_text, verify
 
-ENV_VERSION = "1.0.0"
+ENV_VERSION = "1.1.0"
 
 __all__ = [
     "CHECK_ORDER",

@@ -257,18 +257,19 @@ def cmd_verify(a) -> int:
     total_acc = 0.0
     for ans in answers:
         inst = instances[ans["id"]]
-        v = verify(inst, ans["text"])
+        v = verify(inst, ans["text"], a.criterion)
         valid += v.valid
         optimal += v.optimal
         acc = accuracy_reward(v)
         total_acc += acc
         per_size[inst.size][v.failure or "valid"] += 1
         rows.append(dumps({"id": inst.id, "valid": v.valid, "optimal": v.optimal, "failure": v.failure,
-                           "cost": v.cost, "optimal_cost": v.optimal_cost, "reward": acc,
+                           "cost": v.cost, "optimal_cost": v.optimal_cost, "makespan": v.makespan,
+                           "optimal_makespan": v.optimal_makespan, "criterion": v.criterion, "reward": acc,
                            "details": v.details}))
     atomic_write_lines(a.out, rows)
     n = len(answers)
-    print(f"{n} answers: valid {valid / n if n else 0:.3f}, optimal {optimal / n if n else 0:.3f}, "
+    print(f"{n} answers: valid {valid / n if n else 0:.3f}, optimal ({a.criterion}) {optimal / n if n else 0:.3f}, "
           f"mean reward {total_acc / n if n else 0:.3f} (R_acc, the accuracy part; no length term)")
     cols = ["valid", *FAILURES]
     print("size " + " ".join(f"{c:>16}" for c in cols))
@@ -404,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "cost gap), not the length-weighted total used in training.")
     v.add_argument("--instances", required=True, help="instances .jsonl (from generate or benchmark)")
     v.add_argument("--answers", required=True, help='answers .jsonl: {"id": ..., "text": ...} per line')
+    v.add_argument("--criterion", choices=("soc", "makespan"), default="soc",
+                   help="what optimal means: soc (sum of costs, the default) or makespan (the paper's \"makespan-optimal\")")
     v.add_argument("--out", required=True,
                    help="verdicts .jsonl; `reward` there is R_acc (accuracy part only, no length term); "
                         "a summary goes to stdout")

@@ -9,12 +9,21 @@ Splits (`list_splits()`):
 - ``val-small``: 2 agents, sizes 3, 4 and 5 x 50 (150), drawn like ``val`` from a seed of its own: the
   per-stage evaluation of CPU runs, where a 135M policy learns on small maps. 150 answers resolve a change
   of about 5 points in the valid rate where ``val-mini``'s 24 cannot.
-- ``test``: the held-out suite: 3, 4 and 5 agents x wait ratio 0.25 / 0.50 / 0.75 x sizes 3..10 x 50
-  instances, hole ratios cycling 0.1..0.5 within each size (capped by `max_hole_ratio(size, agents)`:
-  with 5 agents a 3x3 map has no holes, for example). Each instance has ``tags`` {"agents", "wait",
-  "hole"}. Where a subset cannot reach its wait ratio (5 agents on a 3x3 map almost always need waits),
-  the shortfall is recorded in ``env/data/build.json``.
-- ``test-mini``: one ``test`` instance per (agents, wait, size) stratum (72), for CPU runs.
+- ``test``: the held-out suite in the paper's protocol: 3 agents on sizes 3..10, 4 agents on 4..10 and
+  5 agents on 5..10 (the paper's cells: size >= agents), 150 instances per (agents, size) cell, 50 per
+  wait ratio 0.25 / 0.50 / 0.75 (3,150 in all); hole ratios cycling 0.1..0.5 within each size (capped by
+  `max_hole_ratio(size, agents)`). Each instance has ``tags`` {"agents", "wait", "hole"}. Where a subset
+  cannot reach its wait ratio, the shortfall is recorded in ``env/data/build.json``.
+- ``test-extra``: the cells outside the paper's protocol, drawn with the same seeds: 4 agents on 3x3 and
+  5 agents on 3x3 and 4x4 (450). Until env 1.1.0 they were part of ``test``.
+- ``test-mini``: one ``test`` instance per (agents, wait, size) stratum (63), for CPU runs.
+- ``test-cpu``: held out at CPU scale, where a 135M policy is not at 0: 2 and 3 agents x wait ratio
+  0.25 / 0.50 / 0.75 x sizes 3, 4, 5 x 50 (150 per (agents, size) column, 900 in all), from a seed of its own.
+
+Every instance stores both optima, each from an exact search: ``optimal_cost`` (sum of costs) and
+``optimal_makespan`` (the latest arrival; the paper's "makespan-optimal"). The held-out splits search the
+makespan with a budget large enough that no draw is dropped for it, so ``test`` keeps the instances of env
+1.0.0, with one field more.
 
 Every file's sha256 is in ``env/data/checksums.sha256`` and is checked on load; a mismatch raises
 `BenchmarkIntegrityError`. Rebuilding is a deliberate act: ``python -m env benchmark --build``.
@@ -47,13 +56,26 @@ TEST_WAITS = (0.25, 0.5, 0.75)
 TEST_PER_SIZE = 50
 HOLE_CYCLE = (0.1, 0.2, 0.3, 0.4, 0.5)
 TEST_MAX_TRIES = 40
+TEST_CPU_SEED = 2003
+TEST_CPU_AGENTS = (2, 3)
+TEST_CPU_SIZES = (3, 4, 5)
+BENCH_MAKESPAN_NODES = 300_000  # optimal-makespan search budget per held-out draw (a draw past it is redrawn)
+
+
+def paper_cell(agents: int, size: int) -> bool:
+    """The paper's held-out cells: 3 agents on 3x3-10x10, 4 on 4x4-10x10, 5 on 5x5-10x10 (size >= agents)."""
+    return size >= agents
+
 
 SPLITS = {
     "val": "2 agents, sizes 3..10 x 25 (200), hole ratios 0.1-0.5, half need a wait",
     "val-mini": "2 agents, first 8 val instances of sizes 3, 4, 5 (24)",
     "val-small": "2 agents, sizes 3, 4, 5 x 50 (150), own seed: the per-stage evaluation of CPU runs",
-    "test": "held-out: 3/4/5 agents x wait 0.25/0.50/0.75 x sizes 3..10 x 50, hole ratios 0.1-0.5",
-    "test-mini": "one test instance per (agents, wait, size) stratum (72)",
+    "test": "held-out, the paper's protocol: 3 agents x sizes 3..10, 4 x 4..10, 5 x 5..10; 150 per cell (50 per "
+            "wait ratio 0.25/0.50/0.75), hole ratios 0.1-0.5 (3,150)",
+    "test-extra": "held-out cells outside the paper's protocol: 4 agents on 3x3, 5 agents on 3x3 and 4x4 (450)",
+    "test-mini": "one test instance per (agents, wait, size) stratum (63)",
+    "test-cpu": "held-out at CPU scale: 2 and 3 agents x wait 0.25/0.50/0.75 x sizes 3, 4, 5 x 50 (900), own seed",
 }
 
 
@@ -162,7 +184,10 @@ def build_val_small(data_dir: str | Path | None = None, workers: int | None = No
     return insts
 
 
-def test_tasks(agents=TEST_AGENTS, waits=TEST_WAITS, sizes=SIZES, per_size=TEST_PER_SIZE) -> list[tuple]:
+def test_tasks(agents=TEST_AGENTS, waits=TEST_WAITS, sizes=SIZES, per_size=TEST_PER_SIZE, seed: int = TEST_SEED,
+               prefix: str = "test") -> list[tuple]:
+    """Every held-out task of `agents` x `waits` x `sizes` x `per_size`, indexed (and seeded) in that order;
+    each carries the makespan search budget `BENCH_MAKESPAN_NODES`."""
     tasks = []
     for k in agents:
         for w in waits:
@@ -170,9 +195,38 @@ def test_tasks(agents=TEST_AGENTS, waits=TEST_WAITS, sizes=SIZES, per_size=TEST_
                 for j in range(per_size):
                     idx = len(tasks)
                     hole = min(HOLE_CYCLE[j % len(HOLE_CYCLE)], max_hole_ratio(s, k))
-                    tasks.append((idx, s, hole, _spread(j, per_size, w), k, slot_seed(TEST_SEED, idx),
-                                  TEST_MAX_TRIES, f"test-a{k}-w{int(w * 100):02d}-s{s}-{j:02d}"))
+                    tasks.append((idx, s, hole, _spread(j, per_size, w), k, slot_seed(seed, idx),
+                                  TEST_MAX_TRIES, f"{prefix}-a{k}-w{int(w * 100):02d}-s{s}-{j:02d}",
+                                  BENCH_MAKESPAN_NODES))
     return tasks
+
+
+def test_cpu_tasks() -> list[tuple]:
+    return test_tasks(TEST_CPU_AGENTS, TEST_WAITS, TEST_CPU_SIZES, TEST_PER_SIZE, TEST_CPU_SEED, "tcpu")
+
+
+def _held_out(tasks: list[tuple], results: list, waits=TEST_WAITS) -> tuple[list[Instance], dict]:
+    """The instances of `tasks` tagged {agents, wait, hole}, and per (agents, wait) subset what was asked and made."""
+    insts: list[Instance] = []
+    subsets: dict[str, dict] = {}
+    per_wait = len(tasks) // (len({t[4] for t in tasks}) * len(waits))  # tasks run agents, then wait, then size
+    for task, (_, inst, info) in zip(tasks, results, strict=True):
+        _, s, hole, wants, k = task[:5]
+        w = waits[(task[0] // per_wait) % len(waits)]
+        key = f"a{k}-w{int(w * 100):02d}"
+        st = subsets.setdefault(key, {"asked": 0, "produced": 0, "asked_wait": 0, "needs_wait": 0,
+                                      "wait_shortfall": 0, "nowait_shortfall": 0, "tries": 0})
+        st["asked"] += 1
+        st["asked_wait"] += int(wants)
+        st["tries"] += info["tries"]
+        if inst is None:
+            continue
+        st["produced"] += 1
+        st["needs_wait"] += int(inst.needs_wait)
+        if info["missed"]:
+            st["wait_shortfall" if wants else "nowait_shortfall"] += 1
+        insts.append(_tag(inst, agents=k, wait=w, hole=hole))
+    return insts, subsets
 
 
 def _tag(inst: Instance, **tags) -> Instance:
@@ -195,28 +249,12 @@ def build(data_dir: str | Path | None = None, workers: int | None = None, log=pr
 
     t1 = time.perf_counter()
     tasks = test_tasks()
-    results = run_tasks(tasks, workers)
-    test: list[Instance] = []
-    subsets: dict[str, dict] = {}
-    for task, (_, inst, info) in zip(tasks, results, strict=True):
-        _, s, hole, wants, k, _, _, _ = task
-        w = TEST_WAITS[(task[0] // (len(SIZES) * TEST_PER_SIZE)) % len(TEST_WAITS)]
-        key = f"a{k}-w{int(w * 100):02d}"
-        st = subsets.setdefault(key, {"asked": 0, "produced": 0, "asked_wait": 0, "needs_wait": 0,
-                                      "wait_shortfall": 0, "nowait_shortfall": 0, "tries": 0})
-        st["asked"] += 1
-        st["asked_wait"] += int(wants)
-        st["tries"] += info["tries"]
-        if inst is None:
-            continue
-        st["produced"] += 1
-        st["needs_wait"] += int(inst.needs_wait)
-        if info["missed"]:
-            st["wait_shortfall" if wants else "nowait_shortfall"] += 1
-        test.append(_tag(inst, agents=k, wait=w, hole=hole))
+    held, subsets = _held_out(tasks, run_tasks(tasks, workers))
+    test = [i for i in held if paper_cell(i.num_agents, i.size)]
+    extra = [i for i in held if not paper_cell(i.num_agents, i.size)]
     report["splits"]["test"] = {"seconds": round(time.perf_counter() - t1, 1), "count": len(test),
-                                "subsets": subsets}
-    log(f"test: {len(test)} instances in {time.perf_counter() - t1:.1f}s")
+                                "extra": len(extra), "subsets": subsets}
+    log(f"test: {len(test)} instances (+{len(extra)} in test-extra) in {time.perf_counter() - t1:.1f}s")
     seen: set[tuple] = set()
     test_mini = []
     for i in test:
@@ -224,10 +262,17 @@ def build(data_dir: str | Path | None = None, workers: int | None = None, log=pr
         if key not in seen:
             seen.add(key)
             test_mini.append(i)
+    t2 = time.perf_counter()
+    cpu_tasks = test_cpu_tasks()
+    test_cpu, cpu_subsets = _held_out(cpu_tasks, run_tasks(cpu_tasks, workers))
+    report["splits"]["test-cpu"] = {"seconds": round(time.perf_counter() - t2, 1), "count": len(test_cpu),
+                                    "subsets": cpu_subsets}
+    log(f"test-cpu: {len(test_cpu)} instances in {time.perf_counter() - t2:.1f}s")
     vs_tasks = val_small_tasks()
     val_small = [_tag(inst, agents=2, hole=task[2]) for task, (_, inst, _)
                  in zip(vs_tasks, run_tasks(vs_tasks, workers), strict=True) if inst is not None]
-    files = {"val": val, "val-mini": mini, "val-small": val_small, "test": test, "test-mini": test_mini}
+    files = {"val": val, "val-mini": mini, "val-small": val_small, "test": test, "test-extra": extra,
+             "test-mini": test_mini, "test-cpu": test_cpu}
     for name, insts in files.items():
         atomic_write_lines(d / f"{name}.jsonl", (i.to_json() for i in insts))
     sums = [f"{sha256_file(d / f'{name}.jsonl')}  {name}.jsonl" for name in files]

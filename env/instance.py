@@ -2,7 +2,9 @@
 
 An instance is plain data: the terrain (`grid`, rows of ``F`` ice and ``H`` holes; starts and goals are
 kept apart from the terrain), the agents' starts and goals as 0-indexed ``(row, col)``, an optimal plan
-from the solver, its sum of costs and makespan, each agent's independent shortest distance, whether the
+from the solver, its sum of costs and makespan, the optimal makespan (`optimal_makespan`, from an exact
+makespan search: it can be shorter than the sum-of-costs plan's), each agent's independent shortest
+distance, whether the
 optimum needs a wait (`needs_wait`: optimal sum of costs > sum of shortest distances) and the seed it was
 generated from. One JSON object per line in ``.jsonl`` files; `to_json` is byte-stable.
 
@@ -40,6 +42,10 @@ class Instance(BaseModel):
     plan: list[list[Cell]] = Field(description="an optimal path per agent, start to goal (waits repeat a cell)")
     optimal_cost: int = Field(ge=0, description="optimal sum of costs (each agent's last arrival time at its goal)")
     makespan: int = Field(ge=0, description="time at which the last agent of `plan` arrives for good")
+    optimal_makespan: int | None = Field(
+        None, ge=0, description="the least makespan of any conflict-free plan (the paper's \"makespan-optimal\"); "
+        "it can be shorter than `makespan`, the sum-of-costs optimum's. None: not computed (instances from "
+        "before env 1.1.0)")
     shortest: list[int] = Field(description="each agent's shortest start-goal distance, ignoring the others")
     needs_wait: bool = Field(description="optimal_cost > sum(shortest): agents must wait or detour")
     seed: int = Field(description="the seed this instance was drawn from")

@@ -36,7 +36,7 @@ from .generator import generate
 from .instance import Instance
 from .prompt import PROMPT_STYLES, render_prompt
 from .reward import RewardState, accuracy_reward, total_reward
-from .verify import plan_text, verify
+from .verify import instance_optimal_makespan, plan_text, verify
 
 __all__ = [
     "LengthAwareReward",
@@ -76,6 +76,7 @@ def metadata(instance: Instance) -> dict[str, Any]:
         "needs_wait": instance.needs_wait,
         "optimal_cost": instance.optimal_cost,
         "makespan": instance.makespan,
+        "optimal_makespan": instance_optimal_makespan(instance),
         "seed": instance.seed,
         "tags": json.dumps(instance.tags, sort_keys=True),
     }
@@ -163,12 +164,12 @@ def instance_of(source: Any) -> Instance:
                      f"an instance JSON string or dict, or an Instance; got {type(source).__name__}")
 
 
-def score_answer(answer: str | None, entry: Mapping[str, Any]) -> float:
+def score_answer(answer: str | None, entry: Mapping[str, Any], criterion: str = "soc") -> float:
     """reasoning-gym style score of `answer` for `entry`: R_acc of `env.verify` (0.0 for None or an invalid
     plan, 1.0 for an optimal one, 1.0 -> 0.3 with the cost gap). Plans are replayed, never compared as text."""
     if answer is None:
         return 0.0
-    return float(accuracy_reward(verify(instance_of(entry), answer)))
+    return float(accuracy_reward(verify(instance_of(entry), answer, criterion)))
 
 
 def completion_text(completion: Any) -> str:
@@ -223,9 +224,10 @@ class LengthAwareReward:
 
     __name__ = "mapf_total"
 
-    def __init__(self, state: RewardState | None = None, tokenizer: Any = None):
+    def __init__(self, state: RewardState | None = None, tokenizer: Any = None, criterion: str = "soc"):
         self.state = state if state is not None else RewardState()
         self.tokenizer = tokenizer
+        self.criterion = criterion  # what the gap in R_acc is measured on: makespan or soc (env.verify)
 
     def _n_tokens(self, text: str, ids: Any) -> int:
         if ids is not None:
@@ -241,13 +243,14 @@ class LengthAwareReward:
         for i, (raw, comp) in enumerate(zip(column, completions, strict=True)):
             text = completion_text(comp)
             n = self._n_tokens(text, ids[i] if ids is not None else None)
-            rewards.append(float(total_reward(verify(instance_of(raw), text), n, self.state)))
+            rewards.append(float(total_reward(verify(instance_of(raw), text, self.criterion), n, self.state)))
             counts.append(n)
         self.state.update(counts)
         return rewards
 
 
-def score_answers(instances: Iterable[Instance], answers: Mapping[str, str]) -> dict[str, Any]:
+def score_answers(instances: Iterable[Instance], answers: Mapping[str, str],
+                  criterion: str = "soc") -> dict[str, Any]:
     """Verify `answers` (instance id -> text) against `instances`; unanswered instances are counted, not dropped.
 
     Returns ``answered``, ``unanswered`` (count), ``unanswered_ids``, ``valid`` / ``optimal`` (counts over the
@@ -259,7 +262,7 @@ def score_answers(instances: Iterable[Instance], answers: Mapping[str, str]) -> 
     unknown = [k for k in answers if k not in by_id]
     if unknown:
         raise ValueError(f"answer id {unknown[0]!r} is not one of the {len(by_id)} instances")
-    verdicts = {k: verify(by_id[k], text) for k, text in answers.items()}
+    verdicts = {k: verify(by_id[k], text, criterion) for k, text in answers.items()}
     missing = [k for k in by_id if k not in answers]
     valid = sum(v.valid for v in verdicts.values())
     optimal = sum(v.optimal for v in verdicts.values())

@@ -1,7 +1,9 @@
 """The policy's reward, exactly as in the paper: R = w_acc * R_acc + w_len * R_len.
 
 - `accuracy_reward`: 0 unless the answer passes all 8 checks; then, with c = cost - optimal and
-  c_max = 2 * optimal: 1.0 if c = 0, 1 - 0.7 * c / c_max if 0 < c <= c_max, 0.3 if c > c_max.
+  c_max = 2 * optimal: 1.0 if c = 0, 1 - 0.7 * c / c_max if 0 < c <= c_max, 0.3 if c > c_max. Cost and
+  optimum are those of the verdict's criterion: the sum of costs (the default of `env.verify`) or the
+  makespan (the paper's "makespan-optimal", the loop's default `train.optimality`).
 - `length_reward`: 0 up to 1500 tokens, falling linearly to -1 at 4096 tokens, -1 beyond.
 - Weights (w_acc, w_len) move linearly from (0.5, 0.5) to (0.8, 0.2) as the running share of answers of
   at most 1500 tokens rises from 0.5 to 0.9. That running share is explicit state (`RewardState`), so
@@ -27,7 +29,8 @@ SHARE_LOW, SHARE_HIGH = 0.5, 0.9
 
 
 def accuracy_reward(verdict) -> float:
-    """Gated, gap-shaped accuracy reward of a `Verdict` (anything with valid, cost, optimal_cost).
+    """Gated, gap-shaped accuracy reward of a `Verdict` on its own criterion: the sum of costs against the
+    optimal sum of costs (``soc``), or the makespan against the optimal makespan (``makespan``).
 
     >>> from env.verify import Verdict
     >>> accuracy_reward(Verdict(valid=True, optimal=True, cost=10, optimal_cost=10))
@@ -38,9 +41,16 @@ def accuracy_reward(verdict) -> float:
     0.3
     >>> accuracy_reward(Verdict(valid=False, optimal=False, failure="conflict", optimal_cost=10))
     0.0
+    >>> accuracy_reward(Verdict(valid=True, optimal=False, cost=10, optimal_cost=10, makespan=5,
+    ...                         optimal_makespan=4, criterion="makespan"))  # 1 - 0.7 * 1/8
+    0.9125
     """
     if not verdict.valid or verdict.cost is None:
         return 0.0
+    if getattr(verdict, "criterion", "soc") == "makespan":
+        if verdict.makespan is None or verdict.optimal_makespan is None:
+            raise ValueError("a makespan verdict needs makespan and optimal_makespan (build it with env.verify)")
+        return gap_reward(verdict.makespan, verdict.optimal_makespan)
     return gap_reward(verdict.cost, verdict.optimal_cost)
 
 

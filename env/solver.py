@@ -3,15 +3,19 @@
 Rules (the same as the verifier's): lock-step time; each step every agent moves to a 4-neighbour
 ice cell or waits; no two agents in one cell at one time (vertex conflict) and no two agents swapping
 cells in one step (edge conflict). An agent's cost is the time it last arrives at its goal; after that
-it stays there for ever (and blocks that cell). The objective is the sum of the agents' costs.
+it stays there for ever (and blocks that cell). The objective is the sum of the agents' costs
+(``objective="soc"``), or the makespan, the latest arrival (``objective="makespan"``, the paper's
+"makespan-optimal").
 
-Two exact searches, both pure Python:
+Exact searches, all pure Python:
 
 - `joint` (the default for 2 agents): A* over joint states (positions + a "finished for good" flag per
   agent) with the sum of true single-agent distances as heuristic. The state space is finite
   (<= 4 * cells^2), so the search also proves unsolvability.
 - `cbs` (the default for 3+ agents): Conflict-Based Search with a space-time A* low level, a
-  conflict-avoidance tie-break and the earliest conflict split first.
+  conflict-avoidance tie-break and the earliest conflict split first (`env.cbs`).
+- for the makespan: breadth-first over joint positions for up to 2 agents; for more, CBS best-first on a
+  lower bound of the makespan (`env.cbs._cbs_makespan`), run with two replanning rules in turn.
 
 Both stop after `max_nodes` expansions (joint states, or CBS high-level nodes) and raise
 `SolverBudgetExceeded`; an instance proven impossible raises `Unsolvable`.
@@ -23,17 +27,14 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
+from .cbs import _cbs, _cbs_makespan
+from .errors import SolverBudgetExceeded, Unsolvable
+
 Cell = tuple[int, int]
 
 DEFAULT_MAX_NODES = {"joint": 200_000, "cbs": 2_000}
 
 
-class SolverBudgetExceeded(RuntimeError):
-    """The search hit its node budget before proving an optimum."""
-
-
-class Unsolvable(ValueError):
-    """The instance has no conflict-free plan (e.g. a goal unreachable, or a corridor no one can pass)."""
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,8 @@ def solve(
     (``objective="makespan"``, the latest arrival; the paper's "makespan-optimal").
 
     `method` is ``auto`` (joint A* for up to 2 agents, CBS otherwise), ``joint`` or ``cbs``; the makespan
-    objective always uses CBS (optimal for it too: an agent's shortest path under its constraints never
-    lengthens the latest arrival, so best-first on the makespan pops an optimal plan first).
+    objective uses a breadth-first joint search for up to 2 agents and, for more, CBS best-first on a lower bound
+    of the makespan (`env.cbs`), so the first conflict-free plan popped is makespan-optimal.
     Raises `SolverBudgetExceeded` after `max_nodes` expansions, `Unsolvable` when no plan exists,
     `ValueError` on malformed input (a start or goal on a hole or off the map, shared starts or goals).
     """
@@ -152,10 +153,21 @@ def solve_on(gm: GridMap, starts: list[Cell], goals: list[Cell], max_nodes: int 
             raise ValueError("method 'joint' supports at most 2 agents; use 'cbs'")
         paths = _joint(gm, s, g, dists, max_nodes)
     elif method == "cbs":
-        paths = _cbs(gm, s, g, dists, max_nodes, makespan=objective == "makespan")
+        paths = _cbs_makespan_portfolio(gm, s, g, dists, max_nodes) if objective == "makespan" \
+            else _cbs(gm, s, g, dists, max_nodes)
     else:
         raise ValueError(f"unknown method {method!r}; use 'auto', 'joint' or 'cbs'")
     return _plan(gm, paths, dists, s)
+
+
+def _cbs_makespan_portfolio(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]],
+                            max_nodes: int) -> list[list[int]]:
+    """The makespan CBS with bounded replanning, then (if it passes `max_nodes`) with shortest replanning: both
+    are exact, and on the held-out suite each proves optima the other cannot within the budget."""
+    try:
+        return _cbs_makespan(gm, s, g, dists, max_nodes, bounded=True)
+    except SolverBudgetExceeded:
+        return _cbs_makespan(gm, s, g, dists, max_nodes, bounded=False)
 
 
 def _plan(gm: GridMap, paths: list[list[int]], dists: list[list[int]], s: list[int]) -> Plan:
@@ -308,175 +320,4 @@ def _single_path(gm: GridMap, s: int, g: int, dist: list[int]) -> list[int]:
         path.append(next(v for v in gm.moves[u] if dist[v] == dist[u] - 1))
     return path
 
-
-# ----------------------------------------------------------------------------------------------------
-# Conflict-Based Search
-
-
-def _low_level(
-    gm: GridMap,
-    s: int,
-    g: int,
-    dist: list[int],
-    vcons: frozenset[int],
-    econs: frozenset[int],
-    avoid: dict[int, int],
-    avoid_goal: dict[int, int],
-) -> list[int] | None:
-    """Space-time A* for one agent; constraints are ints ``t*n + cell`` and ``(t*n + u)*n + v``.
-
-    `avoid` counts other agents at ``t*n + cell``; `avoid_goal[cell] = T` marks a cell held from T on.
-    Ties on f go to fewer such conflicts, then to later time.
-    """
-    n = gm.n
-    moves = gm.moves
-    last = -1
-    horizon = 0
-    for c in vcons:
-        t, cell = divmod(c, n)
-        horizon = max(horizon, t)
-        if cell == g and t > last:
-            last = t
-    for c in econs:
-        horizon = max(horizon, c // (n * n))
-    horizon += n + 1
-    start_key = s
-    if start_key in vcons:
-        return None
-    heap = [(dist[s], 0, 0, s)]  # (f, conflicts, -t, t*n + cell)
-    seen = {s: 0}
-    parent = {s: -1}
-    while heap:
-        f, conf, negt, key = heapq.heappop(heap)
-        t, u = divmod(key, n)
-        if u == g and t > last:
-            path = []
-            while key != -1:
-                path.append(key % n)
-                key = parent[key]
-            path.reverse()
-            return path
-        if t >= horizon:
-            continue
-        nt = t + 1
-        base = nt * n
-        for v in moves[u]:
-            nk = base + v
-            if nk in seen or nk in vcons or (key * n + v) in econs:
-                continue
-            d = dist[v]
-            if d < 0:
-                continue
-            nc = conf + avoid.get(nk, 0)
-            ag = avoid_goal.get(v)
-            if ag is not None and nt >= ag:
-                nc += 1
-            seen[nk] = nc
-            parent[nk] = key
-            heapq.heappush(heap, (nt + d, nc, -nt, nk))
-    return None
-
-
-def _first_conflict(paths: list[list[int]]) -> tuple[int, tuple | None]:
-    """(number of conflicting (pair, time) events, the earliest one) with padding at goals."""
-    k = len(paths)
-    horizon = max(len(p) for p in paths)
-    count = 0
-    first = None
-    lens = [len(p) - 1 for p in paths]
-    prev = [p[0] for p in paths]
-    for t in range(horizon):
-        cur = [p[t] if t <= lens[i] else p[-1] for i, p in enumerate(paths)]
-        seen: dict[int, int] = {}
-        for i in range(k):
-            c = cur[i]
-            j = seen.get(c)
-            if j is not None:
-                count += 1
-                if first is None:
-                    first = ("v", j, i, c, t)
-            else:
-                seen[c] = i
-        if t > 0:
-            for i in range(k):
-                if prev[i] == cur[i]:
-                    continue
-                for j in range(i + 1, k):
-                    if cur[j] == prev[i] and prev[j] == cur[i]:
-                        count += 1
-                        if first is None:
-                            first = ("e", i, j, prev[i], cur[i], t)
-        prev = cur
-    return count, first
-
-
-def _avoid_tables(paths: list[list[int] | None], skip: int, n: int) -> tuple[dict[int, int], dict[int, int]]:
-    avoid: dict[int, int] = {}
-    goal: dict[int, int] = {}
-    for j, p in enumerate(paths):
-        if j == skip or p is None:
-            continue
-        for t, c in enumerate(p):
-            key = t * n + c
-            avoid[key] = avoid.get(key, 0) + 1
-        goal[p[-1]] = len(p)
-    return avoid, goal
-
-
-def _cbs(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]], max_nodes: int,
-         makespan: bool = False) -> list[list[int]]:
-    """Best-first over constraint nodes by sum of costs, or (``makespan``) by the latest arrival, then the sum."""
-    k = len(s)
-    n = gm.n
-    empty: frozenset[int] = frozenset()
-    vcons = [empty] * k
-    econs = [empty] * k
-    paths: list[list[int] | None] = [None] * k
-    for i in range(k):
-        avoid, ag = _avoid_tables(paths, i, n)
-        p = _low_level(gm, s[i], g[i], dists[i], empty, empty, avoid, ag)
-        if p is None:
-            raise Unsolvable(f"agent {i} cannot reach its goal")
-        paths[i] = p
-    counter = 0
-    nconf, first = _first_conflict(paths)
-    cost = sum(len(p) - 1 for p in paths)
-    span = max(len(p) - 1 for p in paths) if makespan else 0
-    heap = [(span, nconf if makespan else cost, cost if makespan else nconf, counter, vcons, econs, paths, first)]
-    nodes = 0
-    while heap:
-        span, _, _, _, vcons, econs, paths, first = heapq.heappop(heap)
-        cost = sum(len(p) - 1 for p in paths)
-        if first is None:
-            return paths
-        nodes += 1
-        if nodes > max_nodes:
-            raise SolverBudgetExceeded(
-                f"CBS expanded {max_nodes} high-level nodes without proving an optimum "
-                f"({gm.size}x{gm.size} map, {k} agents); raise max_nodes or simplify the instance"
-            )
-        if first[0] == "v":
-            _, i, j, c, t = first
-            branches = [(i, t * n + c, None), (j, t * n + c, None)]
-        else:
-            _, i, j, u, v, t = first  # i moves u -> v and j moves v -> u, arriving at time t
-            branches = [(i, None, ((t - 1) * n + u) * n + v), (j, None, ((t - 1) * n + v) * n + u)]
-        for a, vc, ec in branches:
-            nv = list(vcons)
-            ne = list(econs)
-            if vc is not None:
-                nv[a] = vcons[a] | {vc}
-            else:
-                ne[a] = econs[a] | {ec}
-            avoid, ag = _avoid_tables(paths, a, n)
-            p = _low_level(gm, s[a], g[a], dists[a], nv[a], ne[a], avoid, ag)
-            if p is None:
-                continue
-            np_ = list(paths)
-            np_[a] = p
-            c2, f2 = _first_conflict(np_)
-            counter += 1
-            span2 = max(len(x) - 1 for x in np_) if makespan else 0
-            cost2 = cost - (len(paths[a]) - 1) + (len(p) - 1)
-            heapq.heappush(heap, (span2, c2 if makespan else cost2, cost2 if makespan else c2, counter, nv, ne, np_, f2))
-    raise Unsolvable("no conflict-free plan exists (CBS ran out of branches)")
+__all__ = ["GridMap", "Plan", "SolverBudgetExceeded", "Unsolvable", "solve", "solve_on"]

@@ -49,7 +49,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "final_split": "test-mini",
         "eval_max_tokens": 160,
         "eval_limit": None,
-        "final_limit": 36,  # 12 per agent count and per wait subset, every size; all 72 took 414 s (issue 6)
+        "final_limit": 36,  # 12 per agent count and per wait subset, every size; all 72 of env 1.0.0's took 414 s (issue 6)
         "engineer_max_tokens": 512,
     },
     "paper": {

@@ -105,6 +105,7 @@ def answer_and_verify(
     desc: str = "evaluating",
     progress: bool = True,
     prompt_style: str = "full",
+    criterion: str = "makespan",
 ) -> list[dict]:
     """Ask `model` (a `llm_backends.base.ChatModel`) every instance's prompt in batches and verify each answer.
 
@@ -112,7 +113,8 @@ def answer_and_verify(
     `train.prompt_style`), so the policy is evaluated on the prompt it was trained on.
 
     Returns one row per instance, in order: id, size, num_agents, tags, text, completion_tokens,
-    finish_reason and the verdict fields (valid, optimal, failure, cost, optimal_cost, details).
+    finish_reason and the verdict fields (valid, optimal by `criterion`, failure, cost, optimal_cost, details,
+    makespan, optimal_makespan, criterion) and optimal_soc (= optimal_cost).
     """
     from tqdm.auto import tqdm
 
@@ -124,16 +126,18 @@ def answer_and_verify(
             results = model.chat_batch(messages, max_tokens=max_tokens, temperature=0.0)
             for inst, res in zip(batch, results, strict=True):
                 rows.append(
-                    verdict_row(inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None))
+                    verdict_row(inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None),
+                                criterion)
                 )
             bar.update(len(batch))
             bar.set_postfix(valid=f"{sum(r['valid'] for r in rows)}/{len(rows)}")
     return rows
 
 
-def verdict_row(inst: Any, text: str, completion_tokens: int | None = None, finish_reason: str | None = None):
-    """One `eval.jsonl` row: the instance's identity, the answer and its verdict."""
-    verdict = verify(inst, text)
+def verdict_row(inst: Any, text: str, completion_tokens: int | None = None, finish_reason: str | None = None,
+                criterion: str = "makespan"):
+    """One `eval.jsonl` row: the instance's identity, the answer and its verdict (optimal by `criterion`)."""
+    verdict = verify(inst, text, criterion)
     return {
         "id": inst.id,
         "size": inst.size,
@@ -143,6 +147,7 @@ def verdict_row(inst: Any, text: str, completion_tokens: int | None = None, fini
         "completion_tokens": completion_tokens,
         "finish_reason": finish_reason,
         **verdict.model_dump(mode="json"),
+        "optimal_soc": verdict.optimal_cost,
     }
 
 
@@ -317,6 +322,7 @@ def run_eval(
             batch_size=settings.eval_batch_size,
             desc=f"eval {split}",
             prompt_style=settings.train.prompt_style,
+            criterion=settings.train.optimality,
         )
     else:
         from llm_backends.policy import open_policy
@@ -338,6 +344,7 @@ def run_eval(
                 batch_size=settings.eval_batch_size,
                 desc=f"eval {split}",
                 prompt_style=settings.train.prompt_style,
+                criterion=settings.train.optimality,
             )
     write_jsonl(out_dir / "eval.jsonl", rows)
     return rows

@@ -354,7 +354,8 @@ def _train_warm_start(
 
 
 def greedy_valid_rate(
-    model, tokenizer, instances: list, *, max_new_tokens: int = 128, batch_size: int = 8, prompt_style: str = "full"
+    model, tokenizer, instances: list, *, max_new_tokens: int = 128, batch_size: int = 8, prompt_style: str = "full",
+    criterion: str = "makespan",
 ) -> dict:
     """Greedy answers of `model` to `instances`, verified: {valid_rate, optimal_rate, n, failures, by_size,
     sample, valid} (`by_size`: valid rate per grid size; `sample`: the first answer, for a look at what fails;
@@ -392,7 +393,7 @@ def greedy_valid_rate(
             for inst, ids in zip(chunk, out[:, enc["input_ids"].shape[1] :], strict=True):
                 text = tokenizer.decode(ids, skip_special_tokens=True)
                 sample = text if sample is None else sample
-                v = verify(inst, text)
+                v = verify(inst, text, criterion)
                 per_size.setdefault(inst.size, []).append(int(v.valid))
                 each.append(bool(v.valid))
                 valid += v.valid

@@ -92,6 +92,12 @@ class TrainConfig(BaseModel):
     )
     vllm_mode: Literal["colocate", "server"] = Field("colocate", description="TRL vLLM mode when use_vllm")
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="colocated vLLM's GPU share")
+    optimality: Literal["makespan", "soc"] = Field(
+        "makespan",
+        description="what 'optimal' means in the reward's cost gap, the evaluations and the tables: makespan (the "
+        "paper's \"makespan-optimal\": the latest arrival equals the instance's optimal makespan) or soc (the sum "
+        "of costs equals the optimal sum of costs, the MAPF standard)",
+    )
     # --- SFT warm start (first stage only)
     sft_warm_start: bool = Field(True, description="SFT on solver-optimal plans before the first GRPO stage")
     sft_epochs: float = Field(2.0, gt=0, description="SFT passes over the warm-start examples")

@@ -128,11 +128,12 @@ class MapfReward(LengthAwareReward):
 
     __name__ = "mapf"
 
-    def __init__(self, tokenizer=None, reward_state: dict | None = None, prompt_style: str = "full"):
+    def __init__(self, tokenizer=None, reward_state: dict | None = None, prompt_style: str = "full",
+                 criterion: str = "soc"):
         from env import RewardState
 
         # the state, the tokenizer and token counting are the library reward's (env.library.LengthAwareReward)
-        super().__init__(RewardState.model_validate(reward_state) if reward_state else None, tokenizer)
+        super().__init__(RewardState.model_validate(reward_state) if reward_state else None, tokenizer, criterion)
         self.prompt_style = prompt_style
         self.history: list[dict] = []
         self._cache: dict[str, Any] = {}
@@ -191,7 +192,7 @@ class MapfReward(LengthAwareReward):
                 self._check_prompt(i, raw, inst, prompts[i])
             text = completion_text(comp)
             n = self._n_tokens(text, completion_ids[i] if completion_ids is not None else None)
-            verdict = verify(inst, text)
+            verdict = verify(inst, text, self.criterion)
             rewards.append(float(total_reward(verdict, n, self.state)))
             n_tokens.append(n)
             valid.append(bool(verdict.valid))

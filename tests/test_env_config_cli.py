@@ -6,13 +6,14 @@ import json
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from env import EnvConfig, list_splits, load_split, project, random_config, uniform_config, verify
-from env.benchmark import DATA_DIR, BenchmarkIntegrityError
+from env.benchmark import DATA_DIR, BenchmarkIntegrityError, sha256_file
 from env.config import SIZES, max_hole_ratio
 from env.verify import plan_text
 
@@ -123,35 +124,72 @@ def test_cli_generate_verify_roundtrip(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = [json.loads(x) for x in inst_file.read_text().splitlines()]
     assert len(rows) == 12 and {"id", "size", "grid", "starts", "goals", "optimal_cost", "makespan", "needs_wait",
-                                "plan", "seed"} <= set(rows[0])
+                                "plan", "seed", "optimal_makespan"} <= set(rows[0])
+    assert all(x["optimal_makespan"] <= x["makespan"] for x in rows)
     answers = [{"id": x["id"], "text": plan_text([[tuple(c) for c in p] for p in x["plan"]])} for x in rows]
     answers[0]["text"] = "no idea"
     ans_file.write_text("\n".join(json.dumps(a) for a in answers))
+    # the stored plan is a sum-of-costs optimum: optimal under soc, and under makespan where it also is one
     r = run_cli("verify", "--instances", str(inst_file), "--answers", str(ans_file), "--out", str(out), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     verdicts = [json.loads(x) for x in out.read_text().splitlines()]
     assert verdicts[0]["failure"] == "parse_error" and verdicts[0]["reward"] == 0.0
-    assert all(v["valid"] and v["optimal"] and v["reward"] == 1.0 for v in verdicts[1:])
+    assert all(v["valid"] and v["optimal"] and v["reward"] == 1.0 and v["criterion"] == "soc" for v in verdicts[1:])
     assert "valid 0.917" in r.stdout
     assert "mean reward 0.917 (R_acc, the accuracy part; no length term)" in r.stdout
+    r = run_cli("verify", "--instances", str(inst_file), "--answers", str(ans_file), "--out", str(out),
+                "--criterion", "makespan", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    verdicts = [json.loads(x) for x in out.read_text().splitlines()]
+    for x, v in zip(rows[1:], verdicts[1:], strict=True):
+        assert v["criterion"] == "makespan" and v["makespan"] == x["makespan"]
+        assert v["optimal"] == (x["makespan"] == x["optimal_makespan"])
 
 
 def test_splits_load_verify_and_are_stratified():
-    assert set(list_splits()) == {"val", "val-mini", "val-small", "test", "test-mini"}
+    assert set(list_splits()) == {"val", "val-mini", "val-small", "test", "test-extra", "test-mini", "test-cpu"}
     val = load_split("val")
     assert len(val) == 200 and {i.num_agents for i in val} == {2} and {i.size for i in val} == set(SIZES)
     mini = load_split("val-mini")
     assert {i.size for i in mini} == {3, 4, 5} and {i.id for i in mini} <= {i.id for i in val}
     test = load_split("test")
     strata = {(i.tags["agents"], i.tags["wait"], i.size) for i in test}
-    assert len(strata) == 3 * 3 * 8
+    assert len(strata) == 3 * (8 + 7 + 6)
     tm = load_split("test-mini")
-    assert {(i.tags["agents"], i.tags["wait"], i.size) for i in tm} == strata
+    assert {(i.tags["agents"], i.tags["wait"], i.size) for i in tm} == strata and len(tm) == 63
     small = load_split("val-small")
     assert len(small) == 150 and {i.num_agents for i in small} == {2} and {i.size for i in small} == {3, 4, 5}
-    for inst in val + small + test:
+    extra, cpu = load_split("test-extra"), load_split("test-cpu")
+    for inst in val + small + test + extra + cpu:
         v = verify(inst, plan_text(inst.plan))
         assert v.valid and v.optimal, inst.id
+        assert inst.optimal_makespan is not None and inst.optimal_makespan <= inst.makespan, inst.id
+        assert verify(inst, plan_text(inst.plan), "makespan").optimal == (inst.makespan == inst.optimal_makespan)
+
+
+def _counts(insts):
+    return Counter((i.tags["agents"], i.size, i.tags["wait"]) for i in insts)
+
+
+# sha256 of the committed files: a rebuild that changes any instance must change these deliberately
+PROTOCOL_SHA256 = {"test.jsonl": "SHA_TEST", "test-cpu.jsonl": "SHA_CPU"}
+
+
+def test_held_out_splits_follow_the_paper_protocol():
+    """`test` is the paper's suite: 3 agents on 3x3-10x10, 4 on 4x4-10x10, 5 on 5x5-10x10, 50 instances per
+    (agents, size, wait subset), 150 per cell, 3,150 in all; the cells outside it are `test-extra`; `test-cpu`
+    holds 2 and 3 agents on 3x3-5x5 with 150 per column."""
+    waits = (0.25, 0.5, 0.75)
+    want = {(a, s, w): 50 for a in (3, 4, 5) for s in SIZES if s >= a for w in waits}
+    test = load_split("test")
+    assert _counts(test) == want and len(test) == 3150
+    assert all(0.1 <= i.tags["hole"] <= 0.5 for i in test)
+    assert _counts(load_split("test-extra")) == {(a, s, w): 50 for a in (4, 5) for s in SIZES if s < a for w in waits}
+    assert _counts(load_split("test-cpu")) == {(a, s, w): 50 for a in (2, 3) for s in (3, 4, 5) for w in waits}
+    cpu_layouts = {(tuple(i.grid), tuple(map(tuple, i.starts))) for i in load_split("test-cpu")}
+    assert not cpu_layouts & {(tuple(i.grid), tuple(map(tuple, i.starts))) for i in test}
+    for name, digest in PROTOCOL_SHA256.items():
+        assert sha256_file(DATA_DIR / name) == digest, name
 
 
 def test_tampered_benchmark_is_detected(tmp_path):

@@ -81,9 +81,61 @@ def test_swap_conflict_and_suboptimal_valid(inst):
     v = verify(swap, ans("Agent 0: (0,0) (1,0)", "Agent 1: (1,0) (0,0)"))
     assert v.failure == "conflict" and v.details["kind"] == "swap"
     # A detour of 2 extra steps is valid but not optimal: R_acc = 1 - 0.7 * 2 / 8.
-    v = verify(inst, ans("Agent 0: (0,0) (0,1) (0,0) (0,1) (0,2)", "Agent 1: (2,0) (2,1) (2,2)"))
+    detour = ans("Agent 0: (0,0) (0,1) (0,0) (0,1) (0,2)", "Agent 1: (2,0) (2,1) (2,2)")
+    v = verify(inst, detour, "soc")
     assert v.valid and not v.optimal and v.cost == 6
     assert accuracy_reward(v) == pytest.approx(1 - 0.7 * 2 / 8)
+    # the same detour on the makespan: latest arrival 4 against 2, R_acc = 1 - 0.7 * 2 / 4
+    v = verify(inst, detour, "makespan")
+    assert v.criterion == "makespan" and v.valid and not v.optimal and (v.makespan, v.optimal_makespan) == (4, 2)
+    assert accuracy_reward(v) == pytest.approx(1 - 0.7 * 2 / 4)
+
+
+def _two_optima_instance():
+    """The first random 2-agent 3x3 case (seeded) where every sum-of-costs optimum the solver finds ends later than
+    the makespan optimum, and the makespan optimum costs more in sum (both optima are checked against exhaustive
+    search in test_env_solver_generator)."""
+    from env.solver import solve as solve_
+
+    rng_cases = []
+    import random
+
+    rng = random.Random(5)
+    while len(rng_cases) < 1:
+        n = 3
+        grid = ["".join("H" if rng.random() < 0.25 else "F" for _ in range(n)) for _ in range(n)]
+        free = [(r, c) for r in range(n) for c in range(n) if grid[r][c] == "F"]
+        if len(free) < 5:
+            continue
+        cells = rng.sample(free, 4)
+        starts, goals = [cells[0], cells[1]], [cells[2], cells[3]]
+        try:
+            soc, span = solve_(grid, starts, goals), solve_(grid, starts, goals, objective="makespan")
+        except Exception:
+            continue
+        if soc.makespan > span.makespan and span.cost > soc.cost:
+            rng_cases.append((grid, starts, goals, soc, span))
+    return rng_cases[0]
+
+
+def test_each_criterion_scores_the_plan_optimal_by_its_own_optimum_only():
+    """A plan optimal on the sum of costs but late on the makespan, and one optimal on the makespan but dear on the
+    sum of costs: each is optimal under its own criterion only, and R_acc follows the criterion's gap."""
+    from env.verify import plan_text
+
+    grid, starts, goals, soc, span = _two_optima_instance()
+    inst2 = Instance(id="two", size=len(grid), grid=grid, starts=starts, goals=goals, plan=soc.paths,
+                     optimal_cost=soc.cost, makespan=soc.makespan, optimal_makespan=span.makespan,
+                     shortest=soc.shortest, needs_wait=False, seed=0)
+    by_soc, by_span = plan_text(soc.paths), plan_text(span.paths)
+    assert verify(inst2, by_soc, "soc").optimal and not verify(inst2, by_soc, "makespan").optimal
+    assert verify(inst2, by_span, "makespan").optimal and not verify(inst2, by_span, "soc").optimal
+    assert accuracy_reward(verify(inst2, by_span, "makespan")) == 1.0 > accuracy_reward(verify(inst2, by_span, "soc"))
+    assert accuracy_reward(verify(inst2, by_soc, "soc")) == 1.0 > accuracy_reward(verify(inst2, by_soc, "makespan"))
+    v = verify(inst2, by_soc, "soc")
+    assert v.optimal_by("soc") and not v.optimal_by("makespan")
+    with pytest.raises(ValueError, match="criterion 'fastest': allowed: makespan, soc"):
+        verify(inst2, by_soc, "fastest")
 
 
 # Answers with two defects at once. Each defect alone gives its own label (checked below), so the label
