@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from env.config import SIZES
-from evals.results import read_json, read_jsonl, stage_numbers
 from evals.intervals import rate_interval
+from evals.results import read_json, read_jsonl, stage_numbers
 from nodes.files import stage_dir
 
 
