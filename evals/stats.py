@@ -170,11 +170,17 @@ def _counts(cells: Mapping[Any, list[tuple[str, bool]]]) -> dict[Any, tuple[int,
 
 def summarize(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[str], baseline: str | None,
               criterion: str | None = None) -> dict:
-    """Per arm: per-size rates and their Sum per agent count, pooled rates per subset, each with its 95%
-    interval over seeds and instances and the gap to `baseline` paired by seed; failure shares.
+    """`summarize_rows` of the verdict folders' `final/eval.jsonl`."""
+    return summarize_rows(read_verdicts(verdicts), arm_order, baseline, criterion)
+
+
+def summarize_rows(data: Mapping[tuple[str, int], list[dict]], arm_order: Sequence[str], baseline: str | None,
+                   criterion: str | None = None) -> dict:
+    """Per arm, from `(arm, seed) -> verdict rows`: per-size rates and their Sum per agent count, pooled rates
+    per subset, each with its 95% interval over seeds and instances and the gap to `baseline` paired by
+    seed; failure shares.
 
     `criterion` ('soc' | 'makespan'; None: `default_criterion` of all rows) is what `optimal` means."""
-    data = read_verdicts(verdicts)
     all_rows = [r for rows in data.values() for r in rows]
     criterion = criterion or default_criterion(all_rows)
     if criterion == "makespan" and default_criterion(all_rows) != "makespan":

@@ -96,7 +96,7 @@ def _per_size_blocks(table: Mapping[str, Any], arm_header: str, published: Seque
 
 
 def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None, arm_header: str = "engineer",
-                   notes: Sequence[str] = (), published: Sequence[str] = ()) -> str:
+                   notes: Sequence[str] = (), published: Sequence[str] = (), source: str = "`verdicts/`") -> str:
     """The tables: per size and Sum per agent count (with `published` runs of `evals.published` beneath),
     pooled per agent count and wait subset, gaps to the baseline, failure shares."""
     arms, subsets, base = table["arms"], table["subsets"], table.get("baseline")
@@ -109,8 +109,8 @@ def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None,
     lines += [
         f"Valid % / optimal % on the held-out benchmark. Optimality criterion: **{crit}** (an answer is optimal "
         f"when it is valid and its {crit} equals the instance's optimum). Intervals: {table['interval']}; "
-        "shown as mean [low, high], always inside [0, 100]. Computed from the per-instance verdict files in "
-        "`verdicts/` only.",
+        f"shown as mean [low, high], always inside [0, 100]. Computed from the per-instance verdict files in "
+        f"{source} only.",
         "",
     ]
     lines += _per_size_blocks(table, arm_header, published)
@@ -179,7 +179,7 @@ def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None,
 def _csv_row(arm: str, layout: str, subset: str, size: Any, metric: str, crit: str, st: Mapping[str, Any]) -> dict:
     gap = st.get("gap") or {}
     return {"arm": arm, "layout": layout, "subset": subset, "size": size, "metric": metric, "criterion": crit,
-            "n_seeds": st["n"], "mean": st["mean"], "ci95_low": st["low"], "ci95_high": st["high"],
+            "n_seeds": st["n"], "n_instances": sum((st.get("n_instances") or {}).values()), "mean": st["mean"], "ci95_low": st["low"], "ci95_high": st["high"],
             "interval": st.get("method"), "gap_mean": gap.get("mean"), "gap_ci95_low": gap.get("low"),
             "gap_ci95_high": gap.get("high"), "per_seed": json.dumps(st["per_seed"])}
 
@@ -209,14 +209,14 @@ def published_payload(table: Mapping[str, Any], runs: Sequence[str]) -> dict[str
 
 def write_tables(table: Mapping[str, Any], out: Path, *, title: str, command: str | None,
                  arm_header: str = "engineer", notes: Sequence[str] = (), extra: Mapping[str, Any] | None = None,
-                 published: Sequence[str] | bool = ()) -> None:
+                 published: Sequence[str] | bool = (), source: str = "`verdicts/`") -> None:
     """`<out>/table.md`, `table.csv` (long form), `failures.csv` and `table.json` (everything: per-seed values,
     the criterion, the notes, the published rows shown). `published`: the runs of `evals.published` shown
     beneath ours (True: the engineer runs), none by default."""
     runs = tuple(PUBLISHED_RUNS["engineers"] if published is True else (published or ()))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table_markdown(table, title=title, command=command, arm_header=arm_header,
-                                                 notes=notes, published=runs))
+                                                 notes=notes, published=runs, source=source))
     rows = table_rows(table)
     with open(out / "table.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["arm"])
