@@ -153,7 +153,9 @@ def test_gap_is_paired_by_seed_and_instance():
     assert unpaired["low"] < 0.5 - 0.3 and unpaired["high"] > 0.5 + 0.3  # the seed spread, far wider than 5 points
     # other instances per arm: still paired by seed, instances drawn per arm
     other = {s: {"all": [(f"x{j}", ok) for j, (_, ok) in enumerate(v["all"])]} for s, v in arm.items()}
-    assert not intervals.gap_interval(other, base)["paired_instances"]
+    unpaired_instances = intervals.gap_interval(other, base)
+    assert not unpaired_instances["paired_instances"]
+    assert unpaired_instances["low"] < 0.0 < gap["low"]  # pairing the instances is what separates the arms
 
 
 def test_gap_in_the_tables_uses_only_seeds_both_arms_ran(tmp_path):
