@@ -57,7 +57,9 @@ def t975(df: int) -> float:
 
 
 def mean_ci(values: Sequence[float]) -> dict[str, Any]:
-    """Mean and 95% t-interval half-width over seeds; half is None with fewer than 2 values.
+    """Mean and 95% t-interval half-width; half is None with fewer than 2 values. For evals.bench's paired
+    per-instance differences (values in [-1, 1], many of them); never for rates over a few seeds, whose
+    t-interval leaves [0, 1] (the tables use `evals.intervals`).
 
     >>> r = mean_ci([0.2, 0.4, 0.6]); round(r["mean"], 3), round(r["half"], 3)
     (0.4, 0.497)

@@ -73,8 +73,11 @@ def _per_size_blocks(table: Mapping[str, Any], arm_header: str, published: Seque
             lines.append(f"| {p['run']} (published) | – | " + " | ".join(cells)
                          + f" | {_pub(p['sum'][0])} | {_pub(p['sum'][1])} |")
         lines.append("")
-    if pub_note := (PUBLISHED_CAPTION if published else ""):
-        lines += [pub_note, ""]
+    if published:
+        lines += [PUBLISHED_CAPTION, ""]
+        if table["criterion"] != "makespan":
+            lines += [f"Our optimal % here is by {crit}, the paper's by makespan: compare the valid columns only "
+                      "(verdict rows with makespan fields give makespan tables).", ""]
     lines.append("Per-size cells show the mean over seeds; their intervals are in table.csv and table.json.")
     lines.append("")
     base = table.get("baseline")

@@ -273,3 +273,14 @@ def test_committed_tables_are_rebuilt_from_their_verdicts_byte_for_byte(name, tm
         assert (out / f).read_bytes() == (folder / f).read_bytes(), (
             f"{name}/{f} differs from what its verdicts give: rebuild it with `{config_command(cfg)} --tables-only`")
     assert not [f for f in OUTPUTS if (out / f).is_file() and not (folder / f).is_file()], "a table is not committed"
+
+
+def test_published_rows_beside_a_sum_of_costs_table_say_the_optimal_columns_do_not_compare(tmp_path):
+    folder = write_verdicts(tmp_path / "x-s0", [row("a", 3, True, cost=6, optimal_cost=6)], final_split="test")
+    md = tables.table_markdown(stats.summarize({("x", 0): folder}, ["x"], None), title="t", command=None,
+                               published=published.RUNS["engineers"])
+    assert "Our optimal % here is by sum of costs, the paper's by makespan" in md
+    mk = write_verdicts(tmp_path / "y-s0", [row("a", 3, True, cost=6, optimal_cost=6, makespan=3, optimal_makespan=3)])
+    md = tables.table_markdown(stats.summarize({("y", 0): mk}, ["y"], None), title="t", command=None,
+                               published=published.RUNS["engineers"])
+    assert "Optimality criterion: **makespan**" in md and "the paper's by makespan" not in md
