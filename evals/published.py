@@ -1,5 +1,6 @@
-"""The paper's published numbers (../shared/PAPER.md: "Headline numbers" and the per-size 3-agent valid % of
-the V6 and fixed-random runs), printed beneath our rows, marked "(published)", where a reader compares.
+"""The paper's published numbers (../shared/PAPER.md: "Headline numbers", the per-size 3-agent valid % of
+the V6 and fixed-random runs, and the context ablation's valid % per wait subset), printed beneath our rows,
+marked "(published)", where a reader compares.
 
 They are the paper's figures for Qwen3-4B trained on a GPU (paper preset, `test` split: 3,150 instances),
 with optimality most likely judged by makespan ("makespan-optimal"). Values are percentages; None: not
@@ -34,11 +35,24 @@ PER_SIZE_VALID: dict[str, dict[int, dict[int, float]]] = {
     "fixed random config": {3: dict(zip(SIZES[3], (54.67, 54.00, 50.67, 42.67, 38.67, 30.67, 32.67, 19.33), strict=True))},
 }
 
-# runs shown for each kind of table: engineers compared, context ablation, direct solvers
+# context ablation: run -> wait ratio -> valid % (how the paper aggregates over agent counts and sizes here
+# is not public)
+WAIT_VALID: dict[str, dict[float, float]] = {
+    f"context {v}": dict(zip((0.25, 0.5, 0.75), vals, strict=True)) for v, vals in (
+        ("V1", (25.2, 18.4, 14.9)), ("V2", (36.6, 26.9, 19.7)), ("V3", (38.8, 31.0, 23.9)),
+        ("V4", (41.4, 33.6, 25.2)), ("V5", (32.6, 24.6, 19.7)), ("V6", (45.2, 35.7, 27.3)))
+}
+
+# runs shown for each kind of table: loop evals (engineers compared, contexts ablated), direct solvers
 RUNS = {
-    "engineers": ("self-engineer V6", "base model as engineer", "fixed random config"),
+    "engineers": ("self-engineer V6", "base model as engineer", "fixed random config", *WAIT_VALID),
     "solvers": ("Qwen3-4B, no RL", "Kimi-K2.5", "Grok-4.2", "GPT-5.4", "Gemini-3.1-Pro"),
 }
+
+
+def wait_rows(runs: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One row per published run with per-wait valid % (the context ablation): {run, waits: {wait: valid %}}."""
+    return [{"run": run, "waits": WAIT_VALID[run]} for run in runs if run in WAIT_VALID]
 
 
 def published_rows(agents: int, runs: tuple[str, ...] = RUNS["engineers"]) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any
 
 from evals.published import CAPTION as PUBLISHED_CAPTION
 from evals.published import RUNS as PUBLISHED_RUNS
-from evals.published import published_rows
+from evals.published import published_rows, wait_rows
 from evals.stats import METRICS
 
 
@@ -118,7 +118,7 @@ def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None,
     ]
     lines += _per_size_blocks(table, arm_header, published)
 
-    def block(cols: list[str], caption: str) -> None:
+    def block(cols: list[str], caption: str, pub: Sequence[Mapping[str, Any]] = ()) -> None:
         if not cols:
             return
         lines.extend([caption, ""])
@@ -128,12 +128,19 @@ def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None,
             row = table["rows"][a]
             cells = [f"{_cell(row.get(c, {}).get('valid'))} / {_cell(row.get(c, {}).get('optimal'))}" for c in cols]
             lines.append(f"| {a} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
+        for p in pub:
+            cells = [f"{_pub(p['waits'].get(float(c[5:])))} / –" for c in cols]
+            lines.append(f"| {p['run']} (published) | – | " + " | ".join(cells) + " |")
         lines.append("")
+        if pub:
+            lines.extend(["Rows marked (published): the paper's context ablation (valid % only; how it aggregates over "
+                      "agent counts and sizes is not public).", ""])
 
     block(agents + (["all"] if "all" in subsets else []),
           f"**Pooled over sizes: valid % / optimal % (optimal: {crit}) per agent count** (every instance of the "
           "subset in one rate, not the paper's Sum)")
-    block(waits, f"**Pooled over sizes: valid % / optimal % (optimal: {crit}) per wait-ratio subset (all agent counts)**")
+    block(waits, f"**Pooled over sizes: valid % / optimal % (optimal: {crit}) per wait-ratio subset (all agent counts)**",
+          wait_rows(tuple(published)))
     if base and base in table["rows"]:
         cols = agents + waits + (["all"] if "all" in subsets else [])
         lines += [f"**Pooled gap to `{base}` in percentage points (valid / optimal, optimal: {crit}), paired by "
@@ -207,7 +214,8 @@ def table_rows(table: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def published_payload(table: Mapping[str, Any], runs: Sequence[str]) -> dict[str, Any]:
-    return {"caption": PUBLISHED_CAPTION, "rows": {a: published_rows(int(a[7:]), tuple(runs)) for a in table["sizes"]}}
+    return {"caption": PUBLISHED_CAPTION, "rows": {a: published_rows(int(a[7:]), tuple(runs)) for a in table["sizes"]},
+            "wait_rows": wait_rows(tuple(runs))}
 
 
 def write_tables(table: Mapping[str, Any], out: Path, *, title: str, command: str | None,

@@ -222,6 +222,7 @@ def test_published_rows_are_the_papers_and_shown_only_where_a_reader_compares(tm
     assert v6.startswith("| self-engineer V6 (published) | – | 68.67 / – | 64.67 / – |")
     assert v6.endswith("| 51.67 | 31.67 |")
     assert "| base model as engineer (published) | – | – / – |" in md and published.CAPTION in md
+    assert "| context V6 (published) | – | 45.20 / – | 35.70 / – | 27.30 / – |" in md  # the wait-subset table
     plain = tables.table_markdown(table, title="t", command=None)
     assert "(published)" not in plain and published.CAPTION not in plain
 
