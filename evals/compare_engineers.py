@@ -27,8 +27,9 @@ data and training seed; the same preset and `set:` overrides give every engineer
   other settings, another config's runs, or nothing left to run are refused with one line naming --fresh / --out
   (`evals.pairs.guard_committed`).
 
-Outputs in `<out>`: table.md / table.csv / table.json (valid % / optimal % per agent count and wait subset,
-mean ± 95% t-interval over seeds, gap to the baseline), validation_per_stage.png, allocation.png,
+Outputs in `<out>`: table.md / table.csv / table.json (per agent count each size's valid % / optimal % and
+Sum, the unweighted mean over sizes; pooled rates per agent count and wait subset; mean [95% interval] over
+seeds and instances, `evals.intervals`; gaps to the baseline paired by seed; failure shares), validation_per_stage.png, allocation.png,
 timings.json, events.log, logs/<pair>.log, verdicts/<pair>/ (the per-instance verdict files).
 
 Config fields (YAML or TOML): see `CompareConfig` below and `evals.config.LoopConfig`.

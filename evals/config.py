@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,6 +34,14 @@ class LoopConfig(BaseModel):
     baseline: str | None = Field(None, description="arm that gaps are measured against (None: no gap columns)")
     set: dict[str, Any] = Field(
         default_factory=dict, description="settings passed identically to every run as --set KEY=VALUE"
+    )
+    criterion: Literal["soc", "makespan"] | None = Field(
+        None, description="what `optimal` means in the tables: soc (sum of costs) or makespan (None: makespan when "
+        "every verdict row has the makespan fields, else soc); named in every table"
+    )
+    published: bool | None = Field(
+        None, description="print the paper's published rows beneath ours (None: when every run's benchmark is "
+        "the full `test` split, where the paper's numbers compare)"
     )
     timeout_s: float | None = Field(None, gt=0, description="wall-clock limit of one graph.run call (None: none)")
     share_stage0: bool = Field(

@@ -105,16 +105,33 @@ def run_loop_eval(
     if not verdicts:
         print(f"no finished runs with verdict files under {out / 'verdicts'}; no table written", file=sys.stderr)
         return 1 if (grid.failed or missing) else 0
-    table = summarize(verdicts, labels, cfg.baseline)
-    write_tables(table, out, title=title, command=command, arm_header=arm_header, notes=notes,
-                 extra={"preset": cfg.preset, "seeds": cfg.seeds, "set": cfg.set, "timings_s": timings,
-                        "tables_built_on": machine(),
-                        "skipped": grid.skipped, "failed": grid.failed})
+    write_loop_tables(verdicts, labels, cfg, out, title=title, command=command, arm_header=arm_header, notes=notes,
+                      extra={"preset": cfg.preset, "seeds": cfg.seeds, "set": cfg.set, "timings_s": timings,
+                             "tables_built_on": machine(), "skipped": grid.skipped, "failed": grid.failed})
     plots = write_plots(verdicts, labels, out, arm_header=arm_header)
     print(f"wrote {out / 'table.md'}, table.csv, failures.csv, table.json" + (f", {', '.join(plots)}" if plots else ""),
           file=sys.stderr)
     print((out / "table.md").read_text())
     return 1 if grid.failed else 0
+
+
+def show_published(verdicts: Mapping[tuple[str, int], Path], setting: bool | None) -> bool:
+    """Whether the paper's published rows go beneath ours: `setting` when given, else when every pair's
+    benchmark was the full `test` split (its collected settings.json), the split the paper's numbers are on."""
+    if setting is not None:
+        return setting
+    splits = {(read_json(folder / "settings.json") or {}).get("final_split") for folder in verdicts.values()}
+    return splits == {"test"}
+
+
+def write_loop_tables(verdicts: Mapping[tuple[str, int], Path], labels: Sequence[str], cfg: LoopConfig, out: Path, *,
+                      title: str, command: str | None, arm_header: str, notes: Sequence[str],
+                      extra: Mapping[str, Any]) -> None:
+    """table.md / table.csv / failures.csv / table.json of a loop eval from its verdict files: the one path
+    a run, `--tables-only` and the test that rebuilds the committed tables all take."""
+    table = summarize(verdicts, labels, cfg.baseline, criterion=cfg.criterion)
+    write_tables(table, out, title=title, command=command, arm_header=arm_header, notes=notes, extra=extra,
+                 published=show_published(verdicts, cfg.published))
 
 
 def main(argv: list[str] | None, *, prog: str, description: str, model: type[LoopConfigT],

@@ -10,21 +10,35 @@ from pathlib import Path
 from typing import Any
 
 from env.config import SIZES
+from evals.intervals import rate_interval
 from evals.results import read_json, read_jsonl, stage_numbers
-from evals.stats import mean_ci
 from nodes.files import stage_dir
 
 
-def stage_curves(folder: Path) -> dict[int, float]:
-    """Validation valid rate per stage, from `stage_k/eval.jsonl` verdict rows."""
+def stage_counts(folder: Path) -> dict[int, tuple[int, int]]:
+    """Validation (answers, valid answers) per stage, from `stage_k/eval.jsonl` verdict rows."""
     curve = {}
     for k in stage_numbers(folder):
         p = stage_dir(folder, k) / "eval.jsonl"
         if p.is_file():
             rows = read_jsonl(p)
             if rows:
-                curve[k] = sum(bool(r.get("valid")) for r in rows) / len(rows)
+                curve[k] = (len(rows), sum(bool(r.get("valid")) for r in rows))
     return curve
+
+
+def stage_curves(folder: Path) -> dict[int, float]:
+    """Validation valid rate per stage, from `stage_k/eval.jsonl` verdict rows."""
+    return {k: v / n for k, (n, v) in stage_counts(folder).items()}
+
+
+def error_bars(stats: list[dict[str, Any]]) -> tuple[list[float], list[list[float]]]:
+    """Means (%) and matplotlib's asymmetric yerr [[below], [above]] from interval low/high, so a bar never
+    reaches below 0 or above 100 (`evals.intervals`)."""
+    means = [100 * s["mean"] for s in stats]
+    below = [100 * (s["mean"] - s["low"]) if s.get("low") is not None else 0.0 for s in stats]
+    above = [100 * (s["high"] - s["mean"]) if s.get("high") is not None else 0.0 for s in stats]
+    return means, [below, above]
 
 
 def stage_allocations(folder: Path) -> dict[int, dict[int, float]]:
@@ -59,7 +73,7 @@ def stage0_mismatches(verdicts: Mapping[tuple[str, int], Path]) -> list[str]:
 
 def write_plots(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[str], out: Path,
                 arm_header: str = "engineer") -> list[str]:
-    """`validation_per_stage.png` (mean ± 95% t over seeds, seeds as faint dots) and `allocation.png`
+    """`validation_per_stage.png` (mean over seeds with its 95% interval, `evals.intervals`, seeds as faint dots) and `allocation.png`
     (mean data_ratio per size that each arm set for each stage). Returns the file names written."""
     import matplotlib
 
@@ -72,18 +86,18 @@ def write_plots(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[st
     files = []
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, label in enumerate(labels):
-        curves = [stage_curves(f) for (lbl, _), f in sorted(verdicts.items()) if lbl == label]
-        stages = sorted({k for c in curves for k in c})
-        stats = [mean_ci([c[k] for c in curves if k in c]) for k in stages]
+        counts = [stage_counts(f) for (lbl, _), f in sorted(verdicts.items()) if lbl == label]
+        stages = sorted({k for c in counts for k in c})
+        stats = [rate_interval({j: {"all": c[k]} for j, c in enumerate(counts) if k in c}) for k in stages]
         xs = [k + (i - (len(labels) - 1) / 2) * 0.04 for k in stages]
-        ax.errorbar(xs, [100 * s["mean"] for s in stats], yerr=[100 * (s["half"] or 0) for s in stats],
-                    marker="o", capsize=3, label=f"{label} (n={len(curves)})")
-        for c in curves:
-            ax.scatter([k + (i - (len(labels) - 1) / 2) * 0.04 for k in c], [100 * v for v in c.values()],
+        means, yerr = error_bars(stats)
+        ax.errorbar(xs, means, yerr=yerr, marker="o", capsize=3, label=f"{label} (n={len(counts)})")
+        for c in counts:
+            ax.scatter([k + (i - (len(labels) - 1) / 2) * 0.04 for k in c], [100 * v / n for n, v in c.values()],
                        s=8, alpha=0.3, color=ax.lines[-1].get_color())
     ax.set_xlabel("stage (evaluated after training it)")
     ax.set_ylabel("validation valid %")
-    ax.set_title("Validation success per stage (mean ± 95% t over seeds)")
+    ax.set_title("Validation success per stage (mean over seeds, 95% bootstrap / Wilson interval)")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, title=arm_header)

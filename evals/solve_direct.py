@@ -15,15 +15,17 @@ local checkpoint (`kind: local`, via `llm_backends.policy.open_policy`).
 - `--tables-only` rebuilds the tables from the eval.jsonl files alone.
 
 Outputs: `<out>/<name>/{eval.jsonl, metrics.json}`, `<out>/timings.json` (wall time per model, with the
-machine it ran on) and `<out>/table.{md,csv,json}`: valid % / optimal % per agent count and wait subset
-(the paper's 3/4/5 agents and wait 0.25/0.50/0.75 always, an empty one as "– (n=0)"), pooled over sizes,
-with a 95% Wilson interval (one run, so no seeds), and the wall times.
+machine it ran on) and `<out>/table.{md,csv,json}`, `failures.csv`: the loop evals' tables
+(`evals.tables`), one row per model: per agent count each size's valid % / optimal % and Sum (the
+unweighted mean over sizes), the paper's published solver rows beneath on the `test` split; pooled per
+agent count and wait subset (the paper's 3/4/5 agents and wait 0.25/0.50/0.75 always, an empty one as
+"–"); with 95% Wilson intervals (one run, so no seeds; a bootstrap over instances for Sum) and the wall
+times.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import re
@@ -37,9 +39,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evals.config import EvalConfigError, config_command, load_config, repo_path, repo_relative
 from evals.grid import EventLog, machine
+from evals.published import RUNS as PUBLISHED_RUNS
 from evals.results import committed, read_jsonl, reproduce_folder
-from evals.stats import subset_counts, subset_order, wilson
-from evals.tables import subset_title
+from evals.stats import subset_counts, summarize_rows
+from evals.tables import write_tables
 
 
 class ModelSpec(BaseModel):
@@ -92,6 +95,11 @@ class SolveConfig(BaseModel):
     temperature: float = Field(0.0, ge=0.0, description="sampling temperature (0: greedy)")
     batch_size: int = Field(8, ge=1, description="instances asked per batch (rows are saved after each)")
     models: list[ModelSpec] = Field(min_length=1, description="the solvers scored, in table order")
+    criterion: Literal["soc", "makespan"] | None = Field(
+        None, description="what `optimal` means: soc (sum of costs) or makespan (None: makespan when every "
+        "verdict row has the makespan fields, else soc); named in every table")
+    published: bool | None = Field(None, description="print the paper's published solver rows beneath ours "
+                                   "(None: on the full `test` split)")
 
 
 def local_weights(name: str | None) -> str | None:
@@ -174,17 +182,14 @@ def record_timing(out: Path, name: str, wall_s: float, answered: int) -> None:
     path.write_text(json.dumps(timings, indent=2) + "\n")
 
 
-def _fmt(k: int, n: int) -> str:
-    lo, hi = wilson(k, n)
-    return f"{100 * k / n:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]"
-
-
 def write_solve_tables(cfg: SolveConfig, out: Path, ids: set[str], command: str | None,
                        notes: list[str]) -> dict[str, Any]:
-    """table.md/csv/json from `<out>/<name>/eval.jsonl` (only rows of this split's chosen ids)."""
+    """table.md/csv/json and failures.csv from `<out>/<name>/eval.jsonl` (only rows of this split's chosen
+    ids), through the loop evals' tables (`evals.tables.write_tables`): each model is one arm with one run,
+    so its intervals are Wilson's (or a bootstrap over instances for a Sum over sizes)."""
     from nodes.evaluate import compute_final_metrics
 
-    counts: dict[str, dict[str, dict[str, int]]] = {}
+    data: dict[tuple[str, int], list[dict]] = {}
     for spec in cfg.models:
         path = out / spec.name / "eval.jsonl"
         if not path.is_file():
@@ -194,52 +199,25 @@ def write_solve_tables(cfg: SolveConfig, out: Path, ids: set[str], command: str 
             continue
         if len(rows) < len(ids):
             notes.append(f"`{spec.name}` answered {len(rows)} of {len(ids)} instances so far (rerun to finish)")
-        counts[spec.name] = subset_counts(rows)
+        data[(spec.name, 0)] = rows
         (out / spec.name / "metrics.json").write_text(json.dumps(compute_final_metrics(rows), indent=2) + "\n")
-    subsets = subset_order((k for c in counts.values() for k in c), paper=True)
-    agents = [s for s in subsets if s.startswith("agents_") and "/" not in s] + (["all"] if "all" in subsets else [])
-    waits = [s for s in subsets if s.startswith("wait_")]
-    lines = [f"# Direct solvers on `{cfg.split}`" + (f" (first {cfg.limit})" if cfg.limit else ""), ""]
-    if command:
-        lines += ["Command:", "", f"    {command}", ""]
-    lines += ["Valid % / optimal % pooled over sizes, each with its 95% Wilson interval [low, high]; computed "
-              "from `<model>/eval.jsonl` only.", ""]
-    for caption, cols in (("**Per agent count**", agents), ("**Per wait-ratio subset**", waits)):
-        if not cols:
-            continue
-        lines += [caption, "", "| model | " + " | ".join(subset_title(c) for c in cols) + " |",
-                  "|---|" + "---|" * len(cols)]
-        for name, c in counts.items():
-            cells = ["– (n=0)" if s not in c else f"{_fmt(c[s]['valid'], c[s]['n'])} / {_fmt(c[s]['optimal'], c[s]['n'])}"
-                     for s in cols]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        lines.append("")
-    timings = _timings(out, [name for name in counts])
+    names = [name for name, _ in data]
+    timings = _timings(out, names)
     by_machine: dict[str, list[str]] = {}
     for name, t in timings.items():
         by_machine.setdefault(t.get("machine") or "a machine that was not recorded", []).append(
             f"{name} {t['wall_s']:.0f}s for {t.get('answered', 0)} answer(s)")
     notes = notes + [f"Wall time on {m}: {', '.join(v)}." for m, v in by_machine.items()]
-    lines += [f"- {n}" for n in notes]
-    (out / "table.md").write_text("\n".join(lines) + "\n")
-    rows_csv = []
-    for name, c in counts.items():
-        for s in subsets:
-            for metric in ("valid", "optimal"):
-                if s not in c:  # an empty paper column: n=0, no rate
-                    rows_csv.append({"model": name, "subset": s, "metric": metric, "n": 0, "k": 0, "rate": None,
-                                     "wilson95_low": None, "wilson95_high": None})
-                    continue
-                lo, hi = wilson(c[s][metric], c[s]["n"])
-                rows_csv.append({"model": name, "subset": s, "metric": metric, "n": c[s]["n"], "k": c[s][metric],
-                                 "rate": c[s][metric] / c[s]["n"], "wilson95_low": lo, "wilson95_high": hi})
-    with open(out / "table.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows_csv[0]) if rows_csv else ["model"])
-        w.writeheader()
-        w.writerows(rows_csv)
-    payload = {"split": cfg.split, "limit": cfg.limit, "command": command, "counts": counts, "timings_s": timings,
-               "notes": notes}
-    (out / "table.json").write_text(json.dumps(payload, indent=2) + "\n")
+    title = f"Direct solvers on `{cfg.split}`" + (f" (first {cfg.limit})" if cfg.limit else "")
+    if not data:
+        (out / "table.md").write_text("\n".join([f"# {title}", "", "No answers yet.", ""] + [f"- {n}" for n in notes]) + "\n")
+        return {}
+    table = summarize_rows(data, names, None, criterion=cfg.criterion)
+    counts = {name: subset_counts(rows, table["criterion"]) for (name, _), rows in data.items()}
+    show = cfg.split == "test" if cfg.published is None else cfg.published
+    write_tables(table, out, title=title, command=command, arm_header="model", notes=notes,
+                 extra={"split": cfg.split, "limit": cfg.limit, "counts": counts, "timings_s": timings},
+                 published=PUBLISHED_RUNS["solvers"] if show else (), source="`<model>/eval.jsonl`")
     return counts
 
 

@@ -1,12 +1,17 @@
-"""Statistics of a grid's verdict files: rates per subset and seed, means with 95% t-intervals, paired gaps.
+"""Statistics of a grid's verdict files: rates per subset, size and seed, means with 95% intervals inside
+[0, 100] %, paired gaps, failure shares.
 
-Per seed, the valid / optimal rate of a subset (3, 4 or 5 agents; wait ratio 0.25 / 0.50 / 0.75; all)
-pools every instance of that subset over all sizes (the paper's "aggregate over sizes"). Over seeds we
-report the mean and a two-sided 95% Student-t interval (mean +- t_{0.975, n-1} * sd / sqrt(n)), and the gap
-to the baseline arm as the mean of the per-seed paired differences with its own t-interval. Next to them:
-where the answers fail (the share of answers by first failing check, `failures.csv`), which separates arms
-whose valid rates are all zero, and a note naming the arms of a seed whose final answers are identical
-answer for answer (their stages changed nothing the benchmark sees).
+Two layouts of the same verdict rows:
+- per size (the paper's): for each agent count, the valid / optimal rate of each size, and "Sum", the
+  unweighted mean of the per-size rates (3-agent valid = mean of 8 per-size rates), per seed first, then
+  the mean over seeds;
+- pooled: per subset (3, 4 or 5 agents; wait ratio 0.25 / 0.50 / 0.75; all), every instance of the subset
+  over all sizes in one rate.
+Intervals are `evals.intervals`' (percentile bootstrap over seeds and instances, Wilson for one seed); the gap
+to the baseline arm is paired by seed (and by instance where both arms answered the same ones). What
+"optimal" means is a parameter, the criterion (`is_optimal`), named in every table. Next to them: where the
+answers fail (the share of answers by first failing check), which separates arms whose valid rates are all
+zero, and a note naming the arms of a seed whose final answers are identical answer for answer.
 """
 
 from __future__ import annotations
@@ -19,13 +24,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from evals.intervals import gap_interval, rate_interval, wilson  # noqa: F401 - wilson: for evals.bench
 from evals.results import read_jsonl
 
 METRICS = ("valid", "optimal")
 # The paper's columns, always shown (an empty one as "–" with n=0, never dropped silently).
 PAPER_SUBSETS = ("agents_3", "agents_4", "agents_5", "wait_0.25", "wait_0.50", "wait_0.75", "all")
+# What `optimal` means in a table (`is_optimal`); the paper's optimal rate is most likely makespan-optimal.
+CRITERIA = ("soc", "makespan")
+CRITERION_NAMES = {"soc": "sum of costs", "makespan": "makespan"}
+INTERVAL_NOTE = ("95% percentile bootstrap over seeds and instances (seeds drawn with replacement, then the "
+                 "instances of each size within each drawn seed; fixed generator seed); Wilson score interval "
+                 "with one seed and one cell, and for a rate of 0 or 100% over all answers")
 
 
+# Student-t: for evals.bench's paired per-instance differences (many instances), never for rates over seeds.
 # two-sided 95% Student-t quantiles t_{0.975, df}; df > 30 uses the Cornish-Fisher expansion below
 _T975 = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 6: 2.4469, 7: 2.3646, 8: 2.3060, 9: 2.2622,
          10: 2.2281, 11: 2.2010, 12: 2.1788, 13: 2.1604, 14: 2.1448, 15: 2.1314, 16: 2.1199, 17: 2.1098,
@@ -44,7 +57,9 @@ def t975(df: int) -> float:
 
 
 def mean_ci(values: Sequence[float]) -> dict[str, Any]:
-    """Mean and 95% t-interval half-width over seeds; half is None with fewer than 2 values.
+    """Mean and 95% t-interval half-width; half is None with fewer than 2 values. For evals.bench's paired
+    per-instance differences (values in [-1, 1], many of them); never for rates over a few seeds, whose
+    t-interval leaves [0, 1] (the tables use `evals.intervals`).
 
     >>> r = mean_ci([0.2, 0.4, 0.6]); round(r["mean"], 3), round(r["half"], 3)
     (0.4, 0.497)
@@ -61,17 +76,6 @@ def mean_ci(values: Sequence[float]) -> dict[str, Any]:
     return {"n": n, "mean": m, "half": half, "low": m - half, "high": m + half, "sd": sd}
 
 
-def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion k/n (for one model on one split, no seeds)."""
-    if n == 0:
-        return (0.0, 0.0)
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
 def subset_key_agents(row: dict) -> str:
     return f"agents_{int((row.get('tags') or {}).get('agents') or row.get('num_agents') or 2)}"
 
@@ -81,16 +85,16 @@ def subset_key_wait(row: dict) -> str | None:
     return None if w is None else f"wait_{float(w):.2f}"
 
 
-def subset_counts(rows: Iterable[dict]) -> dict[str, dict[str, int]]:
-    """Per subset (`all`, `agents_<a>`, `wait_<w>`, `agents_<a>/wait_<w>`): n, valid, optimal counts,
-    pooled over sizes. Plain counting on the verdict rows, so a reader can check it by hand."""
+def subset_counts(rows: Iterable[dict], criterion: str = "soc") -> dict[str, dict[str, int]]:
+    """Per subset (`all`, `agents_<a>`, `wait_<w>`, `agents_<a>/wait_<w>`): n, valid, optimal counts (optimal
+    under `criterion`, `is_optimal`), pooled over sizes. Plain counting, so a reader can check it by hand."""
     out: dict[str, dict[str, int]] = {}
 
     def add(key: str, row: dict) -> None:
         c = out.setdefault(key, {"n": 0, "valid": 0, "optimal": 0})
         c["n"] += 1
         c["valid"] += bool(row.get("valid"))
-        c["optimal"] += bool(row.get("valid")) and bool(row.get("optimal"))
+        c["optimal"] += is_optimal(row, criterion)
 
     for row in rows:
         a, w = subset_key_agents(row), subset_key_wait(row)
@@ -111,62 +115,145 @@ def subset_order(keys: Iterable[str], paper: bool = False) -> list[str]:
     return agents + waits + cross + (["all"] if "all" in keys else [])
 
 
-def summarize(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[str], baseline: str | None) -> dict:
-    """Per arm and subset: per-seed rates, mean and 95% t-interval, and the paired gap to `baseline`."""
-    per_seed: dict[str, dict[int, dict[str, dict[str, int]]]] = {}
-    for (label, seed), folder in sorted(verdicts.items()):
-        per_seed.setdefault(label, {})[seed] = subset_counts(read_jsonl(folder / "final" / "eval.jsonl"))
-    arms = [a for a in arm_order if a in per_seed] + sorted(a for a in per_seed if a not in arm_order)
-    subsets = subset_order((k for seeds in per_seed.values() for c in seeds.values() for k in c), paper=True)
-    table: dict[str, Any] = {"arms": arms, "subsets": subsets, "baseline": baseline, "rows": {}}
+def default_criterion(rows: Iterable[dict]) -> str:
+    """`makespan` when every row carries the plan's and the instance's makespan, else `soc` (older verdict
+    files know only sums of costs, so they can be tabulated under `soc` alone)."""
+    rows = list(rows)
+    ok = bool(rows) and all("makespan" in r and r.get("optimal_makespan") is not None for r in rows)
+    return "makespan" if ok else "soc"
+
+
+def is_optimal(row: Mapping[str, Any], criterion: str) -> bool:
+    """Whether a verdict row's answer is optimal under `criterion`: `soc` (valid and its sum of costs equals
+    the instance's optimal sum of costs, `optimal_soc`, else `optimal_cost`) or `makespan` (valid and its
+    makespan equals the instance's optimal makespan). A row without any cost field (hand-made) falls back on
+    its own `optimal` flag when that flag is a sum-of-costs verdict. Raises ValueError for a row that cannot
+    be judged under `criterion` (never a silent mislabel)."""
+    if criterion not in CRITERIA:
+        raise ValueError(f"criterion {criterion!r}: allowed: {', '.join(CRITERIA)}")
+    if criterion == "makespan":
+        if "makespan" not in row or row.get("optimal_makespan") is None:
+            raise ValueError(f"row {row.get('id')!r} has no makespan fields: tabulate it under 'soc'")
+        return bool(row.get("valid")) and row["makespan"] is not None and row["makespan"] == row["optimal_makespan"]
+    best = row.get("optimal_soc", row.get("optimal_cost"))
+    if best is None and "cost" not in row:
+        if row.get("criterion", "soc") != "soc":
+            raise ValueError(f"row {row.get('id')!r}: its `optimal` flag is a {row['criterion']} verdict")
+        return bool(row.get("valid")) and bool(row.get("optimal"))
+    return bool(row.get("valid")) and row.get("cost") is not None and row["cost"] == best
+
+
+def _success(row: Mapping[str, Any], metric: str, criterion: str) -> bool:
+    return bool(row.get("valid")) if metric == "valid" else is_optimal(row, criterion)
+
+
+def _subsets_of(row: dict) -> list[str]:
+    a, w = subset_key_agents(row), subset_key_wait(row)
+    return ["all", a] + ([] if w is None else [w, f"{a}/{w}"])
+
+
+def read_verdicts(verdicts: Mapping[tuple[str, int], Path]) -> dict[tuple[str, int], list[dict]]:
+    """(arm, seed) -> the final benchmark verdict rows of that pair."""
+    return {k: read_jsonl(folder / "final" / "eval.jsonl") for k, folder in sorted(verdicts.items())}
+
+
+def _cells(rows: list[dict], metric: str, criterion: str, key) -> dict[Any, list[tuple[str, bool]]]:
+    """Rows grouped by `key(row)` (a list of groups per row) as [(id, success), ...]."""
+    out: dict[Any, list[tuple[str, bool]]] = {}
+    for j, r in enumerate(rows):
+        for g in key(r):
+            out.setdefault(g, []).append((str(r.get("id", j)), _success(r, metric, criterion)))
+    return out
+
+
+def _counts(cells: Mapping[Any, list[tuple[str, bool]]]) -> dict[Any, tuple[int, int]]:
+    return {g: (len(v), sum(ok for _, ok in v)) for g, v in cells.items()}
+
+
+def summarize(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[str], baseline: str | None,
+              criterion: str | None = None) -> dict:
+    """`summarize_rows` of the verdict folders' `final/eval.jsonl`."""
+    return summarize_rows(read_verdicts(verdicts), arm_order, baseline, criterion)
+
+
+def summarize_rows(data: Mapping[tuple[str, int], list[dict]], arm_order: Sequence[str], baseline: str | None,
+                   criterion: str | None = None) -> dict:
+    """Per arm, from `(arm, seed) -> verdict rows`: per-size rates and their Sum per agent count, pooled rates
+    per subset, each with its 95% interval over seeds and instances and the gap to `baseline` paired by
+    seed; failure shares.
+
+    `criterion` ('soc' | 'makespan'; None: `default_criterion` of all rows) is what `optimal` means."""
+    all_rows = [r for rows in data.values() for r in rows]
+    criterion = criterion or default_criterion(all_rows)
+    if criterion == "makespan" and default_criterion(all_rows) != "makespan":
+        raise ValueError("criterion 'makespan': some verdict rows have no makespan fields (older verdict files); "
+                         "tabulate them under 'soc'")
+    labels = {label for label, _ in data}
+    arms = [a for a in arm_order if a in labels] + sorted(a for a in labels if a not in arm_order)
+    subsets = subset_order((k for r in all_rows for k in _subsets_of(r)), paper=True)
+    agents = [s for s in subsets if s.startswith("agents_") and "/" not in s]
+    sizes = {a: sorted({int(r["size"]) for r in all_rows if subset_key_agents(r) == a and r.get("size") is not None})
+             for a in agents}
+    # (arm, metric, layout) -> seed -> group -> [(id, success)]
+    grouped: dict[tuple[str, str, str], dict[int, dict[Any, list[tuple[str, bool]]]]] = {}
+    for (label, seed), rows in data.items():
+        for metric in METRICS:
+            grouped.setdefault((label, metric, "pooled"), {})[seed] = _cells(rows, metric, criterion, _subsets_of)
+            grouped.setdefault((label, metric, "size"), {})[seed] = _cells(
+                rows, metric, criterion, lambda r: [(subset_key_agents(r), int(r["size"]))] if r.get("size") is not None else [])
+    base_ok = bool(baseline) and baseline in labels
+
+    def stat(label: str, metric: str, layout: str, pick) -> dict[str, Any]:
+        """`pick(seed_groups) -> {stratum: [(id, success)]}` chooses the strata of one cell."""
+        per_seed = {s: pick(g) for s, g in grouped[(label, metric, layout)].items()}
+        st = rate_interval({s: _counts(c) for s, c in per_seed.items()})
+        st["n_instances"] = {str(s): sum(len(v) for v in c.values()) for s, c in sorted(per_seed.items()) if c}
+        if base_ok and label != baseline:
+            base = {s: pick(g) for s, g in grouped[(baseline, metric, layout)].items()}
+            st["gap"] = gap_interval(per_seed, base)
+        return st
+
+    table: dict[str, Any] = {"arms": arms, "subsets": subsets, "baseline": baseline, "criterion": criterion,
+                             "criterion_name": CRITERION_NAMES[criterion], "interval": INTERVAL_NOTE,
+                             "sizes": {a: sizes[a] for a in agents}, "rows": {}, "per_size": {}}
     for label in arms:
-        seeds = per_seed[label]
-        row: dict[str, Any] = {"seeds": sorted(seeds)}
+        row: dict[str, Any] = {"seeds": sorted(s for lbl, s in data if lbl == label)}
         for sub in subsets:
-            cell: dict[str, Any] = {}
-            for metric in METRICS:
-                rates = {s: c[sub][metric] / c[sub]["n"] for s, c in seeds.items() if sub in c and c[sub]["n"]}
-                stat = mean_ci(list(rates.values()))
-                stat["per_seed"] = {str(s): r for s, r in sorted(rates.items())}
-                stat["n_instances"] = {str(s): c[sub]["n"] for s, c in sorted(seeds.items()) if sub in c}
-                if baseline and baseline in per_seed and label != baseline:
-                    base = per_seed[baseline]
-                    diffs = [r - base[s][sub][metric] / base[s][sub]["n"]
-                             for s, r in sorted(rates.items()) if s in base and sub in base[s] and base[s][sub]["n"]]
-                    stat["gap"] = mean_ci(diffs)
-                cell[metric] = stat
-            row[sub] = cell
+            row[sub] = {m: stat(label, m, "pooled", lambda g, sub=sub: {sub: g[sub]} if sub in g else {})
+                        for m in METRICS}
         table["rows"][label] = row
-    table["failures"] = failure_shares(verdicts, arms)
+        table["per_size"][label] = {
+            a: {m: {"sizes": {str(z): stat(label, m, "size", lambda g, a=a, z=z: {z: g[(a, z)]} if (a, z) in g else {})
+                              for z in sizes[a]},
+                    "sum": stat(label, m, "size", lambda g, a=a: {z: v for (aa, z), v in g.items() if aa == a})}
+                for m in METRICS}
+            for a in agents}
+    table["failures"] = failure_shares(data, arms)
     return table
 
 
-def failure_shares(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[str]) -> dict:
+def failure_shares(data: Mapping[tuple[str, int], list[dict]], arm_order: Sequence[str]) -> dict:
     """Where the held-out answers fail: per arm, the share of final-benchmark answers by the first check they
-    fail (`valid` when none; the checker's order, env.verify.CHECK_ORDER), as the mean and 95% t-interval
-    over seeds. It separates arms whose valid rates are all zero (a policy that now writes every agent's
-    path but collides differs from one that still drops agents)."""
+    fail (`valid` when none; the checker's order, env.verify.CHECK_ORDER), as the mean over seeds with the
+    same 95% interval as the rates. It separates arms whose valid rates are all zero (a policy that now
+    writes every agent's path but collides differs from one that still drops agents)."""
     from env.verify import CHECK_ORDER
 
-    per: dict[str, dict[int, dict[str, float]]] = {}
-    for (label, seed), folder in sorted(verdicts.items()):
-        rows = read_jsonl(folder / "final" / "eval.jsonl")
+    per: dict[str, dict[int, Counter]] = {}
+    for (label, seed), rows in sorted(data.items()):
         if rows:
-            counts = Counter("valid" if r.get("valid") else (r.get("failure") or "unknown") for r in rows)
-            per.setdefault(label, {})[seed] = {k: c / len(rows) for k, c in counts.items()}
-    seen = {k for seeds in per.values() for shares in seeds.values() for k in shares}
+            per.setdefault(label, {})[seed] = Counter("valid" if r.get("valid") else (r.get("failure") or "unknown")
+                                                      for r in rows)
+    seen = {k for seeds in per.values() for counts in seeds.values() for k in counts}
     kinds = ["valid", *(k for k in CHECK_ORDER if k in seen), *sorted(seen - set(CHECK_ORDER) - {"valid"})]
     arms = [a for a in arm_order if a in per] + sorted(a for a in per if a not in arm_order)
-    rows: dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for a in arms:
         seeds = sorted(per[a])
-        rows[a] = {"seeds": seeds}
+        out[a] = {"seeds": seeds}
         for k in kinds:
-            stat = mean_ci([per[a][s].get(k, 0.0) for s in seeds])
-            stat["per_seed"] = {str(s): per[a][s].get(k, 0.0) for s in seeds}
-            rows[a][k] = stat
-    return {"kinds": kinds, "arms": arms, "rows": rows}
-
+            out[a][k] = rate_interval({s: {"all": (sum(per[a][s].values()), per[a][s].get(k, 0))} for s in seeds})
+    return {"kinds": kinds, "arms": arms, "rows": out}
 
 def identical_answer_notes(verdicts: Mapping[tuple[str, int], Path]) -> list[str]:
     """Arms of one seed whose final benchmark answers are the same, answer for answer (id, text and verdict):

@@ -1,5 +1,10 @@
-"""The tables of a grid, from `evals.stats.summarize`: table.md (the paper's layout), table.csv (long form),
-failures.csv and table.json (everything, per-seed values included).
+"""The tables of a grid, from `evals.stats.summarize`: table.md (the paper's layout first), table.csv (long
+form), failures.csv and table.json (everything, per-seed values included).
+
+table.md: per agent count, a row per arm with each size's valid % / optimal % and Sum (the unweighted mean
+over sizes, the paper's aggregate), the paper's published rows beneath when asked for; the gap of Sum to
+the baseline; then the pooled rates per agent count and per wait subset, their gaps, and where the answers
+fail. Every caption names the optimality criterion; every interval is "mean [low, high]" in %.
 """
 
 from __future__ import annotations
@@ -10,15 +15,25 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from evals.published import CAPTION as PUBLISHED_CAPTION
+from evals.published import RUNS as PUBLISHED_RUNS
+from evals.published import published_rows, wait_rows
 from evals.stats import METRICS
 
 
-def _cell(stat: Mapping[str, Any] | None, signed: bool = False) -> str:
+def _cell(stat: Mapping[str, Any] | None, signed: bool = False, interval: bool = True) -> str:
+    """'12.3 [4.5, 20.1]' (%), '+1.0 [-2.0, +4.0]' (points) when signed, '–' when there is no value."""
     if not stat or stat.get("mean") is None:
         return "–"
-    m = 100 * stat["mean"]
-    s = f"{m:+.1f}" if signed else f"{m:.1f}"
-    return s + ("" if stat.get("half") is None else f" ± {100 * stat['half']:.1f}")
+    fmt = "{:+.1f}" if signed else "{:.1f}"
+    s = fmt.format(100 * stat["mean"])
+    if interval and stat.get("low") is not None:
+        s += f" [{fmt.format(100 * stat['low'])}, {fmt.format(100 * stat['high'])}]"
+    return s
+
+
+def _pub(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}"
 
 
 def subset_title(sub: str) -> str:
@@ -30,23 +45,80 @@ def subset_title(sub: str) -> str:
     return ", ".join(parts)
 
 
+def _per_size_blocks(table: Mapping[str, Any], arm_header: str, published: Sequence[str]) -> list[str]:
+    """Per agent count: sizes then Sum, a row per arm, the published rows beneath; the Sum gaps."""
+    arms, crit = table["arms"], table["criterion_name"]
+    lines = [f"**Per agent count and size (the paper's layout): valid % / optimal % (optimal: {crit}) per size, "
+             "then Sum, the unweighted mean of the per-size rates (each seed's Sum, then the mean over seeds, with "
+             "its 95% interval)**", ""]
+    for a, sizes in table["sizes"].items():
+        n_agents = int(a[7:])
+        pub = published_rows(n_agents, tuple(published)) if published else []
+        cols = sorted(set(sizes) | {z for p in pub for z in p["sizes"]})
+        if not cols:
+            lines += [f"*{n_agents} agents*: no benchmark instances.", ""]
+            continue
+        lines += [f"*{n_agents} agents*", "",
+                  f"| {arm_header} | seeds | " + " | ".join(f"{z}x{z}" for z in cols) + " | Sum valid | Sum optimal |",
+                  "|---|---|" + "---|" * (len(cols) + 2)]
+        for arm in arms:
+            ps = table["per_size"][arm][a]
+            cells = [f"{_cell(ps['valid']['sizes'].get(str(z)), interval=False)} / "
+                     f"{_cell(ps['optimal']['sizes'].get(str(z)), interval=False)}" for z in cols]
+            lines.append(f"| {arm} | {len(table['rows'][arm]['seeds'])} | " + " | ".join(cells)
+                         + f" | {_cell(ps['valid']['sum'])} | {_cell(ps['optimal']['sum'])} |")
+        for p in pub:
+            cells = [f"{_pub(p['sizes'].get(z, (None, None))[0])} / {_pub(p['sizes'].get(z, (None, None))[1])}"
+                     for z in cols]
+            lines.append(f"| {p['run']} (published) | – | " + " | ".join(cells)
+                         + f" | {_pub(p['sum'][0])} | {_pub(p['sum'][1])} |")
+        lines.append("")
+    if published:
+        lines += [PUBLISHED_CAPTION, ""]
+        if table["criterion"] != "makespan":
+            lines += [f"Our optimal % here is by {crit}, the paper's by makespan: compare the valid columns only "
+                      "(verdict rows with makespan fields give makespan tables).", ""]
+    lines.append("Per-size cells show the mean over seeds; their intervals are in table.csv and table.json.")
+    lines.append("")
+    base = table.get("baseline")
+    if base and base in table["rows"]:
+        agents = list(table["sizes"])
+        lines += [f"**Gap of Sum to `{base}` in percentage points (valid / optimal, optimal: {crit}), paired by "
+                  "seed (and by instance), with its 95% paired-bootstrap interval**", "",
+                  f"| {arm_header} | " + " | ".join(subset_title(a) for a in agents) + " |",
+                  "|---|" + "---|" * len(agents)]
+        for arm in arms:
+            if arm == base:
+                continue
+            ps = table["per_size"][arm]
+            lines.append(f"| {arm} | " + " | ".join(
+                f"{_cell(ps[a]['valid']['sum'].get('gap'), True)} / {_cell(ps[a]['optimal']['sum'].get('gap'), True)}"
+                for a in agents) + " |")
+        lines.append("")
+    return lines
+
+
 def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None, arm_header: str = "engineer",
-                   notes: Sequence[str] = ()) -> str:
-    """The paper-style tables: valid % / optimal % per agent count, per wait subset, and gaps to baseline."""
+                   notes: Sequence[str] = (), published: Sequence[str] = (), source: str = "`verdicts/`") -> str:
+    """The tables: per size and Sum per agent count (with `published` runs of `evals.published` beneath),
+    pooled per agent count and wait subset, gaps to the baseline, failure shares."""
     arms, subsets, base = table["arms"], table["subsets"], table.get("baseline")
+    crit = table["criterion_name"]
     agents = [s for s in subsets if s.startswith("agents_") and "/" not in s]
     waits = [s for s in subsets if s.startswith("wait_")]
     lines = [f"# {title}", ""]
     if command:
         lines += ["Command:", "", f"    {command}", ""]
     lines += [
-        "Valid % / optimal % on the held-out benchmark, pooled over sizes; mean ± half-width of the 95% "
-        "Student-t interval over seeds (no interval with one seed). Computed from the per-instance verdict "
-        "files in `verdicts/` only.",
+        f"Valid % / optimal % on the held-out benchmark. Optimality criterion: **{crit}** (an answer is optimal "
+        f"when it is valid and its {crit} equals the instance's optimum). Intervals: {table['interval']}; "
+        f"shown as mean [low, high], always inside [0, 100]. Computed from the per-instance verdict files in "
+        f"{source} only.",
         "",
     ]
+    lines += _per_size_blocks(table, arm_header, published)
 
-    def block(cols: list[str], metric_pairs: bool, caption: str) -> None:
+    def block(cols: list[str], caption: str, pub: Sequence[Mapping[str, Any]] = ()) -> None:
         if not cols:
             return
         lines.extend([caption, ""])
@@ -54,25 +126,27 @@ def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None,
         lines.append("|---|---|" + "---|" * len(cols))
         for a in arms:
             row = table["rows"][a]
-            cells = []
-            for c in cols:
-                cell = row.get(c, {})
-                if metric_pairs:
-                    cells.append(f"{_cell(cell.get('valid'))} / {_cell(cell.get('optimal'))}")
-                else:
-                    cells.append(_cell(cell.get("valid")))
+            cells = [f"{_cell(row.get(c, {}).get('valid'))} / {_cell(row.get(c, {}).get('optimal'))}" for c in cols]
             lines.append(f"| {a} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
+        for p in pub:
+            cells = [f"{_pub(p['waits'].get(float(c[5:])))} / –" for c in cols]
+            lines.append(f"| {p['run']} (published) | – | " + " | ".join(cells) + " |")
         lines.append("")
+        if pub:
+            lines.extend(["Rows marked (published): the paper's context ablation (valid % only; how it aggregates over "
+                      "agent counts and sizes is not public).", ""])
 
-    block(agents + (["all"] if "all" in subsets else []), True, "**Valid % / optimal % per agent count**")
-    block(waits, True, "**Valid % / optimal % per wait-ratio subset (all agent counts)**")
+    block(agents + (["all"] if "all" in subsets else []),
+          f"**Pooled over sizes: valid % / optimal % (optimal: {crit}) per agent count** (every instance of the "
+          "subset in one rate, not the paper's Sum)")
+    block(waits, f"**Pooled over sizes: valid % / optimal % (optimal: {crit}) per wait-ratio subset (all agent counts)**",
+          wait_rows(tuple(published)))
     if base and base in table["rows"]:
         cols = agents + waits + (["all"] if "all" in subsets else [])
-        lines.append(f"**Gap to `{base}` in percentage points (valid / optimal), mean of per-seed paired "
-                     "differences ± 95% t half-width**")
-        lines.append("")
-        lines.append(f"| {arm_header} | " + " | ".join(subset_title(c) for c in cols) + " |")
-        lines.append("|---|" + "---|" * len(cols))
+        lines += [f"**Pooled gap to `{base}` in percentage points (valid / optimal, optimal: {crit}), paired by "
+                  "seed (and by instance), with its 95% paired-bootstrap interval**", "",
+                  f"| {arm_header} | " + " | ".join(subset_title(c) for c in cols) + " |",
+                  "|---|" + "---|" * len(cols)]
         for a in arms:
             if a == base:
                 continue
@@ -86,7 +160,7 @@ def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None,
     fails = table.get("failures") or {}
     if fails.get("arms"):
         lines += ["**Where the answers fail: share of held-out answers (%) by the first check they fail** "
-                  "(`valid`: none; the checker's order), mean ± 95% t half-width over seeds", ""]
+                  "(`valid`: none; the checker's order), mean over seeds [95% interval]", ""]
         lines.append(f"| {arm_header} | seeds | " + " | ".join(f"`{k}`" for k in fails["kinds"]) + " |")
         lines.append("|---|---|" + "---|" * len(fails["kinds"]))
         for a in fails["arms"]:
@@ -112,32 +186,48 @@ def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None,
     return "\n".join(lines)
 
 
+def _csv_row(arm: str, layout: str, subset: str, size: Any, metric: str, crit: str, st: Mapping[str, Any]) -> dict:
+    gap = st.get("gap") or {}
+    return {"arm": arm, "layout": layout, "subset": subset, "size": size, "metric": metric, "criterion": crit,
+            "n_seeds": st["n"], "n_instances": sum((st.get("n_instances") or {}).values()), "mean": st["mean"], "ci95_low": st["low"], "ci95_high": st["high"],
+            "interval": st.get("method"), "gap_mean": gap.get("mean"), "gap_ci95_low": gap.get("low"),
+            "gap_ci95_high": gap.get("high"), "per_seed": json.dumps(st["per_seed"])}
+
+
 def table_rows(table: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Long form for CSV: one row per (arm, subset, metric)."""
-    out = []
+    """Long form for CSV: one row per (arm, layout, subset, size, metric). layout `size`: one size of one agent
+    count; `sum`: the paper's Sum over sizes (size empty); `pooled`: every instance of the subset in one rate."""
+    out, crit = [], table["criterion"]
     for a in table["arms"]:
+        for sub, per in table["per_size"][a].items():
+            for metric in METRICS:
+                for z, st in per[metric]["sizes"].items():
+                    out.append(_csv_row(a, "size", sub, z, metric, crit, st))
+                out.append(_csv_row(a, "sum", sub, None, metric, crit, per[metric]["sum"]))
         row = table["rows"][a]
         for sub in table["subsets"]:
             for metric in METRICS:
                 st = row.get(sub, {}).get(metric)
-                if not st:
-                    continue
-                gap = st.get("gap") or {}
-                out.append({
-                    "arm": a, "subset": sub, "metric": metric, "n_seeds": st["n"],
-                    "mean": st["mean"], "ci95_low": st["low"], "ci95_high": st["high"], "ci95_half": st["half"],
-                    "gap_mean": gap.get("mean"), "gap_ci95_half": gap.get("half"),
-                    "per_seed": json.dumps(st["per_seed"]),
-                })
+                if st:
+                    out.append(_csv_row(a, "pooled", sub, None, metric, crit, st))
     return out
 
 
+def published_payload(table: Mapping[str, Any], runs: Sequence[str]) -> dict[str, Any]:
+    return {"caption": PUBLISHED_CAPTION, "rows": {a: published_rows(int(a[7:]), tuple(runs)) for a in table["sizes"]},
+            "wait_rows": wait_rows(tuple(runs))}
+
+
 def write_tables(table: Mapping[str, Any], out: Path, *, title: str, command: str | None,
-                 arm_header: str = "engineer", notes: Sequence[str] = (), extra: Mapping[str, Any] | None = None) -> None:
-    """`<out>/table.md`, `table.csv` (long form) and `table.json` (everything, per-seed values included)."""
+                 arm_header: str = "engineer", notes: Sequence[str] = (), extra: Mapping[str, Any] | None = None,
+                 published: Sequence[str] | bool = (), source: str = "`verdicts/`") -> None:
+    """`<out>/table.md`, `table.csv` (long form), `failures.csv` and `table.json` (everything: per-seed values,
+    the criterion, the notes, the published rows shown). `published`: the runs of `evals.published` shown
+    beneath ours (True: the engineer runs), none by default."""
+    runs = tuple(PUBLISHED_RUNS["engineers"] if published is True else (published or ()))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table_markdown(table, title=title, command=command, arm_header=arm_header,
-                                                 notes=notes))
+                                                 notes=notes, published=runs, source=source))
     rows = table_rows(table)
     with open(out / "table.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["arm"])
@@ -146,12 +236,16 @@ def write_tables(table: Mapping[str, Any], out: Path, *, title: str, command: st
     fails = table.get("failures") or {}
     if fails.get("arms"):
         with open(out / "failures.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["arm", "failure", "n_seeds", "mean", "ci95_half", "per_seed"])
+            w = csv.DictWriter(f, fieldnames=["arm", "failure", "n_seeds", "mean", "ci95_low", "ci95_high",
+                                              "interval", "per_seed"])
             w.writeheader()
             for a in fails["arms"]:
                 for k in fails["kinds"]:
                     st = fails["rows"][a][k]
-                    w.writerow({"arm": a, "failure": k, "n_seeds": st["n"], "mean": st["mean"],
-                                "ci95_half": st["half"], "per_seed": json.dumps(st["per_seed"])})
-    payload = {"title": title, "command": command, **dict(extra or {}), "table": table}
+                    w.writerow({"arm": a, "failure": k, "n_seeds": st["n"], "mean": st["mean"], "ci95_low": st["low"],
+                                "ci95_high": st["high"], "interval": st.get("method"),
+                                "per_seed": json.dumps(st["per_seed"])})
+    payload = {"title": title, "command": command, **dict(extra or {}), "notes": list(notes),
+               "arm_header": arm_header, "criterion": table["criterion"],
+               "published": published_payload(table, runs) if runs else None, "table": table}
     (out / "table.json").write_text(json.dumps(payload, indent=2) + "\n")

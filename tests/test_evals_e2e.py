@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import statistics
 from pathlib import Path
 
@@ -41,7 +40,8 @@ def subset_filter(sub: str):
 
 
 def check_table_against_raw(out: Path, runs: Path, arms: list[str], seeds: list[int], baseline: str) -> None:
-    table = {(r["arm"], r["subset"], r["metric"]): r for r in csv.DictReader(open(out / "table.csv"))}
+    table = {(r["arm"], r["subset"], r["metric"]): r for r in csv.DictReader(open(out / "table.csv"))
+             if r["layout"] == "pooled"}
     subsets = {s for (_, s, _) in table}
     assert any(s.startswith("agents_") for s in subsets) and "all" in subsets
     for (arm, sub, metric), row in table.items():
@@ -55,8 +55,8 @@ def check_table_against_raw(out: Path, runs: Path, arms: list[str], seeds: list[
             continue
         rates = [rates_from_raw(runs / f"{arm}-s{s}", metric, keep) for s in seeds]
         assert float(row["mean"]) == pytest.approx(statistics.fmean(rates)), (arm, sub, metric)
-        half = 12.7062 * statistics.stdev(rates) / math.sqrt(2)  # t_{0.975, 1} with two seeds
-        assert float(row["ci95_half"]) == pytest.approx(half, abs=1e-12), (arm, sub, metric)
+        # the interval (bootstrap over seeds and instances, or Wilson) stays a share
+        assert 0 <= float(row["ci95_low"]) <= float(row["mean"]) <= float(row["ci95_high"]) <= 1, (arm, sub, metric)
         if arm != baseline:
             base = [rates_from_raw(runs / f"{baseline}-s{s}", metric, keep) for s in seeds]
             assert float(row["gap_mean"]) == pytest.approx(statistics.fmean(rates) - statistics.fmean(base))
@@ -91,7 +91,7 @@ def test_compare_engineers_smoke(compared):
         donor = json.loads((runs / f"self-s{s}" / "stage0_from.json").read_text())["donor"]
         assert Path(donor).resolve() == (runs / f"fixed-s{s}").resolve()
     md = (out / "table.md").read_text()
-    assert "| fixed | 2 |" in md and "| self | 2 |" in md and "Gap to `fixed`" in md
+    assert "| fixed | 2 |" in md and "| self | 2 |" in md and "Gap of Sum to `fixed`" in md
     for png in ("validation_per_stage.png", "allocation.png"):
         assert (out / png).stat().st_size > 1000
     assert "Stage 0 was trained once per seed and shared (paired design)" in md

@@ -58,13 +58,15 @@ def test_optimal_plans_score_100(optimal_server, tmp_path, monkeypatch, capsys):
     rows = [json.loads(line) for line in open(tmp_path / "out" / "oracle" / "eval.jsonl")]
     assert len(rows) == LIMIT == len({r["id"] for r in rows})
     assert all(r["valid"] and r["optimal"] for r in rows), [r["failure"] for r in rows if not r["valid"]]
-    table = {(r["model"], r["subset"], r["metric"]): r for r in csv.DictReader(open(tmp_path / "out" / "table.csv"))}
-    assert float(table[("oracle", "all", "valid")]["rate"]) == 1.0
-    assert float(table[("oracle", "all", "optimal")]["rate"]) == 1.0
-    assert int(table[("oracle", "all", "valid")]["n"]) == LIMIT
+    table = {(r["arm"], r["subset"], r["metric"]): r for r in csv.DictReader(open(tmp_path / "out" / "table.csv"))
+             if r["layout"] == "pooled"}
+    assert float(table[("oracle", "all", "valid")]["mean"]) == 1.0
+    assert float(table[("oracle", "all", "optimal")]["mean"]) == 1.0
+    assert int(table[("oracle", "all", "valid")]["n_instances"]) == LIMIT
+    assert float(table[("oracle", "all", "valid")]["ci95_high"]) == 1.0  # never above 100 %
     assert not any(m == "keyless" for (m, _, _) in table)
     md = (tmp_path / "out" / "table.md").read_text()
-    assert "| oracle | 100.0 [" in md and "`keyless` skipped: model 'keyless' needs an API key" in md
+    assert "| oracle | 1 | 100.0 [" in md and "`keyless` skipped: model 'keyless' needs an API key" in md
     timing = json.loads((tmp_path / "out" / "timings.json").read_text())["oracle"]
     assert timing["answered"] == LIMIT and timing["wall_s"] >= 0 and timing["machine"] == grid.machine()
     assert f"- Wall time on {grid.machine()}: oracle " in md
@@ -89,7 +91,7 @@ def test_wrong_answers_are_scored_as_failures(tmp_path):
         assert solve_direct.main(["--config", str(cfg)]) == 0
     rows = [json.loads(line) for line in open(tmp_path / "out" / "oracle" / "eval.jsonl")]
     assert rows and all(not r["valid"] and r["failure"] == "parse_error" for r in rows)
-    assert "| oracle | 0.0 [0.0," in (tmp_path / "out" / "table.md").read_text()
+    assert "| oracle | 1 | 0.0 [0.0," in (tmp_path / "out" / "table.md").read_text()
 
 
 class EchoModel:

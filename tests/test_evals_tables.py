@@ -119,7 +119,8 @@ def test_finished_pairs_are_not_rerun_and_table_matches_raw_verdicts(finished_gr
     assert "WARNING" not in err  # the saved settings are what this config would start
 
     # Recompute every table cell from the raw verdict files, independently of evals.stats.
-    table = {(r["arm"], r["subset"], r["metric"]): r for r in csv.DictReader(open(tmp / "out" / "table.csv"))}
+    table = {(r["arm"], r["subset"], r["metric"]): r for r in csv.DictReader(open(tmp / "out" / "table.csv"))
+             if r["layout"] == "pooled"}
     for arm in ("self", "fixed"):
         for agents in (3, 4, 5):
             for metric in ("valid", "optimal"):
@@ -130,8 +131,7 @@ def test_finished_pairs_are_not_rerun_and_table_matches_raw_verdicts(finished_gr
                     rates.append(sum(bool(r[metric]) for r in sub) / len(sub))
                 row = table[(arm, f"agents_{agents}", metric)]
                 assert float(row["mean"]) == pytest.approx(statistics.fmean(rates))
-                half = stats.t975(2) * statistics.stdev(rates) / math.sqrt(3)
-                assert float(row["ci95_half"]) == pytest.approx(half)
+                assert 0 <= float(row["ci95_low"]) <= float(row["mean"]) <= float(row["ci95_high"]) <= 1
                 if arm == "self":
                     base = [float(v) for v in json.loads(table[("fixed", f"agents_{agents}", metric)]["per_seed"]).values()]
                     gap = statistics.fmean(r - b for r, b in zip(rates, base, strict=True))
@@ -144,7 +144,7 @@ def test_finished_pairs_are_not_rerun_and_table_matches_raw_verdicts(finished_gr
 
     md = (tmp / "out" / "table.md").read_text()
     assert md.startswith("# Engineers compared")
-    assert "| self | 3 |" in md and "Gap to `fixed`" in md
+    assert "| self | 3 |" in md and "Gap of Sum to `fixed`" in md and "Pooled gap to `fixed`" in md
     assert f"python -m evals.compare_engineers --config {cfg}" in md
     for png in ("validation_per_stage.png", "allocation.png"):
         assert (tmp / "out" / png).stat().st_size > 1000
@@ -433,12 +433,14 @@ def test_paper_columns_are_always_shown(tmp_path):
     md = tables.table_markdown(table, title="t", command=None)
     header = next(ln for ln in md.splitlines() if ln.startswith("| engineer | seeds | 3 agents"))
     assert header == "| engineer | seeds | 3 agents | 4 agents | 5 agents | all |"
-    assert "| fixed | 1 | 50.0 / 25.0 | – / – | – / – | 50.0 / 25.0 |" in md
+    # one seed, one cell: the Wilson interval of 2 of 4 and 1 of 4
+    assert "| fixed | 1 | 50.0 [15.0, 85.0] / 25.0 [4.6, 69.9] | – / – | – / – | 50.0 [15.0, 85.0] / 25.0 [4.6, 69.9] |" in md
     assert "| engineer | seeds | wait 0.25 | wait 0.50 | wait 0.75 |" in md
-    assert "| fixed | 1 | 50.0 / 25.0 | – / – | – / – |" in md
+    assert "| fixed | 1 | 50.0 [15.0, 85.0] / 25.0 [4.6, 69.9] | – / – | – / – |" in md
+    assert "*4 agents*: no benchmark instances." in md
     assert "4 agents: n=0" in md and "wait 0.75: n=0" in md
     assert "No benchmark instances (n=0, shown as –) in: 4 agents, 5 agents, wait 0.50, wait 0.75." in md
-    csv_rows = {(r["subset"], r["metric"]): r for r in tables.table_rows(table)}
+    csv_rows = {(r["subset"], r["metric"]): r for r in tables.table_rows(table) if r["layout"] == "pooled"}
     assert csv_rows[("agents_5", "valid")]["n_seeds"] == 0 and csv_rows[("agents_5", "valid")]["mean"] is None
 
 
@@ -524,15 +526,17 @@ def test_failure_shares_and_identical_answers_from_raw_verdicts(tmp_path):
             shares = [sum(k == (None if kind == "valid" else kind) for k in pattern[(arm, s)]) / 6 for s in (0, 1)]
             st = fails["rows"][arm][kind]
             assert st["mean"] == pytest.approx(statistics.fmean(shares)), (arm, kind)
-            assert st["half"] == pytest.approx(stats.t975(1) * statistics.stdev(shares) / math.sqrt(2)), (arm, kind)
-    assert fails["rows"]["c"]["agent_count"]["mean"] == pytest.approx(3 / 6) and fails["rows"]["c"]["valid"]["half"] is None
+            assert 0 <= st["low"] <= st["mean"] <= st["high"] <= 1, (arm, kind)
+    c_count = fails["rows"]["c"]["agent_count"]
+    assert c_count["mean"] == pytest.approx(3 / 6) and c_count["method"] == "wilson"  # one seed: 3 of 6
+    assert (c_count["low"], c_count["high"]) == pytest.approx(stats.wilson(3, 6))
 
     md = tables.table_markdown(table, title="t", command=None)
     # b, seed means: valid (2/6 + 1/6) / 2 = 25.0 %, conflict (2/6 + 3/6) / 2 = 41.7 %
     section = md.split("**Where the answers fail")[1]
     assert "| engineer | seeds | `valid` | `parse_error` | `agent_count` | `conflict` |" in section
     b_row = next(ln for ln in section.splitlines() if ln.startswith("| b | 2 |"))
-    assert b_row.split("|")[3].strip().startswith("25.0 ±") and b_row.split("|")[6].strip().startswith("41.7 ±")
+    assert b_row.split("|")[3].strip().startswith("25.0 [") and b_row.split("|")[6].strip().startswith("41.7 [")
     tables.write_tables(table, tmp_path / "out", title="t", command=None)
     rows = list(csv.DictReader(open(tmp_path / "out" / "failures.csv")))
     assert len(rows) == 3 * 4 and {(r["arm"], r["failure"]) for r in rows} >= {("b", "conflict"), ("c", "valid")}

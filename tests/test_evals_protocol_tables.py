@@ -1,0 +1,287 @@
+"""evals/: the paper's table layout, honest intervals and committed tables that stay true (issue 21).
+
+- Sum is the unweighted mean of the per-size rates (per seed, then over seeds), not the pooled rate.
+- Intervals stay inside [0, 100] % for rates near 0 and near 100 (1 seed and 3 seeds), gaps inside
+  [-100, 100]; the gap to the baseline is paired by seed and by instance.
+- The optimality criterion (sum of costs or makespan) is computed per row and named in every table.
+- The paper's published rows are what PAPER.md says and appear only where a reader compares.
+- Every committed table under evals/results/ is rebuilt from its committed verdicts, byte for byte.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evals import intervals, loop, published, stats, tables
+from evals.config import config_command, repo_path
+from evals.plots import error_bars
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "evals" / "results"
+# results folders without an eval table built from verdict files, and why
+EXCLUDED = {
+    "default_run_cpu": "one `python -m graph.run` (report.md, progress.txt, plots written by the run's report "
+                       "node), no eval table",
+    "default_run_cpu_fresh": "the same default run on a fresh machine: a run report, no eval table",
+    "learning_cpu": "outputs of evals.bench benchmarks (JSON and text), no eval table",
+}
+OUTPUTS = ("table.md", "table.csv", "table.json", "failures.csv")
+
+
+def write_verdicts(folder: Path, rows: list[dict], final_split: str = "test-mini") -> Path:
+    (folder / "final").mkdir(parents=True)
+    (folder / "final" / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "settings.json").write_text(json.dumps({"final_split": final_split}))
+    return folder
+
+
+def row(i: str, size: int, valid: bool, agents: int = 3, wait: float = 0.25, **kw) -> dict:
+    return {"id": i, "size": size, "num_agents": agents, "tags": {"agents": agents, "wait": wait}, "valid": valid,
+            "optimal": kw.pop("optimal", valid), "failure": None if valid else "conflict", **kw}
+
+
+def rows_from(pattern: dict[int, list[bool]], agents: int = 3) -> list[dict]:
+    """size -> successes of that size's instances, as verdict rows."""
+    return [row(f"a{agents}-s{z}-{j}", z, ok, agents) for z, oks in pattern.items() for j, ok in enumerate(oks)]
+
+
+# --------------------------------------------------------------------------- Sum over sizes
+
+
+def test_sum_is_the_unweighted_mean_of_per_size_rates(tmp_path):
+    # seed 0: 3/4, 2/10, 2/2 -> Sum (0.75 + 0.2 + 1) / 3 = 0.65, pooled 7/16; seed 1: 1/4, 5/10, 0/2 -> 0.25
+    per_seed = {0: {3: [1, 1, 1, 0], 4: [1, 1] + [0] * 8, 5: [1, 1]},
+                1: {3: [1, 0, 0, 0], 4: [1] * 5 + [0] * 5, 5: [0, 0]}}
+    verdicts = {("x", s): write_verdicts(tmp_path / f"x-s{s}", rows_from({z: [bool(v) for v in oks]
+                                                                           for z, oks in p.items()}))
+                for s, p in per_seed.items()}
+    table = stats.summarize(verdicts, ["x"], None)
+    by_hand = {s: sum(sum(oks) / len(oks) for oks in p.values()) / len(p) for s, p in per_seed.items()}
+    assert by_hand == pytest.approx({0: 0.65, 1: 0.25})
+    total = table["per_size"]["x"]["agents_3"]["valid"]["sum"]
+    assert total["per_seed"] == pytest.approx({"0": 0.65, "1": 0.25})
+    assert total["mean"] == pytest.approx(0.45)
+    # the per-size cells are each size's mean over seeds, and Sum is also the mean of those
+    sizes = table["per_size"]["x"]["agents_3"]["valid"]["sizes"]
+    assert {z: c["mean"] for z, c in sizes.items()} == pytest.approx({"3": 0.5, "4": 0.35, "5": 0.5})
+    assert total["mean"] == pytest.approx(sum(c["mean"] for c in sizes.values()) / 3)
+    pooled = table["rows"]["x"]["agents_3"]["valid"]["mean"]
+    assert pooled == pytest.approx((7 / 16 + 6 / 16) / 2) and pooled != pytest.approx(total["mean"])
+
+    md = tables.table_markdown(table, title="t", command=None)
+    assert "| x | 2 | 50.0 / 50.0 | 35.0 / 35.0 | 50.0 / 50.0 | 45.0 [" in md
+    csv_rows = [r for r in tables.table_rows(table) if r["layout"] == "sum" and r["subset"] == "agents_3"]
+    assert {r["metric"]: r["mean"] for r in csv_rows} == pytest.approx({"valid": 0.45, "optimal": 0.45})
+
+
+# --------------------------------------------------------------------------- intervals near 0 and 100
+
+
+@pytest.mark.parametrize("seeds", [1, 3])
+@pytest.mark.parametrize("k_of", ["zero", "one", "near0", "near100"])
+def test_rate_intervals_stay_inside_0_100(seeds, k_of):
+    near = {0: 2, 1: 1, 2: 8}  # of 36: compare_cpu's parse_error shares, where t gave "10.2 ± 26.1"
+    ks = {"zero": lambda s: 0, "one": lambda s: 36, "near0": lambda s: near[s], "near100": lambda s: 36 - near[s]}[k_of]
+    for strata in (1, 4):  # one pooled cell, or a Sum over four sizes of 9 instances
+        per_seed = {s: ({"all": (36, ks(s))} if strata == 1 else
+                        {z: (9, min(9, max(0, ks(s) - 9 * z))) for z in range(4)}) for s in range(seeds)}
+        st = intervals.rate_interval(per_seed)
+        assert 0.0 <= st["low"] <= st["mean"] <= st["high"] <= 1.0, (k_of, seeds, strata, st)
+        if k_of == "zero":
+            assert st["low"] == 0.0 and st["high"] > 0.0  # no success seen: still not "certainly 0"
+        if k_of == "one":
+            assert st["high"] == 1.0 and st["low"] < 1.0
+    if seeds == 3 and k_of == "near0":
+        assert stats.mean_ci([near[s] / 36 for s in range(3)])["low"] < 0  # what Student-t did
+
+
+def test_gap_and_failure_intervals_stay_inside_bounds_end_to_end(tmp_path):
+    every = {3: [True] * 6, 4: [True] * 6}
+    none = {3: [False] * 6, 4: [False] * 6}
+    verdicts = {}
+    for s in range(3):
+        verdicts[("all", s)] = write_verdicts(tmp_path / f"all-s{s}", rows_from(every))
+        verdicts[("none", s)] = write_verdicts(tmp_path / f"none-s{s}", rows_from(none))
+    table = stats.summarize(verdicts, ["all", "none"], "none")
+    for r in tables.table_rows(table):
+        if r["mean"] is not None:
+            assert 0.0 <= r["ci95_low"] <= r["mean"] <= r["ci95_high"] <= 1.0, r
+        if r["gap_mean"] is not None:
+            assert -1.0 <= r["gap_ci95_low"] <= r["gap_mean"] <= r["gap_ci95_high"] <= 1.0, r
+    gap = table["per_size"]["all"]["agents_3"]["valid"]["sum"]["gap"]
+    assert gap["mean"] == 1.0 and gap["high"] == 1.0
+    for arm in ("all", "none"):
+        for kind in table["failures"]["kinds"]:
+            st = table["failures"]["rows"][arm][kind]
+            assert 0.0 <= st["low"] <= st["mean"] <= st["high"] <= 1.0
+    # the plot's error bars never cross 0 or 100
+    means, (below, above) = error_bars([table["rows"][a]["all"]["valid"] for a in ("all", "none")])
+    assert all(0.0 <= m - b and m + a <= 100.0 for m, b, a in zip(means, below, above, strict=True))
+    md = tables.table_markdown(table, title="t", command=None)
+    assert "±" not in md and "-0.0 [" not in md
+
+
+def test_intervals_are_reproducible_byte_for_byte():
+    per_seed = {0: {"a": (36, 4), "b": (20, 9)}, 1: {"a": (36, 10), "b": (20, 2)}, 2: {"a": (36, 1)}}
+    assert intervals.rate_interval(per_seed) == intervals.rate_interval(per_seed)
+
+
+# --------------------------------------------------------------------------- gaps paired by seed
+
+
+def test_gap_is_paired_by_seed_and_instance():
+    """Seeds differ a lot (10 %, 50 %, 90 % valid); the arm solves the baseline's instances plus 5 more in
+    every seed. Paired, the gap is +5 points with an interval above 0; drawing the arm's and the baseline's
+    seeds (or instances) independently would bury it in the seed-to-seed spread."""
+    base, arm = {}, {}
+    for s, k in enumerate((10, 50, 90)):
+        ids = [f"i{j}" for j in range(100)]
+        base[s] = {"all": [(i, j < k) for j, i in enumerate(ids)]}
+        arm[s] = {"all": [(i, j < k + 5) for j, i in enumerate(ids)]}
+    gap = intervals.gap_interval(arm, base)
+    assert gap["mean"] == pytest.approx(0.05) and gap["paired_instances"]
+    assert 0.0 < gap["low"] <= 0.05 <= gap["high"] < 0.15
+    # the unpaired reading of the same numbers: the arm's seed rates against the baseline's, independently
+    unpaired = intervals.rate_interval({s: {"all": (100, k + 5)} for s, k in enumerate((10, 50, 90))})
+    assert unpaired["low"] < 0.5 - 0.3 and unpaired["high"] > 0.5 + 0.3  # the seed spread, far wider than 5 points
+    # other instances per arm: still paired by seed, instances drawn per arm
+    other = {s: {"all": [(f"x{j}", ok) for j, (_, ok) in enumerate(v["all"])]} for s, v in arm.items()}
+    unpaired_instances = intervals.gap_interval(other, base)
+    assert not unpaired_instances["paired_instances"]
+    assert unpaired_instances["low"] < 0.0 < gap["low"]  # pairing the instances is what separates the arms
+
+
+def test_gap_in_the_tables_uses_only_seeds_both_arms_ran(tmp_path):
+    verdicts = {("b", s): write_verdicts(tmp_path / f"b-s{s}", rows_from({3: [j < 2 * s for j in range(6)]}))
+                for s in (0, 1, 2)}
+    verdicts[("a", 1)] = write_verdicts(tmp_path / "a-s1", rows_from({3: [j < 3 for j in range(6)]}))
+    table = stats.summarize(verdicts, ["a", "b"], "b")
+    gap = table["per_size"]["a"]["agents_3"]["valid"]["sum"]["gap"]
+    assert gap["n"] == 1 and gap["mean"] == pytest.approx(3 / 6 - 2 / 6) and gap["per_seed"] == pytest.approx({"1": 1 / 6})
+
+
+# --------------------------------------------------------------------------- the optimality criterion
+
+
+def test_optimality_criterion_per_row_and_in_every_table(tmp_path):
+    soc_only = row("soc", 3, True, cost=6, optimal_cost=6, optimal_soc=6, makespan=4, optimal_makespan=3)
+    mk_only = row("mk", 3, True, cost=7, optimal_cost=6, optimal_soc=6, makespan=3, optimal_makespan=3)
+    invalid = row("bad", 3, False, cost=6, optimal_cost=6, optimal_soc=6, makespan=3, optimal_makespan=3)
+    assert stats.is_optimal(soc_only, "soc") and not stats.is_optimal(soc_only, "makespan")
+    assert stats.is_optimal(mk_only, "makespan") and not stats.is_optimal(mk_only, "soc")
+    assert not stats.is_optimal(invalid, "soc") and not stats.is_optimal(invalid, "makespan")
+    old = row("old", 3, True, cost=6, optimal_cost=6)  # committed verdicts today: no makespan fields
+    assert stats.is_optimal(old, "soc")
+    with pytest.raises(ValueError, match="no makespan fields"):
+        stats.is_optimal(old, "makespan")
+    assert stats.default_criterion([soc_only, mk_only]) == "makespan"
+    assert stats.default_criterion([soc_only, old]) == "soc"
+
+    folder = write_verdicts(tmp_path / "x-s0", [soc_only, mk_only, invalid])
+    for crit, name in (("makespan", "makespan"), ("soc", "sum of costs")):
+        table = stats.summarize({("x", 0): folder}, ["x"], None, criterion=crit)
+        assert table["criterion"] == crit
+        assert table["rows"]["x"]["all"]["optimal"]["mean"] == pytest.approx(1 / 3)
+        out = tmp_path / f"out-{crit}"
+        tables.write_tables(table, out, title="t", command=None)
+        md = (out / "table.md").read_text()
+        assert f"Optimality criterion: **{name}**" in md
+        captions = [ln for ln in md.splitlines() if ln.startswith("**") and "optimal %" in ln]
+        assert len(captions) == 3 and all(f"optimal: {name}" in c for c in captions)
+        assert json.loads((out / "table.json").read_text())["criterion"] == crit
+        assert {r["criterion"] for r in csv.DictReader(open(out / "table.csv"))} == {crit}
+    assert stats.summarize({("x", 0): folder}, ["x"], None)["criterion"] == "makespan"  # the default
+    old_folder = write_verdicts(tmp_path / "y-s0", [old])
+    assert stats.summarize({("y", 0): old_folder}, ["y"], None)["criterion"] == "soc"
+    with pytest.raises(ValueError, match="makespan"):
+        stats.summarize({("y", 0): old_folder}, ["y"], None, criterion="makespan")
+
+
+# --------------------------------------------------------------------------- published rows
+
+
+def test_published_rows_are_the_papers_and_shown_only_where_a_reader_compares(tmp_path):
+    for run in ("self-engineer V6", "fixed random config"):
+        per = published.PER_SIZE_VALID[run][3]
+        assert sum(per.values()) / len(per) == pytest.approx(published.HEADLINE[run][3][0], abs=0.005)
+    test = {("self", 0): write_verdicts(tmp_path / "t", rows_from({3: [True, False]}), final_split="test")}
+    mini = {("self", 0): write_verdicts(tmp_path / "m", rows_from({3: [True, False]}), final_split="test-mini")}
+    assert loop.show_published(test, None) and not loop.show_published(mini, None)
+    assert loop.show_published(mini, True) and not loop.show_published(test, False)
+
+    table = stats.summarize(test, ["self"], None)
+    md = tables.table_markdown(table, title="t", command=None, published=published.RUNS["engineers"])
+    v6 = next(ln for ln in md.splitlines() if ln.startswith("| self-engineer V6 (published) |"))
+    assert v6.startswith("| self-engineer V6 (published) | – | 68.67 / – | 64.67 / – |")
+    assert v6.endswith("| 51.67 | 31.67 |")
+    assert "| base model as engineer (published) | – | – / – |" in md and published.CAPTION in md
+    assert "| context V6 (published) | – | 45.20 / – | 35.70 / – | 27.30 / – |" in md  # the wait-subset table
+    plain = tables.table_markdown(table, title="t", command=None)
+    assert "(published)" not in plain and published.CAPTION not in plain
+
+
+# --------------------------------------------------------------------------- committed tables stay true
+
+
+def _configs_by_out() -> dict[Path, Path]:
+    out = {}
+    for cfg in sorted((ROOT / "evals" / "configs").glob("*.yaml")):
+        raw = yaml.safe_load(cfg.read_text()) or {}
+        if raw.get("out"):
+            out[repo_path(raw["out"]).resolve()] = cfg
+    return out
+
+
+def _table_folders() -> list[str]:
+    return sorted(d.name for d in RESULTS.iterdir() if d.is_dir() and (d / "table.md").is_file())
+
+
+def test_every_results_folder_is_rebuilt_or_excluded_with_a_reason():
+    configs = _configs_by_out()
+    for d in sorted(p for p in RESULTS.iterdir() if p.is_dir()):
+        if d.name in EXCLUDED:
+            assert not (d / "table.md").exists(), f"{d.name} has a table now: rebuild it instead of excluding it"
+        else:
+            assert (d / "table.md").is_file(), f"{d.name}: no table.md and no reason in EXCLUDED"
+            assert d.resolve() in configs, f"{d.name}: no config in evals/configs/ has it as out"
+
+
+@pytest.mark.parametrize("name", _table_folders())
+def test_committed_tables_are_rebuilt_from_their_verdicts_byte_for_byte(name, tmp_path, monkeypatch):
+    """The committed folder's inputs (verdicts, answers, timings) copied elsewhere, its tables rebuilt through
+    the script's own `--tables-only` path: every table file is the same, byte for byte."""
+    folder = RESULTS / name
+    cfg = _configs_by_out()[folder.resolve()]
+    module = config_command(cfg).split()[2]  # "python -m evals.<script> --config ..."
+    out = tmp_path / name
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*OUTPUTS, "metrics.json", "*.png"))
+    committed = json.loads((folder / "table.json").read_text())
+    if "tables_built_on" in committed:  # the one field that names the machine the tables were built on
+        monkeypatch.setattr(loop, "machine", lambda: committed["tables_built_on"])
+    assert importlib.import_module(module).main(["--config", str(cfg), "--tables-only", "--out", str(out)]) == 0
+    compared = [f for f in OUTPUTS if (folder / f).is_file()]
+    compared += [str(p.relative_to(folder)) for p in sorted(folder.glob("*/metrics.json"))]
+    assert "table.md" in compared and "table.json" in compared
+    for f in compared:
+        assert (out / f).is_file(), f"{name}/{f} was not rebuilt"
+        assert (out / f).read_bytes() == (folder / f).read_bytes(), (
+            f"{name}/{f} differs from what its verdicts give: rebuild it with `{config_command(cfg)} --tables-only`")
+    assert not [f for f in OUTPUTS if (out / f).is_file() and not (folder / f).is_file()], "a table is not committed"
+
+
+def test_published_rows_beside_a_sum_of_costs_table_say_the_optimal_columns_do_not_compare(tmp_path):
+    folder = write_verdicts(tmp_path / "x-s0", [row("a", 3, True, cost=6, optimal_cost=6)], final_split="test")
+    md = tables.table_markdown(stats.summarize({("x", 0): folder}, ["x"], None), title="t", command=None,
+                               published=published.RUNS["engineers"])
+    assert "Our optimal % here is by sum of costs, the paper's by makespan" in md
+    mk = write_verdicts(tmp_path / "y-s0", [row("a", 3, True, cost=6, optimal_cost=6, makespan=3, optimal_makespan=3)])
+    md = tables.table_markdown(stats.summarize({("y", 0): mk}, ["y"], None), title="t", command=None,
+                               published=published.RUNS["engineers"])
+    assert "Optimality criterion: **makespan**" in md and "the paper's by makespan" not in md
