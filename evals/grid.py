@@ -266,7 +266,7 @@ def machine() -> str:
 def collect_verdicts(pair: Pair, out: Path) -> Path:
     """Copy a finished pair's verdict files to `<out>/verdicts/<pair>/` (small; no checkpoints); return it."""
     dest = out / "verdicts" / pair.name
-    files = ["settings.json", "final/eval.jsonl", "stage0_from.json"]
+    files = ["settings.json", "final/eval.jsonl", "final_cpu/eval.jsonl", "stage0_from.json"]
     for k in stage_numbers(pair.run_dir):
         files += [str(stage_dir(Path(), k) / "eval.jsonl"), str(stage_dir(Path(), k) / "config.json")]
     for rel in files:

@@ -178,8 +178,8 @@ def check_settings(pair: Pair, preset: str, overrides: Mapping[str, Any], env: M
     except SettingsError as e:
         return str(e)
     splits = list_splits()
-    for name in ("eval_split", "final_split"):
-        if getattr(settings, name) not in splits:
+    for name in ("eval_split", "final_split", "final_cpu_split"):
+        if getattr(settings, name) is not None and getattr(settings, name) not in splits:
             return f"bad setting {name}={getattr(settings, name)!r}: allowed: {', '.join(splits)}"
     return None
 

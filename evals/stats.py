@@ -152,9 +152,11 @@ def _subsets_of(row: dict) -> list[str]:
     return ["all", a] + ([] if w is None else [w, f"{a}/{w}"])
 
 
-def read_verdicts(verdicts: Mapping[tuple[str, int], Path]) -> dict[tuple[str, int], list[dict]]:
-    """(arm, seed) -> the final benchmark verdict rows of that pair."""
-    return {k: read_jsonl(folder / "final" / "eval.jsonl") for k, folder in sorted(verdicts.items())}
+def read_verdicts(verdicts: Mapping[tuple[str, int], Path], source: str = "final") -> dict[tuple[str, int], list[dict]]:
+    """(arm, seed) -> the verdict rows of that pair's `source` evaluation: `final` (the held-out benchmark) or
+    `final_cpu` (the CPU-scale held-out split beside it; pairs without one are left out)."""
+    return {k: read_jsonl(folder / source / "eval.jsonl") for k, folder in sorted(verdicts.items())
+            if source == "final" or (folder / source / "eval.jsonl").is_file()}
 
 
 def _cells(rows: list[dict], metric: str, criterion: str, key) -> dict[Any, list[tuple[str, bool]]]:

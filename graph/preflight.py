@@ -82,8 +82,9 @@ def check_before_work(settings: Settings) -> None:
     _check_thinking(settings)
     check_report_to(settings)
     splits = list_splits()
-    for name, split in (("eval_split", settings.eval_split), ("final_split", settings.final_split)):
-        if split not in splits:
+    for name, split in (("eval_split", settings.eval_split), ("final_split", settings.final_split),
+                        ("final_cpu_split", settings.final_cpu_split)):
+        if split is not None and split not in splits:
             raise SettingsError(f"bad setting {name}={split!r}: allowed: {', '.join(splits)}")
     if not settings.is_classic_engineer:
         from llm_backends.engineers import EngineerConfigError, check_engineer_env

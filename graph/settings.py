@@ -116,6 +116,12 @@ class Settings(BaseModel):
     final_split: str = Field("test-mini", description="benchmark split evaluated at the end of the run")
     eval_limit: int | None = Field(None, ge=1, description="cap on evaluated instances per split (None: all)")
     final_limit: int | None = Field(None, ge=1, description="cap on final-benchmark instances (None: all)")
+    final_cpu_split: str | None = Field(
+        None,
+        description="a second held-out split answered at the end, beside final_split and never instead of it: "
+        "test-cpu (2 and 3 agents on 3x3-5x5, 150 per column), where a 135M policy is not at 0; written to "
+        "final_cpu/ and tabulated by the evals as the CPU-scale table; none: skip it",
+    )
     eval_max_tokens: int = Field(160, ge=8, description="token limit of one policy answer at evaluation")
     eval_batch_size: int = Field(8, ge=1, description="policy answers generated per batch")
     evidence_examples: int = Field(
@@ -151,6 +157,11 @@ class Settings(BaseModel):
         "time): written by the run itself, bookkeeping, not a setting to choose",
     )
     train: TrainConfig = Field(default_factory=TrainConfig, description="training hyper-parameters")
+
+    @field_validator("final_cpu_split", mode="before")
+    @classmethod
+    def _no_cpu_split(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and v.strip().lower() in ("", "none", "null") else v
 
     @field_validator("engineer")
     @classmethod

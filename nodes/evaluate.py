@@ -388,7 +388,8 @@ def final_evaluate(
     state: LoopState, runtime: Runtime[RunContext], model: ChatModel | None = None
 ) -> dict[str, Any]:
     """Node: the last checkpoint answers the held-out benchmark; writes `final/{eval.jsonl, metrics.json,
-    table.md}` and returns {"final_metrics", "log"}. `model` answers instead of the policy (tests)."""
+    table.md}` (and, with `final_cpu_split`, the same in `final_cpu/` for that split) and returns
+    {"final_metrics", "log"}. `model` answers instead of the policy (tests)."""
     settings = runtime.context.settings
     out_dir = Path(runtime.context.run_dir) / "final"
     rows = run_eval(
@@ -402,8 +403,16 @@ def final_evaluate(
     final = compute_final_metrics(rows)
     write_json(out_dir / "metrics.json", final)
     write_text_atomic(out_dir / "table.md", final_table_md(final))
-    line = (
+    lines = [
         f"final on {settings.final_split} (n={final['final/n']}): "
         f"valid {final['final/valid_rate']:.3f}, optimal {final['final/optimal_rate']:.3f}"
-    )
-    return {"final_metrics": final, "log": [line]}
+    ]
+    if settings.final_cpu_split:  # beside the held-out benchmark, never instead of it
+        cpu_dir = out_dir.parent / "final_cpu"
+        cpu = compute_final_metrics(run_eval(settings.final_cpu_split, cpu_dir, checkpoint=state.get("checkpoint"),
+                                             settings=settings, model=model))
+        write_json(cpu_dir / "metrics.json", {**cpu, "final/split": settings.final_cpu_split})
+        write_text_atomic(cpu_dir / "table.md", final_table_md(cpu))
+        lines.append(f"final on {settings.final_cpu_split} (n={cpu['final/n']}, the CPU-scale held-out split): "
+                     f"valid {cpu['final/valid_rate']:.3f}, optimal {cpu['final/optimal_rate']:.3f}")
+    return {"final_metrics": final, "log": lines}

@@ -85,6 +85,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
     return {
         "stages": stages,
         "final": _read_json(run_dir / "final" / "metrics.json"),
+        "final_cpu": _read_json(run_dir / "final_cpu" / "metrics.json"),
         "settings": _read_json(run_dir / "settings.json") or {},
         "stage0_from": _read_json(run_dir / "stage0_from.json"),
         "final_mtime": _mtime(run_dir / "final" / "metrics.json"),
@@ -385,6 +386,19 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             paper_table_md(final, label),
             table,
         ]
+        cpu = data.get("final_cpu")
+        if cpu:
+            try:
+                cpu_table = final_table_md(cpu)
+            except (TypeError, ValueError, AttributeError, KeyError) as e:
+                cpu_table = f"(the table cannot be built from final_cpu/metrics.json: {md_inline(type(e).__name__)})\n"
+            lines += [
+                f"Beside it, the CPU-scale held-out split `{md_inline(str(cpu.get('final/split', '?')))}` (where a small "
+                f"policy is not at 0): {cpu.get('final/n', '?')} instances, valid {_pct(cpu.get('final/valid_rate'))} %, "
+                f"optimal {_pct(cpu.get('final/optimal_rate'))} %.",
+                "",
+                cpu_table,
+            ]
     else:
         lines.append("(no final benchmark yet)")
     return "\n".join(lines) + "\n"

@@ -267,6 +267,7 @@ def test_committed_tables_are_rebuilt_from_their_verdicts_byte_for_byte(name, tm
         monkeypatch.setattr(loop, "machine", lambda: committed["tables_built_on"])
     assert importlib.import_module(module).main(["--config", str(cfg), "--tables-only", "--out", str(out)]) == 0
     compared = [f for f in OUTPUTS if (folder / f).is_file()]
+    compared += [f"cpu/{f}" for f in OUTPUTS if (folder / "cpu" / f).is_file()]  # the CPU-scale held-out table
     compared += [str(p.relative_to(folder)) for p in sorted(folder.glob("*/metrics.json"))]
     assert "table.md" in compared and "table.json" in compared
     for f in compared:
@@ -285,3 +286,33 @@ def test_published_rows_beside_a_sum_of_costs_table_say_the_optimal_columns_do_n
     md = tables.table_markdown(stats.summarize({("y", 0): mk}, ["y"], None), title="t", command=None,
                                published=published.RUNS["engineers"])
     assert "Optimality criterion: **makespan**" in md and "the paper's by makespan" not in md
+
+
+def test_cpu_scale_held_out_table_is_written_beside_the_benchmark_table(tmp_path):
+    """Pairs with a `final_cpu/eval.jsonl` (settings `final_cpu_split`) get a second table in `cpu/`, from those
+    verdicts only, without the paper's rows; the benchmark's own table is unchanged beside it."""
+    from evals.config import LoopConfig
+
+    verdicts = {}
+    for arm, ok in (("fixed", [True, False, False]), ("self", [True, True, False])):
+        folder = write_verdicts(tmp_path / "v" / f"{arm}-s0", [row(f"{arm}-t", 5, False)], final_split="test")
+        (folder / "final_cpu").mkdir()
+        cpu = [row(f"c{j}", 3, v, agents=2, makespan=2, optimal_makespan=2, cost=3, optimal_cost=3)
+               for j, v in enumerate(ok)]
+        (folder / "final_cpu" / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in cpu))
+        (folder / "settings.json").write_text(json.dumps({"final_split": "test", "final_cpu_split": "test-cpu"}))
+        verdicts[(arm, 0)] = folder
+    out = tmp_path / "out"
+    cfg = LoopConfig(seeds=[0], out=out, baseline="fixed")
+    loop.write_loop_tables(verdicts, ["fixed", "self"], cfg, out, title="T", command=None, arm_header="engineer",
+                           notes=[], extra={})
+    main_md, cpu_md = (out / "table.md").read_text(), (out / "cpu" / "table.md").read_text()
+    assert "CPU-scale held-out table (test-cpu)" in cpu_md and "(published)" not in cpu_md
+    assert "| self | 1 | 66.7 / 66.7 |" in cpu_md and "| fixed | 1 | 33.3 / 33.3 |" in cpu_md
+    assert "2 agents" in cpu_md and "2 agents" not in main_md
+    # without final_cpu verdicts, no cpu/ table
+    out2 = tmp_path / "out2"
+    only_main = {k: write_verdicts(tmp_path / "w" / f"{k[0]}-s0", [row("t", 5, False)]) for k in verdicts}
+    loop.write_loop_tables(only_main, ["fixed", "self"], cfg, out2, title="T", command=None, arm_header="engineer",
+                           notes=[], extra={})
+    assert (out2 / "table.md").is_file() and not (out2 / "cpu").exists()
