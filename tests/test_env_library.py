@@ -235,7 +235,7 @@ def test_export_rows_carry_the_prompt_and_load_as_a_dataset(tmp_path, capsys):
     # the exported rows are also an instances file for verify and show
     ans = _write(tmp_path / "a.jsonl", [{"id": r["instance_id"], "text": r["answer"]} for r in rows])
     assert main(["verify", "--instances", str(out), "--answers", str(ans), "--out", str(tmp_path / "v")]) == 0
-    assert f"{len(rows)} answers: valid 1.000, optimal 1.000" in capsys.readouterr().out
+    assert f"{len(rows)} answers: valid 1.000, optimal (soc) 1.000" in capsys.readouterr().out
     capsys.readouterr()
     assert main(["export", "--split", "val-mini", "--style", "tiny", "--out", str(tmp_path / "x")]) == 2
     assert "--style 'tiny': allowed: full, compact" in capsys.readouterr().err
