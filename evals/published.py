@@ -1,4 +1,4 @@
-"""The paper's published numbers (../shared/PAPER.md: "Headline numbers", the per-size 3-agent valid % of
+"""The paper's published numbers (docs/method.md: "Headline results", the per-size 3-agent valid % of
 the V6 and fixed-random runs, and the context ablation's valid % per wait subset), printed beneath our rows,
 marked "(published)", where a reader compares.
 

@@ -182,10 +182,11 @@ def record_timing(out: Path, name: str, wall_s: float, answered: int) -> None:
     path.write_text(json.dumps(timings, indent=2) + "\n")
 
 
-def write_solve_tables(cfg: SolveConfig, out: Path, ids: set[str], command: str | None,
+def write_solve_tables(cfg: SolveConfig, out: Path, ids: set[str] | None, command: str | None,
                        notes: list[str]) -> dict[str, Any]:
     """table.md/csv/json and failures.csv from `<out>/<name>/eval.jsonl` (only rows of this split's chosen
-    ids), through the loop evals' tables (`evals.tables.write_tables`): each model is one arm with one run,
+    ids; `ids` None: every committed row, as `--tables-only` does, so a table rebuilt after the split changed
+    still says what its verdicts say), through the loop evals' tables (`evals.tables.write_tables`): each model is one arm with one run,
     so its intervals are Wilson's (or a bootstrap over instances for a Sum over sizes)."""
     from nodes.evaluate import compute_final_metrics
 
@@ -194,10 +195,10 @@ def write_solve_tables(cfg: SolveConfig, out: Path, ids: set[str], command: str 
         path = out / spec.name / "eval.jsonl"
         if not path.is_file():
             continue
-        rows = [r for r in read_jsonl(path) if r["id"] in ids]
+        rows = [r for r in read_jsonl(path) if ids is None or r["id"] in ids]
         if not rows:
             continue
-        if len(rows) < len(ids):
+        if ids is not None and len(rows) < len(ids):
             notes.append(f"`{spec.name}` answered {len(rows)} of {len(ids)} instances so far (rerun to finish)")
         data[(spec.name, 0)] = rows
         (out / spec.name / "metrics.json").write_text(json.dumps(compute_final_metrics(rows), indent=2) + "\n")
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         log(f"[dry-run] split {cfg.split}: {len(instances)} instances; nothing was asked")
         return 0
-    write_solve_tables(cfg, out, {i.id for i in instances}, command, notes)
+    write_solve_tables(cfg, out, None if args.tables_only else {i.id for i in instances}, command, notes)
     print((out / "table.md").read_text())
     return 1 if failed else 0
 
