@@ -19,6 +19,21 @@ if TYPE_CHECKING:
 
 
 
+def _unwind(key: int, parent: dict[int, int], n: int) -> list[int]:
+    """The cells of the path that ends at space-time `key`, start first."""
+    path = []
+    while key != -1:
+        path.append(key % n)
+        key = parent[key]
+    path.reverse()
+    return path
+
+
+def _goal_blocked_until(vcons: frozenset[int], g: int, n: int) -> int:
+    """The last time a vertex constraint forbids the goal `g` (-1: never): an agent may only stop there after it."""
+    return max((c // n for c in vcons if c % n == g), default=-1)
+
+
 def _low_level(
     gm: GridMap,
     s: int,
@@ -36,16 +51,9 @@ def _low_level(
     """
     n = gm.n
     moves = gm.moves
-    last = -1
-    horizon = 0
-    for c in vcons:
-        t, cell = divmod(c, n)
-        horizon = max(horizon, t)
-        if cell == g and t > last:
-            last = t
-    for c in econs:
-        horizon = max(horizon, c // (n * n))
-    horizon += n + 1
+    last = _goal_blocked_until(vcons, g, n)
+    horizon = max((c // n for c in vcons), default=0)
+    horizon = max([horizon, *(c // (n * n) for c in econs)]) + n + 1
     start_key = s
     if start_key in vcons:
         return None
@@ -56,12 +64,7 @@ def _low_level(
         f, conf, negt, key = heapq.heappop(heap)
         t, u = divmod(key, n)
         if u == g and t > last:
-            path = []
-            while key != -1:
-                path.append(key % n)
-                key = parent[key]
-            path.reverse()
-            return path
+            return _unwind(key, parent, n)
         if t >= horizon:
             continue
         nt = t + 1
@@ -199,7 +202,7 @@ def _bounded_low_level(gm: GridMap, s: int, g: int, dist: list[int], vcons: froz
     Uniform-cost search on conflicts over (time, cell), pruned where time + distance exceeds the bound."""
     n = gm.n
     moves = gm.moves
-    last = max((t for t, cell in (divmod(c, n) for c in vcons) if cell == g), default=-1)
+    last = _goal_blocked_until(vcons, g, n)
     if s in vcons or dist[s] > bound:
         return None
     heap = [(0, 0, s)]  # (conflicts, t, t*n + cell)
@@ -211,12 +214,7 @@ def _bounded_low_level(gm: GridMap, s: int, g: int, dist: list[int], vcons: froz
             continue
         u = key % n
         if u == g and t > last:
-            path = []
-            while key != -1:
-                path.append(key % n)
-                key = parent[key]
-            path.reverse()
-            return path
+            return _unwind(key, parent, n)
         nt = t + 1
         if nt > bound:
             continue

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from .config import EnvConfig, SizeKnobs, max_hole_ratio
 from .instance import Instance
-from .solver import GridMap, Plan, SolverBudgetExceeded, Unsolvable, solve_on
+from .solver import GridMap, SolverBudgetExceeded, Unsolvable, optimal_makespan, solve_on
 
 DEFAULT_MAX_TRIES = 60
 # CBS budget per draw when generating (3+ agents): a draw that needs more is dropped and redrawn. This
@@ -227,7 +227,8 @@ def make_instance(
             info["unsolvable"] += 1
             continue
         try:
-            span = optimal_makespan(gm, starts, goals, plan, makespan_nodes)
+            span = optimal_makespan(gm, starts, goals, plan.makespan, plan.shortest,
+                                    makespan_nodes or GEN_MAKESPAN_NODES)
         except SolverBudgetExceeded:
             info["budget"] += 1
             continue
@@ -267,16 +268,6 @@ def _work(task: tuple) -> tuple[int, Instance | None, dict]:
 
 def default_workers() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
-
-
-def optimal_makespan(gm: GridMap, starts: list, goals: list, plan: Plan, max_nodes: int | None = None) -> int:
-    """The least makespan of `plan`'s instance: the largest shortest distance when `plan` (a sum-of-costs
-    optimum) already meets it, else an exact makespan search (`env.solver`, objective ``makespan``) with
-    `max_nodes` (None: `GEN_MAKESPAN_NODES`; raises `SolverBudgetExceeded` past it)."""
-    low = max(plan.shortest)
-    if plan.makespan == low:
-        return low
-    return solve_on(gm, starts, goals, max_nodes=max_nodes or GEN_MAKESPAN_NODES, objective="makespan").makespan
 
 
 def run_tasks(tasks: list[tuple], workers: int | None) -> list[tuple[int, Instance | None, dict]]:

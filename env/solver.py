@@ -160,6 +160,17 @@ def solve_on(gm: GridMap, starts: list[Cell], goals: list[Cell], max_nodes: int 
     return _plan(gm, paths, dists, s)
 
 
+def optimal_makespan(gm: GridMap, starts: list[Cell], goals: list[Cell], plan_makespan: int, shortest: list[int],
+                     max_nodes: int) -> int:
+    """The least makespan of an instance whose sum-of-costs optimum has makespan `plan_makespan`: the largest
+    shortest distance when that plan already meets it (no plan can finish earlier), else an exact makespan
+    search with `max_nodes` (raises `SolverBudgetExceeded` past it)."""
+    low = max(shortest)
+    if plan_makespan == low:
+        return low
+    return solve_on(gm, starts, goals, max_nodes=max_nodes, objective="makespan").makespan
+
+
 def _cbs_makespan_portfolio(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]],
                             max_nodes: int) -> list[list[int]]:
     """The makespan CBS with bounded replanning, then (if it passes `max_nodes`) with shortest replanning: both
@@ -320,4 +331,4 @@ def _single_path(gm: GridMap, s: int, g: int, dist: list[int]) -> list[int]:
         path.append(next(v for v in gm.moves[u] if dist[v] == dist[u] - 1))
     return path
 
-__all__ = ["GridMap", "Plan", "SolverBudgetExceeded", "Unsolvable", "solve", "solve_on"]
+__all__ = ["GridMap", "Plan", "SolverBudgetExceeded", "Unsolvable", "optimal_makespan", "solve", "solve_on"]

@@ -139,15 +139,19 @@ def _verdict(valid: bool, optimal: bool, failure: str | None, cost: int | None, 
     return v
 
 
+LEGACY_MAKESPAN_NODES = 2_000_000  # search budget for an instance from before env 1.1.0 (no stored optimum)
+
+
 @lru_cache(maxsize=4096)
 def _solved_makespan(grid: tuple[str, ...], starts: tuple, goals: tuple) -> int:
     from .solver import solve
 
-    return solve(list(grid), list(starts), list(goals), objective="makespan", max_nodes=2_000_000).makespan
+    return solve(list(grid), list(starts), list(goals), objective="makespan", max_nodes=LEGACY_MAKESPAN_NODES).makespan
 
 
 def instance_optimal_makespan(instance: Instance) -> int:
-    """The instance's stored optimal makespan, or (instances from before env 1.1.0) an exact search's, cached."""
+    """The instance's stored optimal makespan, or (instances from before env 1.1.0) an exact search's, cached. The
+    search trusts nothing else the instance stores (`shortest` may be empty in a hand-made instance)."""
     if instance.optimal_makespan is not None:
         return instance.optimal_makespan
     return _solved_makespan(tuple(instance.grid), tuple(map(tuple, instance.starts)), tuple(map(tuple, instance.goals)))

@@ -156,7 +156,7 @@ def read_verdicts(verdicts: Mapping[tuple[str, int], Path], source: str = "final
     """(arm, seed) -> the verdict rows of that pair's `source` evaluation: `final` (the held-out benchmark) or
     `final_cpu` (the CPU-scale held-out split beside it; pairs without one are left out)."""
     return {k: read_jsonl(folder / source / "eval.jsonl") for k, folder in sorted(verdicts.items())
-            if source == "final" or (folder / source / "eval.jsonl").is_file()}
+            if (folder / source / "eval.jsonl").is_file()}
 
 
 def _cells(rows: list[dict], metric: str, criterion: str, key) -> dict[Any, list[tuple[str, bool]]]:

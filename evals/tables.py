@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,18 @@ def _cell(stat: Mapping[str, Any] | None, signed: bool = False, interval: bool =
 
 def _pub(v: float | None) -> str:
     return "–" if v is None else f"{v:.2f}"
+
+
+def gap_table(what: str, base: str, crit: str, arm_header: str, arms: Sequence[str], cols: Sequence[str],
+              gap: Callable[[str, str, str], Mapping[str, Any] | None]) -> list[str]:
+    """A table of gaps to `base`: a row per arm, per column `valid / optimal` of `gap(arm, column, metric)`."""
+    lines = [f"**{what} to `{base}` in percentage points (valid / optimal, optimal: {crit}), paired by seed (and by "
+             "instance), with its 95% paired-bootstrap interval**", "",
+             f"| {arm_header} | " + " | ".join(subset_title(c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
+    for arm in arms:
+        lines.append(f"| {arm} | " + " | ".join(
+            f"{_cell(gap(arm, c, 'valid'), True)} / {_cell(gap(arm, c, 'optimal'), True)}" for c in cols) + " |")
+    return lines + [""]
 
 
 def subset_title(sub: str) -> str:
@@ -83,18 +95,8 @@ def _per_size_blocks(table: Mapping[str, Any], arm_header: str, published: Seque
     base = table.get("baseline")
     if base and base in table["rows"]:
         agents = list(table["sizes"])
-        lines += [f"**Gap of Sum to `{base}` in percentage points (valid / optimal, optimal: {crit}), paired by "
-                  "seed (and by instance), with its 95% paired-bootstrap interval**", "",
-                  f"| {arm_header} | " + " | ".join(subset_title(a) for a in agents) + " |",
-                  "|---|" + "---|" * len(agents)]
-        for arm in arms:
-            if arm == base:
-                continue
-            ps = table["per_size"][arm]
-            lines.append(f"| {arm} | " + " | ".join(
-                f"{_cell(ps[a]['valid']['sum'].get('gap'), True)} / {_cell(ps[a]['optimal']['sum'].get('gap'), True)}"
-                for a in agents) + " |")
-        lines.append("")
+        lines += gap_table("Gap of Sum", base, crit, arm_header, [a for a in arms if a != base], agents,
+                           lambda arm, a, metric: table["per_size"][arm][a][metric]["sum"].get("gap"))
     return lines
 
 
@@ -143,18 +145,8 @@ def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None,
           wait_rows(tuple(published)))
     if base and base in table["rows"]:
         cols = agents + waits + (["all"] if "all" in subsets else [])
-        lines += [f"**Pooled gap to `{base}` in percentage points (valid / optimal, optimal: {crit}), paired by "
-                  "seed (and by instance), with its 95% paired-bootstrap interval**", "",
-                  f"| {arm_header} | " + " | ".join(subset_title(c) for c in cols) + " |",
-                  "|---|" + "---|" * len(cols)]
-        for a in arms:
-            if a == base:
-                continue
-            row = table["rows"][a]
-            cells = [f"{_cell(row.get(c, {}).get('valid', {}).get('gap'), True)} / "
-                     f"{_cell(row.get(c, {}).get('optimal', {}).get('gap'), True)}" for c in cols]
-            lines.append(f"| {a} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += gap_table("Pooled gap", base, crit, arm_header, [a for a in arms if a != base], cols,
+                           lambda arm, c, metric: table["rows"][arm].get(c, {}).get(metric, {}).get("gap"))
     elif base:
         lines += [f"No gap columns: the baseline `{base}` has no finished run.", ""]
     fails = table.get("failures") or {}

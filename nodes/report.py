@@ -253,6 +253,14 @@ def zero_variance_stages(data: dict[str, Any]) -> list[int]:
     return out
 
 
+def _final_table_or_note(metrics: dict[str, Any], source: str) -> str:
+    """`final_table_md` of a final evaluation's metrics, or one line saying why it cannot be built."""
+    try:
+        return final_table_md(metrics)
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        return f"(the per-size table cannot be built from {source}: {md_inline(type(e).__name__)})\n"
+
+
 def _criterion_name(data: dict[str, Any]) -> str:
     """What `optimal` means in this run's tables, from its settings (`train.optimality`; runs from before it
     existed scored the sum of costs)."""
@@ -373,10 +381,7 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
     if final:
         settings = data.get("settings") or {}
         label = f"{title} ({settings.get('policy_model', '?')}, {settings.get('engineer', '?')} engineer)"
-        try:
-            table = final_table_md(final)
-        except (TypeError, ValueError, AttributeError, KeyError) as e:
-            table = f"(the per-size table cannot be built from final/metrics.json: {md_inline(type(e).__name__)})\n"
+        table = _final_table_or_note(final, "final/metrics.json")
         lines += [
             f"{final.get('final/n', '?')} instances: valid {_pct(final.get('final/valid_rate'))} %, "
             f"optimal {_pct(final.get('final/optimal_rate'))} %.",
@@ -388,10 +393,7 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
         ]
         cpu = data.get("final_cpu")
         if cpu:
-            try:
-                cpu_table = final_table_md(cpu)
-            except (TypeError, ValueError, AttributeError, KeyError) as e:
-                cpu_table = f"(the table cannot be built from final_cpu/metrics.json: {md_inline(type(e).__name__)})\n"
+            cpu_table = _final_table_or_note(cpu, "final_cpu/metrics.json")
             lines += [
                 f"Beside it, the CPU-scale held-out split `{md_inline(str(cpu.get('final/split', '?')))}` (where a small "
                 f"policy is not at 0): {cpu.get('final/n', '?')} instances, valid {_pct(cpu.get('final/valid_rate'))} %, "
