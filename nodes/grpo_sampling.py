@@ -95,6 +95,51 @@ def replace_groups(batch: dict, fresh: dict, slots: list[int], picks: list[int],
     return out
 
 
+class RolloutCopy:
+    """A copy of the policy in another dtype (bf16) that generates GRPO's completions on CPU.
+
+    Decoding a 135M model on 2 cores is bound by reading its weights once per token; bf16 halves those bytes.
+    The copy is made on first use and re-synced from the trained weights after every optimiser step (only the
+    parameters that train are copied: the top blocks). Training itself stays in the trained model's dtype.
+    With beta=0 and one update per generation (the cpu preset), TRL scores the completions with the trained
+    model, so the copy only decides what is sampled, as vLLM does in TRL's GPU path.
+    """
+
+    def __init__(self, dtype):
+        import torch
+
+        self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.model = None
+        self.step = None
+        self.syncs = 0
+
+    def synced(self, trained, step: int):
+        """The copy, with `trained`'s current weights (copied when `step` moved since the last sync)."""
+        import copy
+
+        import torch
+
+        if self.model is None:
+            self.model = copy.deepcopy(trained).to(self.dtype).eval().requires_grad_(False)
+            # Wrappers set on instances (accelerate's prepare, TRL's fused LM head) are closures over the *trained*
+            # model's bound forward, which deepcopy does not rebind: left in place, the copy would run the trained
+            # model in its own dtype. Sampling needs the plain forward of the copy's class, without hooks.
+            for module in self.model.modules():
+                module.__dict__.pop("forward", None)
+                module._forward_hooks.clear()
+                module._forward_pre_hooks.clear()
+            self._params = dict(self.model.named_parameters())
+            self._train = [n for n, p in trained.named_parameters() if p.requires_grad]
+        elif step != self.step:
+            src = dict(trained.named_parameters())
+            with torch.no_grad():
+                for n in self._train:
+                    self._params[n].copy_(src[n])
+            self.syncs += 1
+        self.step = step
+        return self.model
+
+
 def make_trainer_class():
     """`DynamicSamplingGRPOTrainer`, built on first use so that importing this module needs no TRL."""
     from trl import GRPOTrainer
@@ -102,8 +147,10 @@ def make_trainer_class():
     class DynamicSamplingGRPOTrainer(GRPOTrainer):
         """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""
 
-        def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, group_key=None, **kwargs):
+        def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, group_key=None,
+                     rollout_dtype=None, **kwargs):
             super().__init__(*args, **kwargs)
+            self.rollout = RolloutCopy(rollout_dtype) if rollout_dtype is not None and not self.use_vllm else None
             self.resample_rounds = int(resample_rounds)
             self._rng = random.Random(resample_seed)
             self.group_key = group_key
@@ -138,6 +185,18 @@ def make_trainer_class():
                 st = self.key_stats.setdefault(self.group_key(inputs[gi * self.num_generations]), [0, 0])
                 st[0] += gi not in zero
                 st[1] += 1
+
+        def _generate_single_turn(self, *args, **kwargs):
+            if self.rollout is None:
+                return super()._generate_single_turn(*args, **kwargs)
+            # TRL's own transformers path, run on the synced rollout copy instead of the trained model
+            trained = self.model_wrapped
+            self.model_wrapped = self.rollout.synced(self.accelerator.unwrap_model(self.model),
+                                                     self.state.global_step)
+            try:
+                return super()._generate_single_turn(*args, **kwargs)
+            finally:
+                self.model_wrapped = trained
 
         def _generate_and_score_completions(self, inputs):
             batch = super()._generate_and_score_completions(inputs)

@@ -67,6 +67,12 @@ class TrainConfig(BaseModel):
     )
     gradient_checkpointing: bool = Field(False, description="trade compute for memory (large models)")
     bf16: bool | None = Field(None, description="bf16 weights/compute; None: on CUDA with bf16 support only")
+    autocast_bf16: bool | None = Field(
+        None,
+        description="GRPO's training forward and backward under bf16 autocast over float32 weights (the optimiser "
+        "and its updates stay float32); None: on a CPU with AMX, where bf16 matmuls have hardware (about 1.6x "
+        "faster steps there, evals/bench/bench_train.py). Ignored when bf16 weights are on",
+    )
     # --- LoRA
     lora: bool | Literal["auto"] = Field(
         "auto",
@@ -87,6 +93,13 @@ class TrainConfig(BaseModel):
         "scored the same with fresh groups that did not (0: off; nodes.grpo_sampling)",
     )
     # --- generation backend
+    rollout_dtype: Literal["auto", "model", "bfloat16"] = Field(
+        "auto",
+        description="dtype of the copy of the policy that samples GRPO's completions with transformers (no vLLM): "
+        "bfloat16 (a bf16 copy, re-synced after every optimiser step; decoding on CPU is bound by reading the "
+        "weights, so half the bytes), model (the trained model itself, in its own dtype), or auto (bfloat16 on a "
+        "CPU with AMX, model elsewhere). Training and the scoring of completions stay in the model's dtype",
+    )
     use_vllm: bool = Field(
         False, description="generate GRPO completions with vLLM (GPU) instead of transformers"
     )
@@ -206,6 +219,9 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "max_prompt_length": 768,
         "train_layers": 2,
         "resample_rounds": 0,  # 24-token answers are never valid: every group scores 0, resampling finds nothing
+        # float32 throughout, as policy_dtype: the same samples and losses on every CI machine, AMX or not
+        "rollout_dtype": "model",
+        "autocast_bf16": False,
     },
     # Laptop default with the embedded SmolLM2-135M (= TrainConfig's defaults): 64 instances, SFT warm start
     # on 64 fresh 3x3 instances (20 steps x 4 plans), then 5 GRPO steps of 2 groups x 4 completions of <= 128

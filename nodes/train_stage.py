@@ -70,6 +70,7 @@ from nodes.trl_setup import (
     main_process,
     quiet_trainer,
     raise_if_stopped,
+    rollout_dtype,
     stop_callbacks,
     tb_callback,
     tb_scalars,
@@ -254,6 +255,7 @@ def run_stage(
         resample_rounds=cfg.resample_rounds,
         resample_seed=seed,
         group_key=row_size,  # replacements lean to the sizes where the policy is sometimes right
+        rollout_dtype=rollout_dtype(cfg, model),
     )
     quiet_trainer(trainer, progress, label=f"GRPO {out_dir.name}")
     t0 = time.perf_counter()

@@ -51,6 +51,42 @@ def use_bf16(cfg: TrainConfig) -> bool:
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
+def use_autocast(cfg: TrainConfig) -> bool:
+    """bf16 autocast over float32 weights in GRPO's training steps: `cfg.autocast_bf16`, or when unset, on a CPU
+    with AMX (never with bf16 weights, which need no autocast)."""
+    import torch
+
+    if use_bf16(cfg):
+        return False
+    if cfg.autocast_bf16 is not None:
+        return cfg.autocast_bf16
+    if torch.cuda.is_available():
+        return False
+    from llm_backends.vllm_server import cpu_has_amx
+
+    return cpu_has_amx()
+
+
+def rollout_dtype(cfg: TrainConfig, model) -> str | None:
+    """The dtype of GRPO's rollout copy (`nodes.grpo_sampling.RolloutCopy`), or None: sample with the model itself.
+
+    A copy only where transformers generates on CPU (no vLLM, no CUDA), for a plain float32 model (not a peft
+    adapter, whose merge a copy would not follow) and when the copy's dtype differs. `auto`: bfloat16 on a CPU with
+    AMX (where bf16 matmuls have hardware), else none.
+    """
+    import torch
+
+    if cfg.rollout_dtype == "model" or cfg.use_vllm or torch.cuda.is_available():
+        return None
+    if hasattr(model, "peft_config") or next(model.parameters()).dtype != torch.float32:
+        return None
+    if cfg.rollout_dtype == "auto":
+        from llm_backends.vllm_server import cpu_has_amx
+
+        return "bfloat16" if cpu_has_amx() else None
+    return cfg.rollout_dtype
+
+
 def lora_config(cfg: TrainConfig):
     """The peft `LoraConfig` of `cfg`'s `lora_*` fields."""
     from peft import LoraConfig
@@ -180,7 +216,7 @@ def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = Tru
         max_grad_norm=cfg.max_grad_norm,
         gradient_checkpointing=cfg.gradient_checkpointing,
         use_cpu=not cuda,
-        bf16=use_bf16(cfg),
+        bf16=use_bf16(cfg) or use_autocast(cfg),  # float32 weights + bf16=True: accelerate's autocast
         use_vllm=cfg.use_vllm,
         logging_steps=cfg.logging_steps,
         log_completions=cfg.log_completions,

@@ -9,7 +9,8 @@
 - `before`: the path as it was before issue 16: the full paper prompt (with SmolLM2's default system prompt), TRL's
   fused LM head scoring every position on CPU (`ENV_ENGINEER_TRL_PATCH=0`), the old cpu preset's SFT and GRPO shapes
   (SFT batch 8 on 3x3/4x4, top 8 blocks; GRPO 2 groups x 4 completions of <= 128 tokens);
-- `after`: the cpu preset as it stands (compact prompt, labelled positions only, its own SFT recipe), with GRPO
+- `after`: the cpu preset as it stands (compact prompt, labelled positions only, its own SFT recipe; on a CPU with
+  AMX GRPO samples from a bf16 copy of the policy and trains under bf16 autocast over float32 weights), with GRPO
   at the *same* 8 completions per step and dynamic sampling off, so the two GRPO figures count the same work.
 
 Figures: SFT examples per second (`--sft-steps` timed steps after one untimed step), GRPO seconds per optimiser
@@ -38,6 +39,8 @@ BEFORE = {  # the cpu preset before issue 16, as far as speed is concerned
     "per_device_train_batch_size": 8,
     "max_completion_length": 128,
     "resample_rounds": 0,
+    "rollout_dtype": "model",  # completions sampled by the trained float32 model itself
+    "autocast_bf16": False,  # float32 training steps
 }
 SAME_WORK = {"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 128,
              "resample_rounds": 0}
