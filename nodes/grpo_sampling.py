@@ -101,8 +101,9 @@ class RolloutCopy:
     Decoding a 135M model on 2 cores is bound by reading its weights once per token; bf16 halves those bytes.
     The copy is made on first use and re-synced from the trained weights after every optimiser step (only the
     parameters that train are copied: the top blocks). Training itself stays in the trained model's dtype.
-    With beta=0 and one update per generation (the cpu preset), TRL scores the completions with the trained
-    model, so the copy only decides what is sampled, as vLLM does in TRL's GPU path.
+    The losses score the completions with the trained model. The copy's bf16 rounding makes the sampler slightly
+    off-policy, and unlike TRL's vLLM path nothing corrects for it (TRL computes its importance-sampling ratio only
+    with vLLM); with beta=0 and one update per generation (the cpu preset) the ratio TRL trains on is exactly 1.
     """
 
     def __init__(self, dtype):
@@ -120,7 +121,11 @@ class RolloutCopy:
         import torch
 
         if self.model is None:
-            self.model = copy.deepcopy(trained).to(self.dtype).eval().requires_grad_(False)
+            self.model = copy.deepcopy(trained).eval().requires_grad_(False)
+            # weights only: `.to(dtype)` would also round the float32 buffers (RoPE's inv_freq: phase errors of
+            # about 0.6 rad by position 450), which a model loaded in bf16 keeps in float32. Tied weights stay tied.
+            for p in self.model.parameters():
+                p.data = p.data.to(self.dtype)
             # Wrappers set on instances (accelerate's prepare, TRL's fused LM head) are closures over the *trained*
             # model's bound forward, which deepcopy does not rebind: left in place, the copy would run the trained
             # model in its own dtype. Sampling needs the plain forward of the copy's class, without hooks.

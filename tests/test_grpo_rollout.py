@@ -93,6 +93,10 @@ def test_rollout_copy_samples_with_its_own_bf16_weights_and_follows_training(emb
     assert calls["copy"] > 0 and calls["trained"] == 0  # sampling never ran the trained model
     assert trainer.rollout.syncs >= 1  # re-synced after the first optimiser step
     assert all(p.dtype == torch.bfloat16 for p in copy.parameters())
+    assert copy.lm_head.weight is copy.model.embed_tokens.weight  # still tied
+    buffers = dict(model.named_buffers())
+    for n, b in copy.named_buffers():  # RoPE's inv_freq and the like stay float32, as in a model loaded in bf16
+        assert b.dtype == buffers[n].dtype and torch.equal(b, buffers[n]), n
     assert all(p.dtype == torch.float32 for p in model.parameters())  # ... over float32 weights
     top = f"model.layers.{len(model.model.layers) - 1}.mlp.down_proj.weight"
     assert not torch.equal(first[top], model.state_dict()[top])  # the top block trained
