@@ -75,6 +75,7 @@ from nodes.trl_setup import (
     tb_callback,
     tb_scalars,
     trainable_model,
+    use_bf16,
 )
 
 log = logging.getLogger(__name__)
@@ -244,6 +245,7 @@ def run_stage(
     main = args.process_index == 0  # = trainer.is_world_process_zero(); only it writes files
     from nodes.grpo_sampling import make_trainer_class, sampling_metrics
 
+    sampler_dtype = rollout_dtype(cfg, model)  # resolved here ("auto" -> this machine's choice) and recorded
     trainer = make_trainer_class()(
         model=model,
         reward_funcs=[reward],
@@ -255,7 +257,7 @@ def run_stage(
         resample_rounds=cfg.resample_rounds,
         resample_seed=seed,
         group_key=row_size,  # replacements lean to the sizes where the policy is sometimes right
-        rollout_dtype=rollout_dtype(cfg, model),
+        rollout_dtype=sampler_dtype,
     )
     quiet_trainer(trainer, progress, label=f"GRPO {out_dir.name}")
     t0 = time.perf_counter()
@@ -277,6 +279,8 @@ def run_stage(
         "sft_warm_start": bool(do_sft),
         "warm_start_cache": warm_info,
         "prompt_style": cfg.prompt_style,
+        "rollout_dtype": sampler_dtype or "model",  # what sampled the completions on this machine
+        "autocast_bf16": bool(args.bf16 and not use_bf16(cfg)),
         "train_config": cfg.model_dump(mode="json"),
     }
     ckpt = save_checkpoint(trainer, out_dir / "checkpoint", meta)

@@ -306,6 +306,7 @@ def test_smoke_stage_trains_writes_and_resumes(tmp_path, base_model):
     assert ckpt == tmp_path / "stage_0" / "checkpoint"
     meta = json.loads((ckpt / META_FILE).read_text())
     assert meta["is_lora"] is False and meta["base_model"] == str(base_model)
+    assert meta["rollout_dtype"] == "model" and meta["autocast_bf16"] is False  # smoke pins float32, recorded
     assert meta["reward_state"] == update["reward_state"] and update["reward_state"]["updates"] >= 1
 
     model, _ = load_checkpoint(ckpt)
