@@ -3,6 +3,7 @@
     python -m evals.bench.bench_learning                        # cpu preset, seeds 0,1,2, all 150 val-small
     python -m evals.bench.bench_learning --quick                # a sanity run of every step (minutes)
     python -m evals.bench.bench_learning --seeds 0,1,2,3,4 --grpo-steps 20 --set learning_rate=1e-4
+    python -m evals.bench.bench_learning --pool a.json b.json   # the seeds of two runs of one experiment, pooled
 
 1. The preset's cached SFT warm start (`nodes.sft.build_warm_start`, keyed by model, settings and
    `--warm-seed`): built once, reused by every later call, as a run's stage 0 reuses it.
@@ -75,7 +76,20 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override any TrainConfig field (JSON value), e.g. --set learning_rate=1e-4")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    p.add_argument("--pool", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="no training: pool the seeds of earlier --json files (same warm start, split and settings) "
+                   "into one summary with intervals over all their seeds")
     a = p.parse_args(argv)
+    if a.pool:
+        try:
+            summary = pool(a.pool)
+        except (OSError, ValueError, KeyError) as e:
+            p.error(f"--pool: {e}")
+        print(json.dumps({k: v for k, v in summary.items() if k != "seeds"}, indent=2))
+        print(table(summary))
+        if a.json:
+            a.json.write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
 
     from env import SIZES, EnvConfig, generate, load_split, write_jsonl
     from llm_backends.checkpoints import load_checkpoint
@@ -149,28 +163,63 @@ def main(argv: list[str] | None = None) -> dict:
         runs.append(run)
         print(f"seed {seed}", json.dumps({k: v for k, v in run.items() if k != "diffs"}), flush=True)
 
-    gains = [r["gain"] for r in runs]
-    lo, hi = paired_bootstrap([r["diffs"] for r in runs])
-    tlo, thi = t_interval(gains)
-    summary = {
+    summary = summarize({
         "preset": a.preset,
         "split": a.split,
         "instances": len(val),
+        "grpo_sizes": sorted(sizes),
+        "train_config": cfg.model_dump(mode="json"),
         "warm_start": {"key": ws["key"], "reused": ws["hit"], "valid_rate": before["valid_rate"],
                        "by_size": before["by_size"], "failures": before["failures"]},
-        "seeds": [{k: v for k, v in r.items() if k != "diffs"} for r in runs],
-        "mean_gain": statistics.fmean(gains),
-        "gain_interval_bootstrap_95": [lo, hi],
-        "gain_interval_t_95": [tlo, thi],
-        "zero_std_groups_trained_mean": statistics.fmean(
-            r["train/zero_std_groups_trained"] for r in runs if r["train/zero_std_groups_trained"] is not None
-        ) if any(r["train/zero_std_groups_trained"] is not None for r in runs) else None,
-    }
-    print(json.dumps(summary, indent=2))
+    }, runs)
+    print(json.dumps({k: v for k, v in summary.items() if k != "seeds"}, indent=2))
     print(table(summary))
     if a.json:
         a.json.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def summarize(head: dict, runs: list[dict]) -> dict:
+    """`head` plus the seeds' runs (each with its per-instance `diffs`, kept so that files can be pooled later),
+    the mean gain and its two 95 % intervals."""
+    gains = [r["gain"] for r in runs]
+    zero = [r["train/zero_std_groups_trained"] for r in runs if r.get("train/zero_std_groups_trained") is not None]
+    return {
+        **head,
+        "seeds": runs,
+        "mean_gain": statistics.fmean(gains),
+        "gain_interval_bootstrap_95": list(paired_bootstrap([r["diffs"] for r in runs])),
+        "gain_interval_t_95": list(t_interval(gains)),
+        "zero_std_groups_trained_mean": statistics.fmean(zero) if zero else None,
+    }
+
+
+POOL_SAME = ("preset", "split", "instances", "grpo_sizes", "train_config")
+
+
+def pool(paths: list[Path]) -> dict:
+    """One summary over the seeds of several `--json` files of the same experiment (ValueError otherwise)."""
+    files = [json.loads(Path(p).read_text()) for p in paths]
+    first = files[0]
+    for path, f in zip(paths, files, strict=True):
+        if f["warm_start"]["key"] != first["warm_start"]["key"]:
+            raise ValueError(f"{path}: warm start {f['warm_start']['key']} differs from {first['warm_start']['key']} "
+                             f"({paths[0]}); only runs from the same warm start can be pooled")
+        for k in POOL_SAME:
+            if k not in f:
+                raise ValueError(f"{path}: no {k!r} (written before stop 26?); pool only files that record it")
+            if f[k] != first[k]:
+                raise ValueError(f"{path}: {k} differs from {paths[0]}'s; pool only runs of the same experiment")
+        missing = [r["seed"] for r in f["seeds"] if "diffs" not in r]
+        if missing:
+            raise ValueError(f"{path}: seeds {missing} have no per-instance answers ('diffs'); they cannot be pooled")
+    runs = [r for f in files for r in f["seeds"]]
+    seeds = [r["seed"] for r in runs]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds {seeds}: a seed appears twice; pool runs of different seeds")
+    head = {k: first[k] for k in first if k not in ("seeds", "mean_gain", "gain_interval_bootstrap_95",
+                                                    "gain_interval_t_95", "zero_std_groups_trained_mean")}
+    return {**summarize(head, runs), "pooled_from": [str(p) for p in paths]}
 
 
 def table(s: dict) -> str:

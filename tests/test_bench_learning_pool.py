@@ -1,0 +1,65 @@
+"""`python -m evals.bench.bench_learning --pool`: the seeds of several runs of one experiment, one interval."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from evals.bench.bench_learning import main, paired_bootstrap, pool, summarize
+
+
+def _run(seed: int, gain_bias: float) -> dict:
+    rng = random.Random(seed)
+    diffs = [1 if rng.random() < 0.1 + gain_bias else (-1 if rng.random() < 0.1 else 0) for _ in range(150)]
+    return {"seed": seed, "gain": sum(diffs) / 150, "diffs": diffs, "valid_rate": 0.2, "by_size": {"3": 0.2},
+            "train/zero_std_groups_trained": 0.5}
+
+
+def _file(tmp_path, name, seeds, **over):
+    head = {"preset": "cpu", "split": "val-small", "instances": 150, "grpo_sizes": [3, 4],
+            "train_config": {"max_steps": 48}, "warm_start": {"key": "abc", "valid_rate": 0.16, "by_size": {"3": 0.26}}}
+    head.update(over)
+    path = tmp_path / name
+    path.write_text(json.dumps(summarize(head, [_run(s, 0.05) for s in seeds])))
+    return path
+
+
+def test_pooled_interval_is_the_bootstrap_over_every_seed(tmp_path):
+    a, b = _file(tmp_path, "a.json", [0, 1, 2]), _file(tmp_path, "b.json", [3, 4])
+    s = pool([a, b])
+    runs = [_run(k, 0.05) for k in range(5)]
+    assert [r["seed"] for r in s["seeds"]] == [0, 1, 2, 3, 4]
+    assert s["mean_gain"] == pytest.approx(sum(r["gain"] for r in runs) / 5)
+    assert s["gain_interval_bootstrap_95"] == list(paired_bootstrap([r["diffs"] for r in runs]))
+    assert s["warm_start"]["key"] == "abc" and s["pooled_from"] == [str(a), str(b)]
+
+
+@pytest.mark.parametrize("over,msg", [
+    ({"warm_start": {"key": "other"}}, "warm start other differs"),
+    ({"grpo_sizes": [3, 4, 5]}, "grpo_sizes differs"),
+    ({"train_config": {"max_steps": 24}}, "train_config differs"),
+])
+def test_different_experiments_are_refused_by_name(tmp_path, over, msg):
+    a, b = _file(tmp_path, "a.json", [0]), _file(tmp_path, "b.json", [1], **over)
+    with pytest.raises(ValueError, match=msg):
+        pool([a, b])
+
+
+def test_old_files_and_repeated_seeds_are_refused(tmp_path, capsys):
+    a = _file(tmp_path, "a.json", [0, 1])
+    old = json.loads(a.read_text())
+    for r in old["seeds"]:
+        del r["diffs"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"seeds \[0, 1\] have no per-instance answers"):
+        pool([a, tmp_path / "old.json"])
+    with pytest.raises(ValueError, match="a seed appears twice"):
+        pool([a, _file(tmp_path, "b.json", [1, 2])])
+    with pytest.raises(SystemExit):
+        main(["--pool", str(a), str(tmp_path / "missing.json")])
+    assert "--pool" in capsys.readouterr().err
+    out = tmp_path / "pooled.json"
+    main(["--pool", str(a), str(_file(tmp_path, "c.json", [5])), "--json", str(out)])
+    assert [r["seed"] for r in json.loads(out.read_text())["seeds"]] == [0, 1, 5]
