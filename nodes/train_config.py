@@ -70,8 +70,8 @@ class TrainConfig(BaseModel):
     autocast_bf16: bool | None = Field(
         None,
         description="GRPO's training forward and backward under bf16 autocast over float32 weights (the optimiser "
-        "and its updates stay float32); None: on a CPU with AMX, where bf16 matmuls have hardware (about 1.6x "
-        "faster steps there, evals/bench/bench_train.py). Ignored when bf16 weights are on",
+        "and its updates stay float32); None: on a CPU with AMX, where bf16 matmuls have hardware (with the bf16 "
+        "rollout copy: 15.5 -> 12.9 s per GRPO step there). Ignored when bf16 weights are on",
     )
     # --- LoRA
     lora: bool | Literal["auto"] = Field(

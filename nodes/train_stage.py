@@ -75,7 +75,7 @@ from nodes.trl_setup import (
     tb_callback,
     tb_scalars,
     trainable_model,
-    use_bf16,
+    use_autocast,
 )
 
 log = logging.getLogger(__name__)
@@ -280,7 +280,7 @@ def run_stage(
         "warm_start_cache": warm_info,
         "prompt_style": cfg.prompt_style,
         "rollout_dtype": sampler_dtype or "model",  # what sampled the completions on this machine
-        "autocast_bf16": bool(args.bf16 and not use_bf16(cfg)),
+        "autocast_bf16": use_autocast(cfg),
         "train_config": cfg.model_dump(mode="json"),
     }
     ckpt = save_checkpoint(trainer, out_dir / "checkpoint", meta)
