@@ -282,7 +282,8 @@ def test_chat_batch_fails_fast_and_sends_nothing_more():
             chat.chat_batch(batch)
         assert time.monotonic() - t0 < 1.0  # not after the in-flight request's 1.5 s
         time.sleep(2.0)  # the request in flight ends on its own; nothing follows it
-        assert len(srv.chat_requests) == 2
+        # the 401 and, unless the abort beat its thread to the wire (a loaded machine), the one beside it
+        assert 1 <= len(srv.chat_requests) <= 2, [r["body"]["messages"] for r in srv.chat_requests]
     assert chat.stats.failures == 1
 
 
