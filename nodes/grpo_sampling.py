@@ -95,6 +95,102 @@ def replace_groups(batch: dict, fresh: dict, slots: list[int], picks: list[int],
     return out
 
 
+GQA_SDPA = "sdpa_gqa"  # the rollout copy's attention: transformers' sdpa, with GQA left to the kernel on CPU
+
+
+def _sdpa_gqa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                                is_causal=None, **kwargs):
+    """transformers' sdpa attention, except that on CPU with a padding mask the key/value heads are not repeated.
+
+    transformers repeats the key/value heads (`repeat_kv`, a copy of the whole KV cache per layer and token) unless
+    the mask is None, because CUDA's fused kernels need that. torch's CPU kernel takes ``enable_gqa`` with a mask
+    and gives the same numbers: SmolLM2 has 9 query heads on 3 KV heads, and a left-padded GRPO batch always has a
+    mask. Measured with the rollout shape (8 rows, bf16, 1 thread): decode attention over 600 cached positions
+    1.06 -> 0.32 ms per layer, a 450-token prefill 20.4 -> 13.5 ms per layer. Anything else goes to transformers.
+    """
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (attention_mask is None or query.device.type != "cpu" or groups <= 1 or dropout
+            or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def use_gqa_sdpa(model) -> bool:
+    """Switch `model` (an sdpa model) to `_sdpa_gqa_attention_forward`, registered once. False if not sdpa."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+
+    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", GQA_SDPA):
+        return False
+    AttentionInterface.register(GQA_SDPA, _sdpa_gqa_attention_forward)
+    if GQA_SDPA not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)  # the same masks as sdpa
+    model.set_attn_implementation(GQA_SDPA)
+    return True
+
+
+def growing_cache():
+    """A `DynamicCache` whose layers write each new token into spare room instead of concatenating.
+
+    transformers' `DynamicLayer.update` is `torch.cat([keys, new])`: a copy of the layer's whole KV cache for every
+    generated token. Measured at the rollout shape (8 rows, 3 KV heads, 600 positions, bf16, 1 thread): the cat
+    doubles the time of the decode attention that follows it (0.32 -> 0.65 ms per layer), while attention over a
+    view of a larger buffer costs the same as over a contiguous tensor. The layer keeps `keys`/`values` as views
+    of buffers grown 256 positions at a time, so every other method of `DynamicLayer` works on them unchanged;
+    one that replaces them (crop, beam reorder) just makes the next update start a fresh buffer.
+    """
+    import torch
+    from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        _room = 256
+
+        def _append(self, buf, held, new):
+            length, n = (held.shape[-2] if held.dim() == 4 else 0), new.shape[-2]
+            if buf is None or held.dim() != 4 or held.data_ptr() != buf.data_ptr() or held.shape[:2] != buf.shape[:2] \
+                    or length + n > buf.shape[-2]:
+                grown = new.new_empty(*new.shape[:2], length + n + self._room, new.shape[-1])
+                if length:
+                    grown[..., :length, :] = held
+                buf = grown
+            buf[..., length:length + n, :] = new
+            return buf, buf[..., :length + n, :]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                self._kbuf = self._vbuf = None
+            self._kbuf, self.keys = self._append(self._kbuf, self.keys, key_states)
+            self._vbuf, self.values = self._append(self._vbuf, self.values, value_states)
+            return self.keys, self.values
+
+    class GrowingCache(DynamicCache):
+        def __init__(self):
+            Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
+
+    return GrowingCache()
+
+
+def with_growing_cache(model):
+    """`model.generate`, given a `growing_cache()` whenever the call leaves the cache to transformers' default."""
+    plain = type(model).generate
+
+    def generate(*args, **kwargs):
+        gc = kwargs.get("generation_config") or model.generation_config
+        if kwargs.get("past_key_values") is None and gc.cache_implementation is None and gc.use_cache is not False \
+                and kwargs.get("use_cache", True) is not False:
+            kwargs["past_key_values"] = growing_cache()
+        return plain(model, *args, **kwargs)
+
+    return generate
+
+
 class RolloutCopy:
     """A copy of the policy in another dtype (bf16) that generates GRPO's completions on CPU.
 
@@ -133,6 +229,8 @@ class RolloutCopy:
                 module.__dict__.pop("forward", None)
                 module._forward_hooks.clear()
                 module._forward_pre_hooks.clear()
+            use_gqa_sdpa(self.model)  # the copy only: training keeps transformers' attention
+            self.model.generate = with_growing_cache(self.model)
             self._params = dict(self.model.named_parameters())
             self._train = [n for n, p in trained.named_parameters() if p.requires_grad]
         elif step != self.step:

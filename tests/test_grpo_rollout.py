@@ -3,6 +3,8 @@ every optimiser step, training under autocast over float32 weights; where each i
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -94,6 +96,7 @@ def test_rollout_copy_samples_with_its_own_bf16_weights_and_follows_training(emb
     assert trainer.rollout.syncs >= 1  # re-synced after the first optimiser step
     assert all(p.dtype == torch.bfloat16 for p in copy.parameters())
     assert copy.lm_head.weight is copy.model.embed_tokens.weight  # still tied
+    assert copy.config._attn_implementation == "sdpa_gqa" and model.config._attn_implementation == "sdpa"
     buffers = dict(model.named_buffers())
     for n, b in copy.named_buffers():  # RoPE's inv_freq and the like stay float32, as in a model loaded in bf16
         assert b.dtype == buffers[n].dtype and torch.equal(b, buffers[n]), n
@@ -104,3 +107,85 @@ def test_rollout_copy_samples_with_its_own_bf16_weights_and_follows_training(emb
     params = dict(copy.named_parameters())
     for n, p in model.named_parameters():  # trained and frozen weights alike: the policy, in bf16
         assert torch.equal(params[n], p.detach().to(torch.bfloat16)), n
+
+
+def test_gqa_attention_of_the_copy_answers_as_sdpa_without_repeating_kv_heads(embedded_model_path, monkeypatch):
+    """The copy's attention (`sdpa_gqa`) leaves the KV heads to torch's kernel: on a left-padded batch (a mask, as
+    in every GRPO batch) it is really taken, every layer, and greedy answers equal transformers' sdpa token for
+    token. The trained model keeps sdpa."""
+    import copy
+
+    import transformers.integrations.sdpa_attention as sdpa_mod
+
+    from llm_backends.checkpoints import load_checkpoint
+    from nodes.grpo_sampling import GQA_SDPA, use_gqa_sdpa
+
+    model, tok = load_checkpoint(embedded_model_path, trainable=False)
+    model = model.to(torch.bfloat16).eval()
+    fast = copy.deepcopy(model)
+    assert use_gqa_sdpa(fast)
+    assert fast.config._attn_implementation == GQA_SDPA and model.config._attn_implementation == "sdpa"
+    tok.padding_side = "left"
+    prompts = ["Map 3x3, (row,col) from (0,0), H = hole:\n...\n.H.\n...\nAgent 0: (0,0) -> (2,2)", "Say hi."]
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+             for p in prompts]
+    enc = tok(texts, return_tensors="pt", padding=True)
+    assert not enc.attention_mask.all()  # padded: transformers would repeat the KV heads here
+    with torch.no_grad():
+        ref = model.generate(**enc, max_new_tokens=24, do_sample=False)
+    calls = {"gqa": 0, "repeat_kv": 0}
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    repeat_kv = sdpa_mod.repeat_kv
+
+    def spy_sdpa(*a, **kw):
+        calls["gqa"] += bool(kw.get("enable_gqa"))
+        return sdpa(*a, **kw)
+
+    def spy_repeat(*a, **kw):
+        calls["repeat_kv"] += 1
+        return repeat_kv(*a, **kw)
+
+    def spy_cat_update(*a, **kw):
+        calls["cat"] = calls.get("cat", 0) + 1
+        return cat_update(*a, **kw)
+
+    from transformers.cache_utils import DynamicLayer
+
+    from nodes.grpo_sampling import with_growing_cache
+
+    cat_update = DynamicLayer.update
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy_sdpa)
+    monkeypatch.setattr(sdpa_mod, "repeat_kv", spy_repeat)
+    monkeypatch.setattr(DynamicLayer, "update", spy_cat_update)
+    with torch.no_grad():
+        out = fast.generate(**enc, max_new_tokens=24, do_sample=False)
+    assert torch.equal(out, ref)
+    assert calls["repeat_kv"] == 0 and calls["gqa"] >= len(model.model.layers) * 2  # prefill and decode steps
+    assert calls["cat"] == len(model.model.layers) * 24  # transformers' own cache, one cat per layer and token
+    fast.generate = with_growing_cache(fast)
+    calls["cat"] = 0
+    with torch.no_grad():
+        out = fast.generate(**enc, max_new_tokens=24, do_sample=False)
+    assert torch.equal(out, ref) and calls["cat"] == 0  # the growing cache: same tokens, no concatenation
+    eager = SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"))
+    assert not use_gqa_sdpa(eager) and eager.config._attn_implementation == "eager"  # left alone
+
+
+def test_growing_cache_holds_what_concatenation_would_across_its_growth():
+    from nodes.grpo_sampling import growing_cache
+
+    layer = growing_cache().layer_class_to_replicate()
+    layer._room = 3  # grow often
+    held_k, held_v = [], []
+    g = torch.Generator().manual_seed(0)
+    for n in (5, 1, 1, 1, 4, 1, 2, 1):  # a prefill, then tokens, crossing the spare room several times
+        k, v = torch.randn(2, 3, n, 4, generator=g), torch.randn(2, 3, n, 4, generator=g)
+        held_k.append(k)
+        held_v.append(v)
+        keys, values = layer.update(k, v)
+        assert torch.equal(keys, torch.cat(held_k, -2)) and torch.equal(values, torch.cat(held_v, -2))
+        assert layer.get_seq_length() == sum(x.shape[-2] for x in held_k)
+    layer.crop(-2)  # DynamicLayer's own methods work on the views; the next update starts from what they left
+    k, v = torch.randn(2, 3, 1, 4, generator=g), torch.randn(2, 3, 1, 4, generator=g)
+    keys, _ = layer.update(k, v)
+    assert torch.equal(keys, torch.cat([torch.cat(held_k, -2)[..., :-2, :], k], -2))

@@ -1,0 +1,123 @@
+"""GRPO's sampler on this CPU: generated tokens per second of each rollout path, side by side in one run.
+
+    python -m evals.bench.bench_rollout                       # the cpu preset's batch: 2 prompts x 8 completions
+    python -m evals.bench.bench_rollout --rows 8 --new-tokens 64 --repeats 2
+
+Every path answers the same left-padded batch of policy prompts (compact prompt, 3x3 and 4x4 maps) with
+`--new-tokens` tokens per row (EOS suppressed, so each path does exactly the same work), in `model.generate`
+the way TRL's transformers path calls it. The paths, each an addition to the one before:
+
+- `fp32`: the trained float32 model itself (the sampler before issue 16);
+- `bf16`: a bf16 copy of its weights (stop 26's `RolloutCopy`);
+- `bf16+gqa`: the copy's attention passes GQA to torch's CPU kernel instead of repeating the KV heads;
+- `bf16+gqa+cache`: and its KV cache grows into spare room instead of being concatenated every token
+  (`nodes.grpo_sampling.RolloutCopy` as it stands).
+
+The runs alternate between paths (`--repeats` rounds) and the median is reported. Greedy answers of the bf16
+paths are compared token for token: the last two change how attention is computed, not what it computes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+
+PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache")
+
+
+def build(model, path: str):
+    import torch
+
+    from nodes.grpo_sampling import use_gqa_sdpa, with_growing_cache
+
+    if path == "fp32":
+        return model
+    m = copy.deepcopy(model)
+    for p in m.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    if "gqa" in path:
+        use_gqa_sdpa(m)
+    if "cache" in path:
+        m.generate = with_growing_cache(m)
+    return m
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m evals.bench.bench_rollout", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m", help="model path or id (default: the embedded smollm2-135m)")
+    p.add_argument("--rows", type=int, default=16, help="completions per generate call (default 16: 2 x 8)")
+    p.add_argument("--groups", type=int, default=2, help="distinct prompts in the batch (default 2)")
+    p.add_argument("--new-tokens", type=int, default=96, help="tokens generated per row (default 96)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds over all paths; the median is kept (default 3)")
+    p.add_argument("--paths", default=",".join(PATHS), help=f"comma list among {', '.join(PATHS)}")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    a = p.parse_args(argv)
+    paths = [s.strip() for s in a.paths.split(",") if s.strip()]
+    bad = [s for s in paths if s not in PATHS]
+    if bad or not paths:
+        p.error(f"--paths {a.paths!r}: allowed: {', '.join(PATHS)}")
+    for flag in ("rows", "groups", "new_tokens", "repeats"):
+        if getattr(a, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} {getattr(a, flag)}: must be at least 1")
+    if a.rows % a.groups:
+        p.error(f"--rows {a.rows} is not a multiple of --groups {a.groups}")
+
+    import torch
+
+    from env.library import prompt_messages
+    from llm_backends.checkpoints import load_checkpoint
+    from llm_backends.models import resolve_model
+    from nodes.train_data import warm_start_instances
+
+    model, tok = load_checkpoint(resolve_model(a.model), trainable=False)
+    model.eval()
+    tok.padding_side = "left"
+    insts = warm_start_instances([3, 4], a.groups, 0)
+    texts = [tok.apply_chat_template(prompt_messages(i, "compact"), tokenize=False, add_generation_prompt=True)
+             for i in insts]
+    enc = tok([t for t in texts for _ in range(a.rows // a.groups)], return_tensors="pt", padding=True)
+    gen = dict(max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, do_sample=False,
+               pad_token_id=tok.pad_token_id)
+    models = {path: build(model, path) for path in paths}
+    times: dict[str, list[float]] = {path: [] for path in paths}
+    answers = {}
+    print(f"{a.rows} rows ({a.groups} prompts, {enc.input_ids.shape[1]} prompt tokens padded), {a.new_tokens} new "
+          f"tokens each, {torch.get_num_threads()} threads, {a.repeats} rounds", flush=True)
+    for r in range(a.repeats):
+        for path in paths:
+            t = time.perf_counter()
+            with torch.no_grad():
+                out = models[path].generate(**enc, **gen)
+            times[path].append(time.perf_counter() - t)
+            answers[path] = out
+            print(f"  round {r + 1} {path:<15} {times[path][-1]:6.2f} s", flush=True)
+    base = statistics.median(times[paths[0]])
+    rows = {}
+    for path in paths:
+        s = statistics.median(times[path])
+        rows[path] = {"seconds": round(s, 3), "tokens_per_s": round(a.rows * a.new_tokens / s, 1),
+                      f"speedup_vs_{paths[0]}": round(base / s, 2)}
+    bf16 = [p for p in paths if p != "fp32"]
+    same = {p: bool(torch.equal(answers[p], answers[bf16[0]])) for p in bf16[1:]}
+    print(f"\n{'path':<16}{'median s':>10}{'tok/s':>9}{'x ' + paths[0]:>12}")
+    for path, row in rows.items():
+        print(f"{path:<16}{row['seconds']:>10.2f}{row['tokens_per_s']:>9.1f}{row[f'speedup_vs_{paths[0]}']:>12.2f}")
+    if same:
+        print("greedy tokens equal to " + bf16[0] + ": " + ", ".join(f"{p} {v}" for p, v in same.items()))
+    result = {"rows": a.rows, "groups": a.groups, "new_tokens": a.new_tokens,
+              "prompt_tokens_padded": int(enc.input_ids.shape[1]), "threads": torch.get_num_threads(),
+              "repeats": a.repeats, "paths": rows, "same_tokens_as_" + (bf16[0] if bf16 else "none"): same,
+              "command": "python -m evals.bench.bench_rollout " + " ".join(argv or [])}
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])
