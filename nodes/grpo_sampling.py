@@ -135,7 +135,7 @@ def use_gqa_sdpa(model) -> bool:
     return True
 
 
-def growing_cache():
+def growing_cache(n_layers: int | None = None):
     """A `DynamicCache` whose layers write each new token into spare room instead of concatenating.
 
     transformers' `DynamicLayer.update` is `torch.cat([keys, new])`: a copy of the layer's whole KV cache for every
@@ -143,13 +143,14 @@ def growing_cache():
     doubles the time of the decode attention that follows it (0.32 -> 0.65 ms per layer), while attention over a
     view of a larger buffer costs the same as over a contiguous tensor. The layer keeps `keys`/`values` as views
     of buffers grown 256 positions at a time, so every other method of `DynamicLayer` works on them unchanged;
-    one that replaces them (crop, beam reorder) just makes the next update start a fresh buffer.
+    one that replaces them (crop, beam reorder) just makes the next update start a fresh buffer. Full-attention
+    layers only: `with_growing_cache` uses it only where transformers would have made plain `DynamicLayer`s.
     """
-    import torch
     from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
     class GrowingLayer(DynamicLayer):
         _room = 256
+        _kbuf = _vbuf = None
 
         def _append(self, buf, held, new):
             length, n = (held.shape[-2] if held.dim() == 4 else 0), new.shape[-2]
@@ -172,23 +173,38 @@ def growing_cache():
 
     class GrowingCache(DynamicCache):
         def __init__(self):
-            Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
+            if n_layers is None:
+                Cache.__init__(self, layer_class_to_replicate=GrowingLayer)
+            else:
+                Cache.__init__(self, layers=[GrowingLayer() for _ in range(n_layers)])
 
     return GrowingCache()
 
 
 def with_growing_cache(model):
-    """`model.generate`, given a `growing_cache()` whenever the call leaves the cache to transformers' default."""
-    plain = type(model).generate
+    """Make `model.generate` use a `growing_cache()` wherever transformers would have made its default cache.
 
-    def generate(*args, **kwargs):
-        gc = kwargs.get("generation_config") or model.generation_config
-        if kwargs.get("past_key_values") is None and gc.cache_implementation is None and gc.use_cache is not False \
-                and kwargs.get("use_cache", True) is not False:
-            kwargs["past_key_values"] = growing_cache()
-        return plain(model, *args, **kwargs)
+    The decision is taken after `generate` resolved its settings (the call's and the model's generation config):
+    only a fresh `DynamicCache` of plain full-attention `DynamicLayer`s, not offloaded and not an assistant's, is
+    replaced. A cache passed by the caller, `use_cache=False`, a static or quantized cache, sliding-window or
+    linear-attention layers are all left to transformers. Returns `model`.
+    """
+    from transformers.cache_utils import DynamicCache, DynamicLayer
 
-    return generate
+    plain = type(model)._prepare_cache_for_generation
+
+    def prepare(generation_config, model_kwargs, *args, **kwargs):
+        given = model_kwargs.get("past_key_values")
+        out = plain(model, generation_config, model_kwargs, *args, **kwargs)
+        made = model_kwargs.get("past_key_values")
+        if (given is None and type(made) is DynamicCache and made.layers and not made.offloading
+                and all(type(layer) is DynamicLayer and not layer.is_initialized for layer in made.layers)
+                and not generation_config.is_assistant):
+            model_kwargs["past_key_values"] = growing_cache(len(made.layers))
+        return out
+
+    model._prepare_cache_for_generation = prepare
+    return model
 
 
 class RolloutCopy:
@@ -230,7 +246,7 @@ class RolloutCopy:
                 module._forward_hooks.clear()
                 module._forward_pre_hooks.clear()
             use_gqa_sdpa(self.model)  # the copy only: training keeps transformers' attention
-            self.model.generate = with_growing_cache(self.model)
+            with_growing_cache(self.model)
             self._params = dict(self.model.named_parameters())
             self._train = [n for n, p in trained.named_parameters() if p.requires_grad]
         elif step != self.step:

@@ -162,11 +162,21 @@ def test_gqa_attention_of_the_copy_answers_as_sdpa_without_repeating_kv_heads(em
     assert torch.equal(out, ref)
     assert calls["repeat_kv"] == 0 and calls["gqa"] >= len(model.model.layers) * 2  # prefill and decode steps
     assert calls["cat"] == len(model.model.layers) * 24  # transformers' own cache, one cat per layer and token
-    fast.generate = with_growing_cache(fast)
+    assert with_growing_cache(fast) is fast
     calls["cat"] = 0
     with torch.no_grad():
         out = fast.generate(**enc, max_new_tokens=24, do_sample=False)
     assert torch.equal(out, ref) and calls["cat"] == 0  # the growing cache: same tokens, no concatenation
+    # decided on the settings generate resolved: the model's own generation config says no cache, so none is made
+    fast.generation_config.use_cache = False
+    with torch.no_grad():
+        out = fast.generate(**enc, max_new_tokens=3, do_sample=False)
+    assert torch.equal(out, ref[:, : out.shape[1]])
+    # a static cache asked for is transformers' own (no "both a cache and cache_implementation" error)
+    fast.generation_config.use_cache = True
+    with torch.no_grad():
+        out = fast.generate(**enc, max_new_tokens=3, do_sample=False, cache_implementation="static")
+    assert out.shape == (2, enc.input_ids.shape[1] + 3) and calls["cat"] == 0  # (attends over padding: bf16 sums differ)
     eager = SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"))
     assert not use_gqa_sdpa(eager) and eager.config._attn_implementation == "eager"  # left alone
 

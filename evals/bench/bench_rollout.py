@@ -42,7 +42,7 @@ def build(model, path: str):
     if "gqa" in path:
         use_gqa_sdpa(m)
     if "cache" in path:
-        m.generate = with_growing_cache(m)
+        with_growing_cache(m)
     return m
 
 
