@@ -1,6 +1,6 @@
-"""Running the grid: every pair that is not finished, one `python -m graph.run` subprocess at a time,
-resumable after a crash or Ctrl-C, with its log, its wall time and the machine it ran on recorded, and its
-verdict files collected as soon as it finishes.
+"""Running the grid: every pair that is not finished, one `python -m graph.run` subprocess at a time (or
+`jobs` at once, each pinned to its own share of the cores), resumable after a crash or Ctrl-C, with its log,
+its wall time and the machine it ran on recorded, and its verdict files collected as soon as it finishes.
 """
 
 from __future__ import annotations
@@ -10,13 +10,14 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evals.config import REPO_ROOT, repo_relative
+from evals.config import REPO_ROOT, EvalConfigError, repo_relative
 from evals.pairs import (
     Pair,
     check_api_engineer,
@@ -68,8 +69,15 @@ def run_grid(
     timeout_s: float | None = None,
     env: Mapping[str, str] | None = None,
     share_stage0: bool = False,
+    jobs: int = 1,
 ) -> GridResult:
-    """Check everything, then run every pair that is not finished (sequentially; resume partial ones).
+    """Check everything, then run every pair that is not finished (resume partial ones), `jobs` at a time.
+
+    With `jobs` > 1 the usable cores are split into `jobs` equal slots; each graph.run is pinned to one slot
+    (its stage children and vLLM server inherit the pinning) with as many OMP threads as the slot has cores.
+    On 2 cores two single-threaded runs do more work per hour than one run on both: a 135M model's decode steps
+    are too small to keep two threads busy (`jobs_cores`). With `share_stage0`, a pair waits while a run of its
+    seed that would be its donor is still in stage 0, and starts as a fork once that stage 0 has finished.
 
     Arms whose API engineer cannot run (no key) are skipped with a line; a pair whose settings are bad
     is reported and left out, before anything expensive starts. With `share_stage0`, a new pair starts
@@ -79,6 +87,9 @@ def run_grid(
     """
     from tqdm import tqdm
 
+    if not isinstance(jobs, int) or jobs < 1:
+        raise EvalConfigError(f"--jobs {jobs!r}: allowed: a whole number from 1 to the number of cores")
+    slots = jobs_cores(jobs)  # checked before anything runs
     env = dict(os.environ if env is None else env)
     log = EventLog(None if dry_run else out / "events.log", write=lambda s: tqdm.write(s, file=sys.stderr))
     result = GridResult()
@@ -147,6 +158,9 @@ def run_grid(
         if share_stage0 and donor is None and pair.seed not in planned_donor:
             planned_donor[pair.seed] = pair
         log(f"[plan] {pair.name}: {how}: {cmd}")
+    if slots is not None:
+        log(f"[plan] {jobs} runs at once, pinned to cores " + " | ".join(",".join(map(str, c)) for c in slots)
+            + f", {len(slots[0])} OMP thread(s) each" + ("; a fork waits for its donor's stage 0" if share_stage0 else ""))
     if dry_run:
         log(f"[dry-run] {len(todo)} run(s) planned, {len(result.finished)} finished, "
             f"{len(result.skipped)} arm(s) skipped, {len(result.failed)} bad; nothing was started")
@@ -155,44 +169,122 @@ def run_grid(
     timings_path = out / "timings.json"
     timings = read_json(timings_path) or {}
     here = machine()
-    bar = tqdm(todo, desc="runs", unit="run", file=sys.stderr, disable=not todo)
-    for pair, resume in bar:
-        bar.set_postfix_str(pair.name)
+    lock = threading.Lock()  # timings.json, result and the log, shared by the job threads
+
+    def run_one(pair: Pair, resume: bool, cores: list[int] | None) -> None:
         donor = donor_of(pair) if share_stage0 and not resume else None
         cmd = pair.command(preset, overrides, resume=resume, stage0_from=donor)
         log_path = out / "logs" / f"{pair.name}.log"
-        log(f"[start] {pair.name}: {short_command(cmd)}")
-        result.ran.append(pair.name)
+        where = f" (cores {','.join(map(str, cores))})" if cores is not None else ""
+        log(f"[start] {pair.name}{where}: {short_command(cmd)}")
+        with lock:
+            result.ran.append(pair.name)
         penv = child_env(pair.arm, env)
-        rc, wall = _run_child(cmd, log_path, pair.name, timeout_s, penv)
+        if cores is not None:
+            penv = {**penv, "OMP_NUM_THREADS": str(len(cores)), "MKL_NUM_THREADS": str(len(cores))}
+        rc, wall = _run_child(cmd, log_path, pair.name, timeout_s, penv, cores)
         if donor is not None and rc == EXIT_BAD_SETTINGS and pair.status() == "new":
             # graph.run refused the donor (or does not know --stage0-from yet): stage 0 in full instead
             log(f"[warn] {pair.name}: graph.run refused --stage0-from {repo_relative(donor)} (exit {rc}: "
                 f"{_last_line(log_path)}); running its stage 0 in full")
             donor = None
             cmd = pair.command(preset, overrides, resume=False)
-            log(f"[start] {pair.name}: {short_command(cmd)}")
-            rc, wall2 = _run_child(cmd, log_path, pair.name, timeout_s, penv)
+            log(f"[start] {pair.name}{where}: {short_command(cmd)}")
+            rc, wall2 = _run_child(cmd, log_path, pair.name, timeout_s, penv, cores)
             wall += wall2
-        t = timings.setdefault(pair.name, {"wall_s": 0.0, "calls": 0})
-        t["wall_s"] = round(t["wall_s"] + wall, 1)
-        t["calls"] += 1
-        t["last_rc"] = rc
-        t["machine"] = here  # where this pair ran (the last call's machine when it ran on several)
-        if here not in t.setdefault("machines", []):
-            t["machines"].append(here)
-        t["stage0_from"] = stage0_donor(pair.run_dir) or (repo_relative(donor) if donor is not None else None)
-        t["stage0_shared"] = t["stage0_from"] is not None
-        timings_path.write_text(json.dumps(timings, indent=2) + "\n")
-        if rc == 0 and pair.status() == "finished":
-            log(f"[done] {pair.name}: {wall:.0f}s")
-            result.finished.append(pair)
-            collect_verdicts(pair, out)  # at once, so an interrupted grid keeps every finished pair's table rows
-        else:
-            msg = f"graph.run exited with {rc} after {wall:.0f}s; see {log_path}"
-            log(f"[fail] {pair.name}: {msg}; rerun the same command to resume it")
-            result.failed[pair.name] = msg
+        with lock:
+            t = timings.setdefault(pair.name, {"wall_s": 0.0, "calls": 0})
+            t["wall_s"] = round(t["wall_s"] + wall, 1)
+            t["calls"] += 1
+            t["last_rc"] = rc
+            t["machine"] = here  # where this pair ran (the last call's machine when it ran on several)
+            if here not in t.setdefault("machines", []):
+                t["machines"].append(here)
+            t["jobs"] = jobs  # runs at once: their wall times are not comparable with a run that had every core
+            t["stage0_from"] = stage0_donor(pair.run_dir) or (repo_relative(donor) if donor is not None else None)
+            t["stage0_shared"] = t["stage0_from"] is not None
+            timings_path.write_text(json.dumps(timings, indent=2) + "\n")
+            if rc == 0 and pair.status() == "finished":
+                log(f"[done] {pair.name}: {wall:.0f}s")
+                result.finished.append(pair)
+                collect_verdicts(pair, out)  # at once, so an interrupted grid keeps every finished pair's rows
+            else:
+                msg = f"graph.run exited with {rc} after {wall:.0f}s; see {log_path}"
+                log(f"[fail] {pair.name}: {msg}; rerun the same command to resume it")
+                result.failed[pair.name] = msg
+
+    bar = tqdm(total=len(todo), desc="runs", unit="run", file=sys.stderr, disable=not todo)
+    if slots is None:
+        for pair, resume in todo:
+            bar.set_postfix_str(pair.name)
+            run_one(pair, resume, None)
+            bar.update()
+        bar.close()
+        return result
+
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    def may_start(pair: Pair, resume: bool, running: list[Pair]) -> bool:
+        """Not while a run of its seed that would be its stage-0 donor is still training stage 0."""
+        if not share_stage0 or resume or not any(r.seed == pair.seed for r in running):
+            return True
+        return donor_of(pair) is not None
+
+    pending, running, free = list(todo), {}, list(slots)
+    pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="grid-job")
+    try:
+        while pending or running:
+            for item in list(pending):
+                if free and may_start(*item, [p for p, _ in running.values()]):
+                    pending.remove(item)
+                    cores = free.pop(0)
+                    running[pool.submit(run_one, *item, cores)] = (item[0], cores)
+            bar.set_postfix_str(", ".join(p.name for p, _ in running.values()))
+            done, _ = wait(running, timeout=15, return_when=FIRST_COMPLETED)  # a donor's stage 0 may end meanwhile
+            for f in done:
+                _, cores = running.pop(f)
+                free.append(cores)
+                bar.update()
+                f.result()  # a bug in run_one stops the grid, as in the sequential loop
+    except KeyboardInterrupt:
+        _stop_children()  # graph.run handles SIGTERM like Ctrl-C: every run stays resumable
+        raise
+    finally:
+        pool.shutdown(wait=True)
+        bar.close()
     return result
+
+
+def jobs_cores(jobs: int) -> list[list[int]] | None:
+    """The cores of each of `jobs` slots (equal, contiguous shares of the cores this process may use), or None
+    for one job (the run uses every core, as before). More jobs than cores is one clear error."""
+    if jobs == 1:
+        return None
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = list(range(os.cpu_count() or 1))
+    if not 1 <= jobs <= len(cores):
+        raise EvalConfigError(f"--jobs {jobs}: this process may use {len(cores)} core(s); allowed: 1 to {len(cores)}")
+    k = len(cores) // jobs
+    return [cores[i * k:(i + 1) * k] for i in range(jobs)]
+
+
+_CHILDREN: set[subprocess.Popen] = set()  # graph.run calls in flight (several with jobs > 1)
+_CHILDREN_LOCK = threading.Lock()
+
+
+def _stop_children() -> None:
+    with _CHILDREN_LOCK:
+        procs = list(_CHILDREN)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _last_line(path: Path) -> str:
@@ -204,17 +296,21 @@ def _last_line(path: Path) -> str:
 
 
 def _run_child(cmd: list[str], log_path: Path, name: str, timeout_s: float | None,
-               env: Mapping[str, str]) -> tuple[int, float]:
-    """Run one graph.run, appending its output to `log_path` and echoing its `[...]` progress lines."""
+               env: Mapping[str, str], cores: list[int] | None = None) -> tuple[int, float]:
+    """Run one graph.run (pinned to `cores` if given), appending its output to `log_path` and echoing its
+    `[...]` progress lines."""
     from tqdm import tqdm
 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    pin = None if cores is None else (lambda: os.sched_setaffinity(0, cores))
     with open(log_path, "a") as logf:
         logf.write(f"\n$ {short_command(cmd)}\n")
         logf.flush()
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1)
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, preexec_fn=pin)
+        with _CHILDREN_LOCK:
+            _CHILDREN.add(proc)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -231,6 +327,9 @@ def _run_child(cmd: list[str], log_path: Path, name: str, timeout_s: float | Non
             proc.terminate()  # graph.run handles SIGTERM like Ctrl-C: the run stays resumable
             proc.wait()
             raise
+        finally:
+            with _CHILDREN_LOCK:
+                _CHILDREN.discard(proc)
     return rc, time.monotonic() - t0
 
 

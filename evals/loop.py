@@ -62,6 +62,7 @@ def run_loop_eval(
     dry_run: bool,
     tables_only: bool,
     env: Mapping[str, str] | None = None,
+    jobs: int = 1,
 ) -> int:
     """Run (or resume) the grid, collect verdicts, write tables and plots. Returns the exit status."""
     out = cfg.resolved_out()
@@ -82,7 +83,7 @@ def run_loop_eval(
         if note:
             print(f"note: {note}", file=sys.stderr)
         grid = run_grid(pairs, preset=cfg.preset, overrides=cfg.set, out=out, dry_run=dry_run,
-                        timeout_s=cfg.timeout_s, env=env, share_stage0=cfg.share_stage0)
+                        timeout_s=cfg.timeout_s, env=env, share_stage0=cfg.share_stage0, jobs=jobs)
         if dry_run:
             return 0
         for pair in grid.finished:
@@ -156,12 +157,16 @@ def main(argv: list[str] | None, *, prog: str, description: str, model: type[Loo
     p.add_argument("--config", required=True, type=Path, help="YAML/TOML config (see evals/configs/)")
     p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; run nothing")
     p.add_argument("--tables-only", action="store_true", help="rebuild tables/plots from <out>/verdicts only")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="graph.run calls at once, each pinned to its own share of the cores with that many OMP "
+                        "threads (default 1: one run on every core). On 2 cores, --jobs 2 finishes a grid sooner; "
+                        "thread counts change float sums, so a seed's numbers match only runs with the same --jobs")
     add_reproduce_flags(p)
     args = p.parse_args(argv)
     try:
         cfg, arms, title = plan(retarget_from_args(load_config(args.config, model), args))
         return run_loop_eval(arms=arms, cfg=cfg, config_path=args.config, arm_header=arm_header, title=title,
-                             dry_run=args.dry_run, tables_only=args.tables_only)
+                             dry_run=args.dry_run, tables_only=args.tables_only, jobs=args.jobs)
     except (EvalConfigError, KeyboardInterrupt) as e:
         stopped = isinstance(e, KeyboardInterrupt)
         print("\ninterrupted; rerun the same command to resume" if stopped else f"error: {e}", file=sys.stderr)
