@@ -182,7 +182,8 @@ def run_grid(
         penv = child_env(pair.arm, env)
         if cores is not None:
             penv = {**penv, "OMP_NUM_THREADS": str(len(cores)), "MKL_NUM_THREADS": str(len(cores))}
-        rc, wall = _run_child(cmd, log_path, pair.name, timeout_s, penv, cores)
+        pinned = {} if cores is None else {"cores": cores}
+        rc, wall = _run_child(cmd, log_path, pair.name, timeout_s, penv, **pinned)
         if donor is not None and rc == EXIT_BAD_SETTINGS and pair.status() == "new":
             # graph.run refused the donor (or does not know --stage0-from yet): stage 0 in full instead
             log(f"[warn] {pair.name}: graph.run refused --stage0-from {repo_relative(donor)} (exit {rc}: "
@@ -190,7 +191,7 @@ def run_grid(
             donor = None
             cmd = pair.command(preset, overrides, resume=False)
             log(f"[start] {pair.name}{where}: {short_command(cmd)}")
-            rc, wall2 = _run_child(cmd, log_path, pair.name, timeout_s, penv, cores)
+            rc, wall2 = _run_child(cmd, log_path, pair.name, timeout_s, penv, **pinned)
             wall += wall2
         with lock:
             t = timings.setdefault(pair.name, {"wall_s": 0.0, "calls": 0})
