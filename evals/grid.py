@@ -259,12 +259,11 @@ def run_grid(
 def jobs_cores(jobs: int) -> list[list[int]] | None:
     """The cores of each of `jobs` slots (equal, contiguous shares of the cores this process may use), or None
     for one job (the run uses every core, as before). More jobs than cores is one clear error."""
+    from llm_backends.vllm_server import usable_cores
+
     if jobs == 1:
         return None
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = list(range(os.cpu_count() or 1))
+    cores = usable_cores()
     if not 1 <= jobs <= len(cores):
         raise EvalConfigError(f"--jobs {jobs}: this process may use {len(cores)} core(s); allowed: 1 to {len(cores)}")
     k = len(cores) // jobs

@@ -121,13 +121,18 @@ CPU_ENV = {
 }
 
 
+def usable_cores() -> list[int]:
+    """The cores this process may run on (its affinity; all of them where the OS has no affinity call)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return list(range(os.cpu_count() or 1))
+
+
 def cpu_env() -> dict[str, str]:
     """The CPU environment, with OMP threads bound to every core this process may use."""
     env = dict(CPU_ENV)
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = list(range(os.cpu_count() or 1))
+    cores = usable_cores()
     env["VLLM_CPU_OMP_THREADS_BIND"] = f"{cores[0]}-{cores[-1]}" if cores == list(range(cores[0], cores[-1] + 1)) else ",".join(map(str, cores))
     return env
 

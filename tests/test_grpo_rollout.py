@@ -184,7 +184,7 @@ def test_gqa_attention_of_the_copy_answers_as_sdpa_without_repeating_kv_heads(em
 def test_growing_cache_holds_what_concatenation_would_across_its_growth():
     from nodes.grpo_sampling import growing_cache
 
-    layer = growing_cache().layer_class_to_replicate()
+    layer = growing_cache(1).layers[0]
     layer._room = 3  # grow often
     held_k, held_v = [], []
     g = torch.Generator().manual_seed(0)

@@ -30,19 +30,20 @@ PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache")
 
 
 def build(model, path: str):
+    """The sampler of `path`; the last one is `RolloutCopy` itself, the others stop part of the way."""
     import torch
 
-    from nodes.grpo_sampling import use_gqa_sdpa, with_growing_cache
+    from nodes.grpo_sampling import RolloutCopy, use_gqa_sdpa
 
     if path == "fp32":
         return model
+    if path == "bf16+gqa+cache":
+        return RolloutCopy(torch.bfloat16).synced(model, step=0)
     m = copy.deepcopy(model)
     for p in m.parameters():
         p.data = p.data.to(torch.bfloat16)
     if "gqa" in path:
         use_gqa_sdpa(m)
-    if "cache" in path:
-        with_growing_cache(m)
     return m
 
 
