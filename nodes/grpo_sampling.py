@@ -211,6 +211,74 @@ def with_growing_cache(model):
     return model
 
 
+@functools.cache
+def _inverse_cdf_class():
+    """`InverseCdfSampling`, built on first use so that importing this module needs no transformers."""
+    from transformers import LogitsProcessor
+
+    class InverseCdfSampling(LogitsProcessor):
+        """The last logits processor of a sampled generation: draws each row's token itself, as a one-hot score.
+
+        `torch.multinomial` draws one token by filling an exponential variate for every entry of the row
+        (`exponential_`, then an argmax): 49,152 per row and token for SmolLM2, 12 % of a rollout's decode time on
+        2 cores. The inverse of the cumulative distribution samples the same categorical with one uniform variate
+        per row: the first token whose cumulative probability exceeds u * total. The scores that come in have been
+        through every processor and warper transformers built from the generation config (temperature, top-k,
+        top-p, ...); the scores that go out are 0 at the drawn token and -inf elsewhere, so the argmax of greedy
+        selection picks it.
+        """
+
+        def __call__(self, input_ids, scores):
+            import torch
+
+            cdf = torch.softmax(scores, dim=-1, dtype=torch.float32).cumsum_(-1)
+            u = torch.rand(cdf.shape[0], 1, device=cdf.device, dtype=cdf.dtype).mul_(cdf[:, -1:])
+            drawn = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
+            return torch.full_like(scores, float("-inf")).scatter_(1, drawn, 0.0)
+
+    return InverseCdfSampling
+
+
+def _sample_by_inverse_cdf(model, input_ids, logits_processor, stopping_criteria, generation_config, **kwargs):
+    """transformers' `_sample` loop (passed to `generate` as `custom_generate`), with `InverseCdfSampling` last.
+
+    `generate` has built the processors, warpers included, from the sampling config; the loop then runs with a
+    copy of that config whose `do_sample` is off, so its token selection is the argmax of the one-hot scores.
+    """
+    import copy
+
+    from transformers import LogitsProcessorList
+
+    selecting = copy.copy(generation_config)
+    selecting.do_sample = False
+    return type(model)._sample(model, input_ids, logits_processor=LogitsProcessorList([*logits_processor,
+                               _inverse_cdf_class()()]), stopping_criteria=stopping_criteria,
+                               generation_config=selecting, **kwargs)
+
+
+def with_inverse_cdf_sampling(model):
+    """Make `model.generate` draw sampled tokens by inverse CDF (`InverseCdfSampling`) instead of multinomial.
+
+    Only plain multinomial sampling on CPU is routed there (a generation config passed, as TRL does, whose mode is
+    SAMPLE: one beam, no assistant; no custom loop of the caller's); everything else goes to transformers unchanged.
+    Measured on a [8, 49152] row of scores, 1 thread: multinomial 12.5 ms, inverse CDF 1.8 ms per token. Returns
+    `model`.
+    """
+    from transformers.generation.configuration_utils import GenerationMode
+
+    plain = model.generate
+
+    def generate(*args, **kwargs):
+        cfg = kwargs.get("generation_config")
+        if (cfg is not None and model.device.type == "cpu" and kwargs.get("custom_generate") is None
+                and cfg.get_generation_mode(kwargs.get("assistant_model")) == GenerationMode.SAMPLE):
+            kwargs["custom_generate"] = _sample_by_inverse_cdf
+        return plain(*args, **kwargs)
+
+    model.generate = generate
+    return model
+
+
 class RolloutCopy:
     """A copy of the policy in another dtype (bf16) that generates GRPO's completions on CPU.
 
@@ -256,6 +324,7 @@ class RolloutCopy:
                 module._forward_pre_hooks.clear()
             use_gqa_sdpa(self.model)  # the copy only: training keeps transformers' attention
             with_growing_cache(self.model)
+            with_inverse_cdf_sampling(self.model)
             self._params = dict(self.model.named_parameters())
             self._train = [n for n, p in trained.named_parameters() if p.requires_grad]
         elif step != self.step:

@@ -49,8 +49,8 @@ def test_smoke_pins_float32_and_bad_values_are_named():
 @pytest.mark.slow
 def test_rollout_copy_samples_with_its_own_bf16_weights_and_follows_training(embedded_model_path, tmp_path):
     """A real TRL run of 2 steps: every completion comes from the bf16 copy (the trained model's forward is never
-    called while generating), the copy is re-synced after the optimiser step, and training keeps float32 weights
-    under autocast."""
+    called while generating) and its tokens are drawn by inverse CDF (never torch.multinomial), the copy is
+    re-synced after the optimiser step, and training keeps float32 weights under autocast."""
     from datasets import Dataset
 
     from llm_backends.checkpoints import load_checkpoint
@@ -86,7 +86,18 @@ def test_rollout_copy_samples_with_its_own_bf16_weights_and_follows_training(emb
 
     trainer._generate_single_turn = spy
     first = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer.train()
+    multinomial = torch.multinomial
+
+    def spy_multinomial(*a, **kw):
+        calls["multinomial"] = calls.get("multinomial", 0) + 1
+        return multinomial(*a, **kw)
+
+    torch.multinomial = spy_multinomial
+    try:
+        trainer.train()
+    finally:
+        torch.multinomial = multinomial
+    assert "multinomial" not in calls  # TRL's sampled generate drew every token by inverse CDF
 
     copy = trainer.rollout.model
     assert copy is not None and copy is not model
@@ -199,3 +210,56 @@ def test_growing_cache_holds_what_concatenation_would_across_its_growth():
     k, v = torch.randn(2, 3, 1, 4, generator=g), torch.randn(2, 3, 1, 4, generator=g)
     keys, _ = layer.update(k, v)
     assert torch.equal(keys, torch.cat([torch.cat(held_k, -2)[..., :-2, :], k], -2))
+
+
+def test_inverse_cdf_draws_the_softmax_distribution():
+    """`InverseCdfSampling` samples softmax(scores): frequencies over 40,000 draws match it, a masked token (-inf)
+    is never drawn, and what goes out is one-hot (0 at the draw, -inf elsewhere) for the loop's argmax."""
+    from nodes.grpo_sampling import _inverse_cdf_class
+
+    torch.manual_seed(0)
+    scores = torch.tensor([[2.0, 1.0, 0.0, -1.0, float("-inf"), 0.5], [0.0, 0.0, 3.0, 0.0, 0.0, float("-inf")]])
+    sampler = _inverse_cdf_class()()
+    n = 40_000
+    drawn = torch.stack([sampler(None, scores).argmax(-1) for _ in range(n)])  # [n, 2]
+    out = sampler(None, scores)
+    assert ((out == 0).sum(-1) == 1).all() and ((out == 0) | (out == float("-inf"))).all()
+    expected = torch.softmax(scores, -1)
+    for row in range(2):
+        freq = torch.bincount(drawn[:, row], minlength=6).float() / n
+        assert (freq - expected[row]).abs().max() < 0.01, (row, freq, expected[row])
+    assert (drawn[:, 0] != 4).all() and (drawn[:, 1] != 5).all()
+
+
+def test_copy_samples_by_inverse_cdf_after_transformers_warpers(embedded_model_path, monkeypatch):
+    """`with_inverse_cdf_sampling`: a sampled `generate` (TRL's call: a generation config) never calls
+    torch.multinomial, still goes through the warpers transformers builds (top_k=1 gives the greedy answer), and
+    samples (rows of one prompt differ at T 1.0); greedy calls are transformers' own."""
+    from transformers import GenerationConfig
+
+    from llm_backends.checkpoints import load_checkpoint
+    from nodes.grpo_sampling import with_inverse_cdf_sampling
+
+    model, tok = load_checkpoint(embedded_model_path, trainable=False)
+    model = model.eval()
+    text = tok.apply_chat_template([{"role": "user", "content": "Name three colours."}], tokenize=False,
+                                   add_generation_prompt=True)
+    enc = tok([text] * 4, return_tensors="pt")
+    with torch.no_grad():
+        ref = model.generate(**enc, max_new_tokens=12, do_sample=False)
+    assert with_inverse_cdf_sampling(model) is model
+
+    def no_multinomial(*a, **kw):
+        raise AssertionError("torch.multinomial called")
+
+    monkeypatch.setattr(torch, "multinomial", no_multinomial)
+    common = dict(max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        top1 = model.generate(**enc, generation_config=GenerationConfig(do_sample=True, top_k=1, temperature=0.7,
+                                                                        **common))
+        sampled = model.generate(**enc, generation_config=GenerationConfig(do_sample=True, top_k=0, temperature=1.0,
+                                                                           **common))
+        greedy = model.generate(**enc, generation_config=GenerationConfig(do_sample=False, **common))
+    assert torch.equal(top1, ref) and torch.equal(greedy, ref)
+    assert len({tuple(r.tolist()) for r in sampled}) > 1  # four draws of one prompt at T 1.0 are not all alike

@@ -10,11 +10,15 @@ the way TRL's transformers path calls it. The paths, each an addition to the one
 - `fp32`: the trained float32 model itself (the sampler before issue 16);
 - `bf16`: a bf16 copy of its weights (stop 26's `RolloutCopy`);
 - `bf16+gqa`: the copy's attention passes GQA to torch's CPU kernel instead of repeating the KV heads;
-- `bf16+gqa+cache`: and its KV cache grows into spare room instead of being concatenated every token
-  (`nodes.grpo_sampling.RolloutCopy` as it stands).
+- `bf16+gqa+cache`: and its KV cache grows into spare room instead of being concatenated every token;
+- `rollout`: `nodes.grpo_sampling.RolloutCopy` as it stands: all of the above, and sampled tokens drawn by inverse
+  CDF instead of `torch.multinomial` (the same distribution, one uniform variate per row instead of an
+  exponential variate per vocabulary entry).
 
-The runs alternate between paths (`--repeats` rounds) and the median is reported. Greedy answers of the bf16
-paths are compared token for token: the last two change how attention is computed, not what it computes.
+Tokens are sampled at `--temperature` (0.7, the cpu preset's) through a `GenerationConfig`, as TRL calls it;
+`--greedy` decodes greedily instead, and then every bf16 path's answers are compared token for token with the
+first bf16 path's (the later paths change how attention is computed and how a token is drawn, not what). The
+runs alternate between paths (`--repeats` rounds) and the median is reported.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import statistics
 import time
 from pathlib import Path
 
-PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache")
+PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache", "rollout")
 
 
 def build(model, path: str):
@@ -37,8 +41,11 @@ def build(model, path: str):
 
     if path == "fp32":
         return model
-    if path == "bf16+gqa+cache":
-        return RolloutCopy(torch.bfloat16).synced(model, step=0)
+    if path in ("bf16+gqa+cache", "rollout"):
+        m = RolloutCopy(torch.bfloat16).synced(model, step=0)
+        if path != "rollout":
+            m.__dict__.pop("generate")  # transformers' own generate: torch.multinomial draws the sampled tokens
+        return m
     m = copy.deepcopy(model)
     for p in m.parameters():
         p.data = p.data.to(torch.bfloat16)
@@ -55,6 +62,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--new-tokens", type=int, default=96, help="tokens generated per row (default 96)")
     p.add_argument("--repeats", type=int, default=3, help="rounds over all paths; the median is kept (default 3)")
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma list among {', '.join(PATHS)}")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7, the cpu preset's)")
+    p.add_argument("--greedy", action="store_true", help="decode greedily, and compare the bf16 paths' tokens")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     a = p.parse_args(argv)
     paths = [s.strip() for s in a.paths.split(",") if s.strip()]
@@ -64,6 +73,8 @@ def main(argv: list[str] | None = None) -> dict:
     for flag in ("rows", "groups", "new_tokens", "repeats"):
         if getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} {getattr(a, flag)}: must be at least 1")
+    if not a.temperature > 0:
+        p.error(f"--temperature {a.temperature}: must be above 0")
     if a.rows % a.groups:
         p.error(f"--rows {a.rows} is not a multiple of --groups {a.groups}")
 
@@ -81,13 +92,18 @@ def main(argv: list[str] | None = None) -> dict:
     texts = [tok.apply_chat_template(prompt_messages(i, "compact"), tokenize=False, add_generation_prompt=True)
              for i in insts]
     enc = tok([t for t in texts for _ in range(a.rows // a.groups)], return_tensors="pt", padding=True)
-    gen = dict(max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, do_sample=False,
-               pad_token_id=tok.pad_token_id)
+    from transformers import GenerationConfig
+
+    torch.manual_seed(0)
+    sampling = dict(do_sample=False) if a.greedy else dict(do_sample=True, temperature=a.temperature, top_k=0)
+    gen = dict(generation_config=GenerationConfig(max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens,
+                                                  pad_token_id=tok.pad_token_id, **sampling))
     models = {path: build(model, path) for path in paths}
     times: dict[str, list[float]] = {path: [] for path in paths}
     answers = {}
     print(f"{a.rows} rows ({a.groups} prompts, {enc.input_ids.shape[1]} prompt tokens padded), {a.new_tokens} new "
-          f"tokens each, {torch.get_num_threads()} threads, {a.repeats} rounds", flush=True)
+          f"tokens each, {'greedy' if a.greedy else f'sampled at T {a.temperature}'}, {torch.get_num_threads()} "
+          f"threads, {a.repeats} rounds", flush=True)
     for r in range(a.repeats):
         for path in paths:
             t = time.perf_counter()
@@ -103,13 +119,14 @@ def main(argv: list[str] | None = None) -> dict:
         rows[path] = {"seconds": round(s, 3), "tokens_per_s": round(a.rows * a.new_tokens / s, 1),
                       f"speedup_vs_{paths[0]}": round(base / s, 2)}
     bf16 = [p for p in paths if p != "fp32"]
-    same = {p: bool(torch.equal(answers[p], answers[bf16[0]])) for p in bf16[1:]}
+    same = {p: bool(torch.equal(answers[p], answers[bf16[0]])) for p in bf16[1:]} if a.greedy else {}
     print(f"\n{'path':<16}{'median s':>10}{'tok/s':>9}{'x ' + paths[0]:>12}")
     for path, row in rows.items():
         print(f"{path:<16}{row['seconds']:>10.2f}{row['tokens_per_s']:>9.1f}{row[f'speedup_vs_{paths[0]}']:>12.2f}")
     if same:
         print("greedy tokens equal to " + bf16[0] + ": " + ", ".join(f"{p} {v}" for p, v in same.items()))
     result = {"rows": a.rows, "groups": a.groups, "new_tokens": a.new_tokens,
+              "decoding": "greedy" if a.greedy else f"sampled, T {a.temperature}",
               "prompt_tokens_padded": int(enc.input_ids.shape[1]), "threads": torch.get_num_threads(),
               "repeats": a.repeats, "paths": rows, "same_tokens_as_" + (bf16[0] if bf16 else "none"): same,
               "command": "python -m evals.bench.bench_rollout " + " ".join(argv or [])}
