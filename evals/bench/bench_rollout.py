@@ -11,14 +11,17 @@ the way TRL's transformers path calls it. The paths, each an addition to the one
 - `bf16`: a bf16 copy of its weights (stop 26's `RolloutCopy`);
 - `bf16+gqa`: the copy's attention passes GQA to torch's CPU kernel instead of repeating the KV heads;
 - `bf16+gqa+cache`: and its KV cache grows into spare room instead of being concatenated every token;
-- `rollout`: `nodes.grpo_sampling.RolloutCopy` as it stands: all of the above, and sampled tokens drawn by inverse
-  CDF instead of `torch.multinomial` (the same distribution, one uniform variate per row instead of an
-  exponential variate per vocabulary entry).
+- `rollout`: `nodes.grpo_sampling.RolloutCopy` as it stands: all of the above, each distinct prompt prefilled once
+  (TRL repeats every prompt once per completion), and sampled tokens drawn by inverse CDF instead of
+  `torch.multinomial` (the same distribution, one uniform variate per row instead of an exponential variate per
+  vocabulary entry).
 
 Tokens are sampled at `--temperature` (0.7, the cpu preset's) through a `GenerationConfig`, as TRL calls it;
 `--greedy` decodes greedily instead, and then every bf16 path's answers are compared token for token with the
-first bf16 path's (the later paths change how attention is computed and how a token is drawn, not what). The
-runs alternate between paths (`--repeats` rounds) and the median is reported.
+first bf16 path's: GQA and the cache change how attention is computed, not what. The shared prefill runs a batch of
+another shape, which bf16 rounds differently, so `rollout`'s greedy tokens may part from the others' after a near
+tie (in float32 they are equal: tests/test_grpo_rollout.py). The runs alternate between paths (`--repeats`
+rounds) and the median is reported.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--new-tokens", type=int, default=96, help="tokens generated per row (default 96)")
     p.add_argument("--repeats", type=int, default=3, help="rounds over all paths; the median is kept (default 3)")
     p.add_argument("--paths", default=",".join(PATHS), help=f"comma list among {', '.join(PATHS)}")
-    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (default 0.7, the cpu preset's)")
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="sampling temperature (default 0.7, the cpu preset's)")
     p.add_argument("--greedy", action="store_true", help="decode greedily, and compare the bf16 paths' tokens")
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     a = p.parse_args(argv)
