@@ -46,7 +46,7 @@ class TrainConfig(BaseModel):
     epochs: float = Field(
         1.0, gt=0, description="passes over the stage's instances (ignored if max_steps > 0)"
     )
-    max_steps: int = Field(8, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
+    max_steps: int = Field(24, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
     max_completion_length: int = Field(128, ge=8, description="token limit of one sampled answer")
     temperature: float = Field(0.7, gt=0, description="sampling temperature of GRPO completions")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of GRPO completions")
@@ -223,11 +223,11 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "rollout_dtype": "model",
         "autocast_bf16": False,
     },
-    # Laptop default with the embedded SmolLM2-135M (= TrainConfig's defaults): 64 instances, SFT warm start
-    # on 64 fresh 3x3 instances (20 steps x 4 plans), then 5 GRPO steps of 2 groups x 4 completions of <= 128
-    # tokens, top 8 blocks trained. Sized so that `python -m graph.run` (3 stages, evaluations on vLLM) finishes
-    # in under 30 min on 2 cores. Measured 2026-11-23 on an idle 2-core AMD EPYC: 14-17 s per 3x3 SFT step,
-    # 61-84 s per GRPO step; with 30 SFT steps and in-process evaluations the run took about 34 min (issue 6).
+    # Laptop default with the embedded SmolLM2-135M (= TrainConfig's defaults): a cached SFT warm start (300 steps x
+    # 8 solver-optimal 2-agent plans on 3x3-5x5, compact prompt), then per stage 24 GRPO steps of 2 prompts x 8
+    # completions of <= 128 tokens with dynamic sampling, sampled by a bf16 copy on AMX, top 8 blocks trained.
+    # One stage's gain over the warm start (evals/results/learning_cpu): 8 steps -1.1 points (3 seeds), 24 steps +1.6,
+    # 96 steps on 3x3/4x4 +4.4 [+1.6, +7.2] (5 seeds). 24 is what 3 stages afford in the 30-minute default run.
     "cpu": {},
     # The paper's scale on a GPU: Qwen3-4B, 4,000 instances, 2 epochs, LoRA, vLLM generation.
     "paper": {
