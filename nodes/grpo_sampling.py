@@ -247,26 +247,31 @@ def _prefill_each_prompt_once(model, input_ids, model_kwargs) -> bool:
     padding) run once over all but their last position, their keys and values are copied to every row that repeats
     them, and transformers' own prefill then runs just the last position of every row (it continues a cache that
     already holds the rest). The distinct rows get the same position ids as generate gave them (counted from the
-    padding), so the cache holds what the per-row prefill would have computed. Nothing is done (False) when the rows
-    are all distinct, when there is no attention mask, or when the cache is not a fresh `growing_cache()`.
+    padding), so the cache holds what the per-row prefill would have computed. Rows without an attention mask are
+    unpadded (generate drops an all-ones mask). Nothing is done (False) when the rows are all distinct or when the
+    cache is not a fresh `growing_cache()`.
     """
     import torch
 
     cache, mask = model_kwargs.get("past_key_values"), model_kwargs.get("attention_mask")
     positions = model_kwargs.get("position_ids")  # generate's, from the padding; else the model's own (arange)
-    if (not isinstance(cache, _growing_cache_class()) or cache.get_seq_length() or mask is None
-            or mask.shape != input_ids.shape or input_ids.shape[1] < 2 or model_kwargs.get("inputs_embeds") is not None
+    if (not isinstance(cache, _growing_cache_class()) or cache.get_seq_length()
+            or (mask is not None and mask.shape != input_ids.shape) or input_ids.shape[1] < 2
+            or model_kwargs.get("inputs_embeds") is not None
             or (positions is not None and positions.shape != input_ids.shape)):
         return False
-    _, inverse = torch.unique(torch.cat([input_ids, mask.to(input_ids.dtype)], 1), dim=0, return_inverse=True)
+    # generate drops an all-ones mask (rows of one length: no padding), as it does for every row of one prompt
+    rows = input_ids if mask is None else torch.cat([input_ids, mask.to(input_ids.dtype)], 1)
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)
     n = int(inverse.max()) + 1
     if n == input_ids.shape[0]:
         return False
     first = torch.full((n,), input_ids.shape[0], dtype=torch.long).scatter_reduce_(
         0, inverse, torch.arange(input_ids.shape[0]), "amin")
     once = growing_cache(len(cache.layers))
-    model(input_ids=input_ids[first, :-1], attention_mask=mask[first, :-1], past_key_values=once, use_cache=True,
-          logits_to_keep=1, **({} if positions is None else {"position_ids": positions[first, :-1]}))
+    model(input_ids=input_ids[first, :-1], attention_mask=None if mask is None else mask[first, :-1],
+          past_key_values=once, use_cache=True, logits_to_keep=1,
+          **({} if positions is None else {"position_ids": positions[first, :-1]}))
     for held, layer in zip(once.layers, cache.layers, strict=True):
         layer.update(held.keys.index_select(0, inverse), held.values.index_select(0, inverse))
     return True

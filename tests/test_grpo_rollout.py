@@ -307,3 +307,31 @@ def test_rollout_copy_prefills_each_prompt_once_with_the_same_answers(embedded_m
         unshared = copy.generate(**enc, generation_config=cfg)
     assert kl(unshared.logits[0]).max() < 0.005
     assert kl(out.logits[0]).max() < 0.005, kl(out.logits[0])
+
+
+def test_rollout_copy_prefills_once_when_rows_need_no_padding(embedded_model_path):
+    """Rows of one length (one prompt repeated, as every row of a 1-prompt GRPO batch; or prompts that tokenize to
+    the same length) have no padding, and generate drops their all-ones mask. The shared prefill must still run,
+    and in float32 give transformers' own answers token for token."""
+    from transformers import GenerationConfig
+
+    from llm_backends.checkpoints import load_checkpoint
+    from nodes.grpo_sampling import RolloutCopy
+
+    model, tok = load_checkpoint(embedded_model_path, trainable=False)
+    model = model.eval()
+    text = tok.apply_chat_template([{"role": "user", "content": "Map 3x3, H = hole:\n...\n.H.\n...\nAgent 0: (0,0) -> "
+                                     "(2,2)"}], tokenize=False, add_generation_prompt=True)
+    enc = tok([text] * 4, return_tensors="pt", padding=True)
+    assert enc.attention_mask.all()
+    cfg = GenerationConfig(max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+    with torch.no_grad():
+        ref = model.generate(**enc, generation_config=cfg)
+    copy = RolloutCopy(torch.float32).synced(model, step=0)
+    rows = []
+    copy.model.embed_tokens.register_forward_pre_hook(lambda m, a: rows.append(tuple(a[0].shape)))
+    with torch.no_grad():
+        out = copy.generate(**enc, generation_config=cfg)
+    length = enc.input_ids.shape[1]
+    assert rows[:2] == [(1, length - 1), (4, 1)]  # the prompt once, then each row's last prompt token
+    assert torch.equal(out, ref)
