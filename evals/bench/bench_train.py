@@ -11,7 +11,10 @@
   (SFT batch 8 on 3x3/4x4, top 8 blocks; GRPO 2 groups x 4 completions of <= 128 tokens);
 - `after`: the cpu preset as it stands (compact prompt, labelled positions only, its own SFT recipe; on a CPU with
   AMX GRPO samples from a bf16 copy of the policy and trains under bf16 autocast over float32 weights), with GRPO
-  at the *same* 8 completions per step and dynamic sampling off, so the two GRPO figures count the same work.
+  at the *same* 8 completions per step in the same 2 groups of 4 and dynamic sampling off, so the two GRPO figures
+  count the same work;
+- `after_one_prompt` (GRPO only): the same 8 completions per step as 1 prompt x 8, the cpu preset's shape (one
+  prompt per step, all its completions in one group), where every row shares one prefill.
 
 Figures: SFT examples per second (`--sft-steps` timed steps after one untimed step), GRPO seconds per optimiser
 step (`--grpo-steps` steps, no warm start, the base model), and the ratios. The cpu preset's own GRPO shape
@@ -44,6 +47,7 @@ BEFORE = {  # the cpu preset before issue 16, as far as speed is concerned
 }
 SAME_WORK = {"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 128,
              "resample_rounds": 0}
+ONE_PROMPT = {**SAME_WORK, "num_generations": 8}  # the same 8 completions, in the cpu preset's shape: 1 prompt x 8
 
 
 def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], seed: int, model: str) -> dict:
@@ -108,12 +112,12 @@ def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], se
     return out
 
 
-def _child(side: str, raw: dict, a) -> dict:
+def _child(side: str, raw: dict, a, sft_steps: int | None = None) -> dict:
     env = dict(os.environ)
     if side == "before":
         env["ENV_ENGINEER_TRL_PATCH"] = "0"
     cmd = [sys.executable, "-m", "evals.bench.bench_train", "--child", json.dumps(raw), "--sft-steps",
-           str(a.sft_steps), "--grpo-steps", str(a.grpo_steps), "--seed", str(a.seed), "--model", a.model,
+           str(a.sft_steps if sft_steps is None else sft_steps), "--grpo-steps", str(a.grpo_steps), "--seed", str(a.seed), "--model", a.model,
            "--sft-sizes", a.sft_sizes]
     print(f"[{side}] running ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
@@ -154,11 +158,15 @@ def main(argv: list[str] | None = None) -> dict:
             "before": _child("before", {**preset, **BEFORE}, a),
             "after": _child("after", {**preset, **SAME_WORK}, a),
         }
+        if a.grpo_steps:
+            figures["after_one_prompt"] = _child("after_one_prompt", {**preset, **ONE_PROMPT}, a, sft_steps=0)
         b, f = figures["before"], figures["after"]
         if a.sft_steps:
             figures["sft_examples_per_second_ratio"] = f["sft_examples_per_second"] / b["sft_examples_per_second"]
         if a.grpo_steps:
             figures["grpo_step_speedup"] = b["grpo_seconds_per_step"] / f["grpo_seconds_per_step"]
+            figures["grpo_step_speedup_one_prompt"] = (
+                b["grpo_seconds_per_step"] / figures["after_one_prompt"]["grpo_seconds_per_step"])
     figures["machine"] = {"cores": os.cpu_count(), "torch_threads": _threads()}
     print(json.dumps(figures, indent=2))
     if a.json:
