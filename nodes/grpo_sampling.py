@@ -242,7 +242,7 @@ def _inverse_cdf_class():
 def _prefill_each_prompt_once(model, input_ids, model_kwargs) -> bool:
     """Fill the fresh `GrowingCache` of a generate call with the prompt, computed once per distinct prompt.
 
-    TRL repeats every prompt `num_generations` times (2 prompts x 8 completions in the cpu preset), and the prefill
+    TRL repeats every prompt `num_generations` times (1 prompt x 16 completions in the cpu preset), and the prefill
     computes each copy anew: 15 % of a rollout's generate time on 2 cores. Here the distinct rows (same tokens, same
     padding) run once over all but their last position, their keys and values are copied to every row that repeats
     them, and transformers' own prefill then runs just the last position of every row (it continues a cache that
