@@ -72,21 +72,29 @@ def resolve_backend(backend: str) -> str:
 SERVING_DTYPES = ("auto", "float32", "bfloat16")
 
 
-def cpu_has_amx(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
-    """Whether this CPU has AMX for bf16 (Intel Sapphire Rapids and later): the flag ``amx_bf16``."""
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of bf16 matmul instructions
+
+
+def cpu_has_bf16(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bf16 in hardware: AMX (``amx_bf16``: Intel Sapphire Rapids and later) or
+    AVX-512 BF16 (``avx512_bf16``: AMD Zen 4 and later, Intel Cooper Lake). Unreadable flags: no.
+
+    Where it does, the cpu preset's ``auto`` dtypes pick bf16 (serving, GRPO's rollout copy, training autocast):
+    measured faster on both kinds of machine (evals/results/learning_cpu/README.md, "bf16 without AMX")."""
     try:
         text = Path(cpuinfo).read_text(errors="replace")
     except OSError:
         return False
-    return any(line.startswith("flags") and "amx_bf16" in line.split() for line in text.splitlines())
+    return any(line.startswith("flags") and any(f in line.split() for f in BF16_CPU_FLAGS)
+               for line in text.splitlines())
 
 
-def resolve_serving_dtype(dtype: str, *, cpu: bool | None = None, amx: bool | None = None) -> str:
+def resolve_serving_dtype(dtype: str, *, cpu: bool | None = None, bf16: bool | None = None) -> str:
     """``auto`` -> the weights dtype a policy server should use here; any other choice unchanged.
 
-    CPU build: ``bfloat16`` where the CPU has AMX (greedy answers 6.6x as fast as float32 on a 2-core Xeon,
-    evals/results/learning_cpu), else ``float32`` (without AMX, bf16 matmuls gain little and greedy answers
-    drift from the fp32 model training produces). GPU build: ``auto`` (vLLM's choice, bf16 for Qwen3).
+    CPU build: ``bfloat16`` where the CPU multiplies bf16 in hardware (:func:`cpu_has_bf16`; greedy answers/s
+    over float32: 2.8x on a 2-core Xeon with AMX, 1.43x on a 2-core AMD EPYC Zen 4 with AVX-512 BF16,
+    evals/results/learning_cpu), else ``float32``. GPU build: ``auto`` (vLLM's choice, bf16 for Qwen3).
     """
     if dtype not in SERVING_DTYPES:
         raise ValueError(f"serving dtype {dtype!r}: allowed: {', '.join(SERVING_DTYPES)}")
@@ -94,7 +102,7 @@ def resolve_serving_dtype(dtype: str, *, cpu: bool | None = None, amx: bool | No
         return dtype
     if not (is_cpu_build() if cpu is None else cpu):
         return "auto"
-    return "bfloat16" if (cpu_has_amx() if amx is None else amx) else "float32"
+    return "bfloat16" if (cpu_has_bf16() if bf16 is None else bf16) else "float32"
 
 
 def is_cpu_build() -> bool:

@@ -53,7 +53,7 @@ def use_bf16(cfg: TrainConfig) -> bool:
 
 def use_autocast(cfg: TrainConfig) -> bool:
     """bf16 autocast over float32 weights in GRPO's training steps: `cfg.autocast_bf16`, or when unset, on a CPU
-    with AMX (never with bf16 weights, which need no autocast)."""
+    that multiplies bf16 in hardware (AMX or AVX-512 BF16; never with bf16 weights, which need no autocast)."""
     import torch
 
     if use_bf16(cfg):
@@ -62,17 +62,17 @@ def use_autocast(cfg: TrainConfig) -> bool:
         return cfg.autocast_bf16
     if torch.cuda.is_available():
         return False
-    from llm_backends.vllm_server import cpu_has_amx
+    from llm_backends.vllm_server import cpu_has_bf16
 
-    return cpu_has_amx()
+    return cpu_has_bf16()
 
 
 def rollout_dtype(cfg: TrainConfig, model) -> str | None:
     """The dtype of GRPO's rollout copy (`nodes.grpo_sampling.RolloutCopy`), or None: sample with the model itself.
 
     A copy only where transformers generates on CPU (no vLLM, no CUDA), for a plain float32 model (not a peft
-    adapter, whose merge a copy would not follow) and when the copy's dtype differs. `auto`: bfloat16 on a CPU with
-    AMX (where bf16 matmuls have hardware), else none.
+    adapter, whose merge a copy would not follow) and when the copy's dtype differs. `auto`: bfloat16 on a CPU that
+    multiplies bf16 in hardware (AMX or AVX-512 BF16: `llm_backends.vllm_server.cpu_has_bf16`), else none.
     """
     import torch
 
@@ -81,9 +81,9 @@ def rollout_dtype(cfg: TrainConfig, model) -> str | None:
     if hasattr(model, "peft_config") or next(model.parameters()).dtype != torch.float32:
         return None
     if cfg.rollout_dtype == "auto":
-        from llm_backends.vllm_server import cpu_has_amx
+        from llm_backends.vllm_server import cpu_has_bf16
 
-        return "bfloat16" if cpu_has_amx() else None
+        return "bfloat16" if cpu_has_bf16() else None
     return cfg.rollout_dtype
 
 

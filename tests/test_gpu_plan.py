@@ -69,13 +69,13 @@ def test_paper_passes_no_prompt_limit_to_trl_and_its_context_holds_prompt_plus_a
     assert args.vllm_max_model_length >= PAPER.max_prompt_length + PAPER.max_completion_length
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_cpu_preset_grpo_config_is_unchanged_by_the_gpu_fields(tmp_path, monkeypatch, amx):
-    monkeypatch.setattr("llm_backends.vllm_server.cpu_has_amx", lambda *a: amx)
+@pytest.mark.parametrize("bf16_cpu", [True, False])
+def test_cpu_preset_grpo_config_is_unchanged_by_the_gpu_fields(tmp_path, monkeypatch, bf16_cpu):
+    monkeypatch.setattr("llm_backends.vllm_server.cpu_has_bf16", lambda *a: bf16_cpu)
     args = grpo_config(TrainConfig(), tmp_path, seed=0)
     # bf16=True on CPU is accelerate's autocast over the float32 weights the stage loads (train.autocast_bf16=auto:
-    # on AMX only); bf16 weights stay off on CPU
-    assert args.use_cpu is True and args.bf16 is amx and args.use_vllm is False
+    # on a bf16 CPU only); bf16 weights stay off on CPU
+    assert args.use_cpu is True and args.bf16 is bf16_cpu and args.use_vllm is False
     assert use_bf16(TrainConfig()) is False
     assert args.vllm_max_model_length is None and args.chat_template_kwargs is None
 

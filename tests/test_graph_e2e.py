@@ -199,8 +199,8 @@ def test_cpu_preset_end_to_end_through_the_stage_child(tmp_path):
     m0 = json.loads((run_dir / "stage_0" / "metrics.json").read_text())
     assert m0["sft/cache_hit"] is False and str(tmp_path / "cache") in m0["sft/cache_path"]
     assert m0["eval/n"] == 12
-    from llm_backends.vllm_server import cpu_has_amx
+    from llm_backends.vllm_server import cpu_has_bf16
 
     meta = json.loads((run_dir / "stage_0" / "checkpoint" / "trainer_meta.json").read_text())
-    amx = cpu_has_amx()  # the cpu preset's auto: GRPO samples from a bf16 copy and trains under autocast on AMX
-    assert meta["rollout_dtype"] == ("bfloat16" if amx else "model") and meta["autocast_bf16"] is amx
+    bf16_cpu = cpu_has_bf16()  # the cpu preset's auto: GRPO samples from a bf16 copy and trains under autocast on a bf16 CPU
+    assert meta["rollout_dtype"] == ("bfloat16" if bf16_cpu else "model") and meta["autocast_bf16"] is bf16_cpu

@@ -12,13 +12,13 @@ from nodes.train_config import TRAIN_PRESETS, TrainConfig
 from nodes.trl_setup import rollout_dtype, use_autocast
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_auto_follows_the_cpu_and_explicit_values_win(monkeypatch, amx):
-    monkeypatch.setattr("llm_backends.vllm_server.cpu_has_amx", lambda *a: amx)
+@pytest.mark.parametrize("bf16_cpu", [True, False])
+def test_auto_follows_the_cpu_and_explicit_values_win(monkeypatch, bf16_cpu):
+    monkeypatch.setattr("llm_backends.vllm_server.cpu_has_bf16", lambda *a: bf16_cpu)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     fp32 = torch.nn.Linear(2, 2)
-    assert rollout_dtype(TrainConfig(), fp32) == ("bfloat16" if amx else None)
-    assert use_autocast(TrainConfig()) is amx
+    assert rollout_dtype(TrainConfig(), fp32) == ("bfloat16" if bf16_cpu else None)
+    assert use_autocast(TrainConfig()) is bf16_cpu
     assert rollout_dtype(TrainConfig(rollout_dtype="bfloat16"), fp32) == "bfloat16"
     assert rollout_dtype(TrainConfig(rollout_dtype="model"), fp32) is None
     assert use_autocast(TrainConfig(autocast_bf16=False)) is False
@@ -33,7 +33,7 @@ def test_auto_follows_the_cpu_and_explicit_values_win(monkeypatch, amx):
 
 
 def test_cuda_gets_neither(monkeypatch):
-    monkeypatch.setattr("llm_backends.vllm_server.cpu_has_amx", lambda *a: True)
+    monkeypatch.setattr("llm_backends.vllm_server.cpu_has_bf16", lambda *a: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert rollout_dtype(TrainConfig(), torch.nn.Linear(2, 2)) is None
     assert use_autocast(TrainConfig(bf16=False)) is False

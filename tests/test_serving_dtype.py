@@ -1,4 +1,5 @@
-"""The policy server's weights dtype (issue 16): bf16 where the CPU has AMX, float32 on other CPUs, vLLM's own on
+"""The policy server's weights dtype (issue 16): bf16 where the CPU multiplies bf16 in hardware (AMX or AVX-512
+BF16), float32 on other CPUs, vLLM's own on
 a GPU; resolved once in Settings so settings.json says what the run used, and carried to every server the run
 starts (evaluation, the self/base engineer, the kept server)."""
 
@@ -9,23 +10,27 @@ import pytest
 import llm_backends.policy as lp
 import llm_backends.vllm_server as vs
 from graph.settings import SettingsError, build_settings
-from llm_backends.vllm_server import VLLMServer, cpu_has_amx, resolve_serving_dtype
+from llm_backends.vllm_server import VLLMServer, cpu_has_bf16, resolve_serving_dtype
 
 XEON = "processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
-EPYC = "processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n"
+EPYC = "processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n"  # Zen 4: AVX-512 BF16, no AMX
+OLD = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw\n"  # AVX-512 without its BF16 extension
+SPOOF = "processor\t: 0\nmodel name\t: amx_bf16 avx512_bf16 lookalike\nflags\t\t: fpu avx2\n"
 
 
-def test_amx_is_read_from_the_cpu_flags(tmp_path):
-    (tmp_path / "xeon").write_text(XEON)
-    (tmp_path / "epyc").write_text(EPYC)
-    assert cpu_has_amx(tmp_path / "xeon") and not cpu_has_amx(tmp_path / "epyc")
-    assert not cpu_has_amx(tmp_path / "missing")  # unreadable: no AMX assumed
+def test_bf16_hardware_is_read_from_the_cpu_flags(tmp_path):
+    for name, text in {"xeon": XEON, "epyc": EPYC, "old": OLD, "spoof": SPOOF}.items():
+        (tmp_path / name).write_text(text)
+    assert cpu_has_bf16(tmp_path / "xeon") and cpu_has_bf16(tmp_path / "epyc")
+    assert not cpu_has_bf16(tmp_path / "old")
+    assert not cpu_has_bf16(tmp_path / "spoof")  # only the flags line counts
+    assert not cpu_has_bf16(tmp_path / "missing")  # unreadable: no bf16 hardware assumed
 
 
-@pytest.mark.parametrize("cpu,amx,want", [(True, True, "bfloat16"), (True, False, "float32"), (False, True, "auto")])
-def test_auto_resolves_by_machine(cpu, amx, want):
-    assert resolve_serving_dtype("auto", cpu=cpu, amx=amx) == want
-    assert resolve_serving_dtype("float32", cpu=cpu, amx=amx) == "float32"  # an explicit choice is kept
+@pytest.mark.parametrize("cpu,bf16,want", [(True, True, "bfloat16"), (True, False, "float32"), (False, True, "auto")])
+def test_auto_resolves_by_machine(cpu, bf16, want):
+    assert resolve_serving_dtype("auto", cpu=cpu, bf16=bf16) == want
+    assert resolve_serving_dtype("float32", cpu=cpu, bf16=bf16) == "float32"  # an explicit choice is kept
 
 
 def test_a_bad_dtype_is_one_clear_error():
@@ -35,11 +40,11 @@ def test_a_bad_dtype_is_one_clear_error():
         build_settings({"policy_dtype": "fp8"}, {})
 
 
-@pytest.mark.parametrize("amx", [True, False])
-def test_settings_record_the_dtype_the_run_uses(monkeypatch, amx):
+@pytest.mark.parametrize("bf16", [True, False])
+def test_settings_record_the_dtype_the_run_uses(monkeypatch, bf16):
     monkeypatch.setattr(vs, "is_cpu_build", lambda: True)
-    monkeypatch.setattr(vs, "cpu_has_amx", lambda cpuinfo="/proc/cpuinfo": amx)
-    assert build_settings({"preset": "cpu"}, {}).policy_dtype == ("bfloat16" if amx else "float32")
+    monkeypatch.setattr(vs, "cpu_has_bf16", lambda cpuinfo="/proc/cpuinfo": bf16)
+    assert build_settings({"preset": "cpu"}, {}).policy_dtype == ("bfloat16" if bf16 else "float32")
     assert build_settings({"preset": "smoke"}, {}).policy_dtype == "float32"  # CI: the same answers on any CPU
     assert build_settings({"preset": "cpu", "policy_dtype": "float32"}, {}).policy_dtype == "float32"
     assert build_settings({"preset": "cpu"}, {"POLICY_DTYPE": "float32"}).policy_dtype == "float32"
@@ -56,7 +61,7 @@ def _flag(cmd: list[str], name: str) -> str:
 
 def test_the_server_command_line_carries_the_dtype(tmp_path, monkeypatch):
     monkeypatch.setattr(vs, "is_cpu_build", lambda: True)
-    monkeypatch.setattr(vs, "cpu_has_amx", lambda cpuinfo="/proc/cpuinfo": True)
+    monkeypatch.setattr(vs, "cpu_has_bf16", lambda cpuinfo="/proc/cpuinfo": True)
     kw = {"log_path": tmp_path / "v.log", "port": 1}
     assert _flag(VLLMServer(tmp_path, **kw).command(), "--dtype") == "float32"  # no choice: as before
     assert _flag(VLLMServer(tmp_path, dtype="auto", **kw).command(), "--dtype") == "bfloat16"
@@ -94,7 +99,7 @@ def test_open_policy_and_the_kept_server_use_the_settings_dtype(tmp_path, monkey
 
     monkeypatch.setattr(vs, "VLLMServer", FakeServer)
     monkeypatch.setattr(vs, "is_cpu_build", lambda: True)
-    monkeypatch.setattr(vs, "cpu_has_amx", lambda cpuinfo="/proc/cpuinfo": True)
+    monkeypatch.setattr(vs, "cpu_has_bf16", lambda cpuinfo="/proc/cpuinfo": True)
     monkeypatch.setattr(lp, "resolve_model", lambda w: tmp_path)
     monkeypatch.setattr(lp, "_arch", lambda path: ("same",))
     monkeypatch.setattr(lp, "_point_to", lambda *a: None)

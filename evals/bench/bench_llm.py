@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="policy prompt (the cpu preset's is compact; the paper's is full)")
     p.add_argument("--vllm-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="vLLM weights dtype; auto: what the cpu preset serves here (Settings.policy_dtype: bfloat16 "
-                        "on a CPU with AMX, else float32; float32 matches transformers' greedy answers)")
+                        "on a CPU with bf16 hardware (AMX or AVX-512 BF16), else float32; float32 matches transformers' greedy answers)")
     p.add_argument("--compiled", action="store_true", help="vLLM without --enforce-eager (torch.compile)")
     p.add_argument("--json", type=Path, help="write the figures here too")
     args = p.parse_args(argv)
