@@ -30,6 +30,7 @@ EXCLUDED = {
     "default_run_cpu": "one `python -m graph.run` (report.md, progress.txt, plots written by the run's report "
                        "node), no eval table",
     "default_run_cpu_fresh": "the same default run on a fresh machine: a run report, no eval table",
+    "default_run_cpu_amd": "the same default run, fresh, on an AMD EPYC Zen 4: a run report, no eval table",
     "learning_cpu": "outputs of evals.bench benchmarks (JSON and text), no eval table",
 }
 OUTPUTS = ("table.md", "table.csv", "table.json", "failures.csv")

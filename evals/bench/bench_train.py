@@ -16,6 +16,11 @@
 - `after_one_prompt` (GRPO only): the same 8 completions per step as 1 prompt x 8, the cpu preset's shape (one
   prompt per step, all its completions in one group), where every row shares one prefill.
 
+`--dtypes` (GRPO only) asks whether the bf16 levers pay on this CPU: the cpu preset's GRPO step (1 prompt x 16,
+dynamic sampling off) sampled by the float32 model itself, by the bf16 rollout copy, and by the copy with training
+under bf16 autocast, each in its own child process, `--rounds` interleaved rounds, the median kept. This is what
+`auto` decides by the CPU's flags (`llm_backends.vllm_server.cpu_has_bf16`).
+
 Figures: SFT examples per second (`--sft-steps` timed steps after one untimed step), GRPO seconds per optimiser
 step (`--grpo-steps` steps, no warm start, the base model), and the ratios. The cpu preset's own GRPO shape
 (more completions per step, dynamic sampling) is printed apart as `after_preset`.
@@ -48,6 +53,11 @@ BEFORE = {  # the cpu preset before issue 16, as far as speed is concerned
 SAME_WORK = {"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 128,
              "resample_rounds": 0}
 ONE_PROMPT = {**SAME_WORK, "num_generations": 8}  # the same 8 completions, in the cpu preset's shape: 1 prompt x 8
+DTYPE_ARMS = {  # --dtypes: the cpu preset's GRPO step with each bf16 lever off or on
+    "fp32": {"rollout_dtype": "model", "autocast_bf16": False},
+    "bf16_copy": {"rollout_dtype": "bfloat16", "autocast_bf16": False},
+    "bf16_copy_autocast": {"rollout_dtype": "bfloat16", "autocast_bf16": True},
+}
 
 
 def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], seed: int, model: str) -> dict:
@@ -136,6 +146,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--preset", default="cpu")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--compare", action="store_true", help="before (old path) and after (this preset), side by side")
+    p.add_argument("--dtypes", action="store_true",
+                   help="GRPO s/step with the float32 model, the bf16 rollout copy, and the copy + bf16 autocast")
+    p.add_argument("--rounds", type=int, default=2, help="--dtypes: interleaved rounds (the median is kept)")
     p.add_argument("--sft-steps", type=int, default=4, help="timed SFT steps (after one untimed step); 0: none")
     p.add_argument("--grpo-steps", type=int, default=3, help="GRPO optimiser steps; 0: none")
     p.add_argument("--sft-sizes", default="3,4", help="grid sizes of the timed SFT examples")
@@ -151,7 +164,9 @@ def main(argv: list[str] | None = None) -> dict:
     from nodes.train_config import TRAIN_PRESETS
 
     preset = dict(TRAIN_PRESETS[a.preset])
-    if not a.compare:
+    if a.dtypes:
+        figures = dtype_arms(preset, a)
+    elif not a.compare:
         figures = {"after_preset": _child("after_preset", preset, a)}
     else:
         figures = {
@@ -172,6 +187,26 @@ def main(argv: list[str] | None = None) -> dict:
     if a.json:
         a.json.write_text(json.dumps(figures, indent=2) + "\n")
     return figures
+
+
+def dtype_arms(preset: dict, a) -> dict:
+    """`--dtypes`: GRPO s/step of each `DTYPE_ARMS` arm, `a.rounds` interleaved rounds, each in its own child."""
+    import statistics
+
+    from llm_backends.vllm_server import cpu_has_bf16
+
+    seconds: dict[str, list[float]] = {k: [] for k in DTYPE_ARMS}
+    for r in range(a.rounds):
+        for name, arm in DTYPE_ARMS.items():
+            f = _child(f"{name} round {r + 1}", {**preset, "resample_rounds": 0, **arm}, a, sft_steps=0)
+            seconds[name].append(f["grpo_seconds_per_step"])
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    print(f"GRPO s/step, {preset.get('num_generations', 16)} completions, median of {a.rounds} rounds "
+          f"(bf16 hardware here: {cpu_has_bf16()}):")
+    for k, v in med.items():
+        print(f"  {k:20s} {v:6.1f} s   {med['fp32'] / v:4.2f}x fp32   rounds: {', '.join(f'{x:.1f}' for x in seconds[k])}")
+    return {"grpo_seconds_per_step": seconds, "median": med,
+            "speedup_over_fp32": {k: med["fp32"] / v for k, v in med.items()}, "bf16_hardware": cpu_has_bf16()}
 
 
 def _threads() -> int:

@@ -1,0 +1,25 @@
+"""bench_train --dtypes: each bf16 lever is its own arm of the cpu preset's GRPO step, interleaved, median kept."""
+
+from __future__ import annotations
+
+import evals.bench.bench_train as bt
+
+
+def test_dtype_arms_run_each_lever_interleaved_and_report_medians(monkeypatch, capsys):
+    calls = []
+    fake_seconds = {"fp32": [60.0, 50.0, 58.0], "bf16_copy": [45.0, 52.0, 48.0], "bf16_copy_autocast": [40.0, 38.0, 41.0]}
+
+    def fake_child(side, raw, a, sft_steps=None):
+        name = side.split(" round ")[0]
+        calls.append((name, raw["rollout_dtype"], raw["autocast_bf16"], raw["resample_rounds"], sft_steps))
+        return {"grpo_seconds_per_step": fake_seconds[name][int(side.rsplit(" ", 1)[1]) - 1]}
+
+    monkeypatch.setattr(bt, "_child", fake_child)
+    out = bt.main(["--dtypes", "--rounds", "3", "--grpo-steps", "1"])
+    # interleaved: every arm once per round, GRPO only, dynamic sampling off (the same work per step)
+    assert [c[0] for c in calls] == ["fp32", "bf16_copy", "bf16_copy_autocast"] * 3
+    assert {c[1:] for c in calls if c[0] == "fp32"} == {("model", False, 0, 0)}
+    assert {c[1:] for c in calls if c[0] == "bf16_copy_autocast"} == {("bfloat16", True, 0, 0)}
+    assert out["median"] == {"fp32": 58.0, "bf16_copy": 48.0, "bf16_copy_autocast": 40.0}
+    assert abs(out["speedup_over_fp32"]["bf16_copy_autocast"] - 58.0 / 40.0) < 1e-9
+    assert "1.45x fp32" in capsys.readouterr().out
