@@ -71,7 +71,7 @@ class TrainConfig(BaseModel):
         None,
         description="GRPO's training forward and backward under bf16 autocast over float32 weights (the optimiser "
         "and its updates stay float32); None: on a CPU that multiplies bf16 in hardware, AMX or AVX-512 BF16 (with "
-        "the bf16 rollout copy: 15.5 -> 12.9 s per GRPO step on a Xeon with AMX, 48.0 -> 42.0 on an AMD Zen 4). Ignored when bf16 weights are on",
+        "the bf16 rollout copy: 15.5 -> 12.9 s per GRPO step on a Xeon with AMX, 49.4 -> 40.1 and 41.0 -> 34.9 on an AMD Zen 4). Ignored when bf16 weights are on",
     )
     # --- LoRA
     lora: bool | Literal["auto"] = Field(

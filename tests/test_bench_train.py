@@ -23,3 +23,13 @@ def test_dtype_arms_run_each_lever_interleaved_and_report_medians(monkeypatch, c
     assert out["median"] == {"fp32": 58.0, "bf16_copy": 48.0, "bf16_copy_autocast": 40.0}
     assert abs(out["speedup_over_fp32"]["bf16_copy_autocast"] - 58.0 / 40.0) < 1e-9
     assert "1.45x fp32" in capsys.readouterr().out
+
+
+def test_bad_flags_get_one_clear_error(capsys):
+    import pytest
+
+    for argv, said in ((["--dtypes", "--rounds", "0"], "--rounds 0: allowed: 1 or more"),
+                       (["--dtypes", "--compare"], "not allowed with argument")):
+        with pytest.raises(SystemExit) as e:
+            bt.main(argv)
+        assert e.value.code == 2 and said in capsys.readouterr().err

@@ -145,10 +145,11 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="cpu")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--compare", action="store_true", help="before (old path) and after (this preset), side by side")
-    p.add_argument("--dtypes", action="store_true",
-                   help="GRPO s/step with the float32 model, the bf16 rollout copy, and the copy + bf16 autocast")
-    p.add_argument("--rounds", type=int, default=2, help="--dtypes: interleaved rounds (the median is kept)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--compare", action="store_true", help="before (old path) and after (this preset), side by side")
+    mode.add_argument("--dtypes", action="store_true",
+                      help="GRPO s/step with the float32 model, the bf16 rollout copy, and the copy + bf16 autocast")
+    p.add_argument("--rounds", type=int, default=2, help="--dtypes: interleaved rounds, at least 1 (the median is kept)")
     p.add_argument("--sft-steps", type=int, default=4, help="timed SFT steps (after one untimed step); 0: none")
     p.add_argument("--grpo-steps", type=int, default=3, help="GRPO optimiser steps; 0: none")
     p.add_argument("--sft-sizes", default="3,4", help="grid sizes of the timed SFT examples")
@@ -156,6 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.rounds < 1:
+        p.error(f"--rounds {a.rounds}: allowed: 1 or more")
     sizes = [int(x) for x in a.sft_sizes.split(",")]
     if a.child is not None:
         print(json.dumps(measure(json.loads(a.child), a.sft_steps, a.grpo_steps, sizes, a.seed, a.model)))
@@ -194,19 +197,22 @@ def dtype_arms(preset: dict, a) -> dict:
     import statistics
 
     from llm_backends.vllm_server import cpu_has_bf16
+    from nodes.train_config import TrainConfig
 
+    cfg = TrainConfig.model_validate(preset)
+    bf16_hw = cpu_has_bf16()
     seconds: dict[str, list[float]] = {k: [] for k in DTYPE_ARMS}
     for r in range(a.rounds):
         for name, arm in DTYPE_ARMS.items():
             f = _child(f"{name} round {r + 1}", {**preset, "resample_rounds": 0, **arm}, a, sft_steps=0)
             seconds[name].append(f["grpo_seconds_per_step"])
     med = {k: statistics.median(v) for k, v in seconds.items()}
-    print(f"GRPO s/step, {preset.get('num_generations', 16)} completions, median of {a.rounds} rounds "
-          f"(bf16 hardware here: {cpu_has_bf16()}):")
+    print(f"GRPO s/step, {cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps} completions, median of "
+          f"{a.rounds} rounds (bf16 hardware here: {bf16_hw}):")
     for k, v in med.items():
         print(f"  {k:20s} {v:6.1f} s   {med['fp32'] / v:4.2f}x fp32   rounds: {', '.join(f'{x:.1f}' for x in seconds[k])}")
     return {"grpo_seconds_per_step": seconds, "median": med,
-            "speedup_over_fp32": {k: med["fp32"] / v for k, v in med.items()}, "bf16_hardware": cpu_has_bf16()}
+            "speedup_over_fp32": {k: med["fp32"] / v for k, v in med.items()}, "bf16_hardware": bf16_hw}
 
 
 def _threads() -> int:
