@@ -389,8 +389,10 @@ def make_trainer_class():
         """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""
 
         def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, group_key=None,
-                     rollout_dtype=None, **kwargs):
+                     rollout_dtype=None, share_prompt: bool = False, **kwargs):
             super().__init__(*args, **kwargs)
+            self.share_prompt = bool(share_prompt)
+            self.shared_prompt_batches = 0  # scoring calls that ran their rows' common prompt once
             self.rollout = RolloutCopy(rollout_dtype) if rollout_dtype is not None and not self.use_vllm else None
             self.resample_rounds = int(resample_rounds)
             self._rng = random.Random(resample_seed)
@@ -438,6 +440,33 @@ def make_trainer_class():
                 return super()._generate_single_turn(*args, **kwargs)
             finally:
                 self.model_wrapped = trained
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                               batch_size=None, compute_entropy=False, compute_aux_loss=False,
+                                               **extra):
+            import torch
+
+            from nodes.trl_cpu import score_with_shared_prompt, shared_prompt
+
+            span = None
+            if self.share_prompt:
+                span = shared_prompt(model, input_ids, attention_mask, logits_to_keep,
+                                     gradient_checkpointing=bool(getattr(model, "is_gradient_checkpointing", False)),
+                                     multimodal=any(v is not None for v in extra.values()), aux_loss=compute_aux_loss)
+            if span is None:
+                return super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                    compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
+            self.shared_prompt_batches += 1
+            step = batch_size or input_ids.size(0)
+            logps, entropies = [], []
+            for start in range(0, input_ids.size(0), step):
+                lp, ent = score_with_shared_prompt(
+                    model, input_ids[start:start + step], attention_mask[start:start + step], logits_to_keep,
+                    span[0], self.accelerator.autocast, compute_entropy)
+                logps.append(lp)
+                entropies.append(ent)
+            return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
 
         def _generate_and_score_completions(self, inputs):
             batch = super()._generate_and_score_completions(inputs)

@@ -35,9 +35,9 @@ from nodes.trl_setup import (
     freeze_lower_layers,
     quiet_trainer,
     raise_if_stopped,
+    sft_bf16,
     stop_callbacks,
     tb_callback,
-    use_bf16,
 )
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def warm_start(
     score_labelled_positions_only()
     data = sft_dataset(instances, seed, cfg.prompt_style, cfg.sft_order)
     cuda = torch.cuda.is_available()
-    bf16 = cfg.sft_bf16 if cfg.sft_bf16 is not None else use_bf16(cfg)
+    bf16 = sft_bf16(cfg)
     args = SFTConfig(
         output_dir=str(Path(out_dir) / "sft"),
         learning_rate=cfg.sft_lr,
@@ -238,7 +238,8 @@ def warm_start_spec(model_dir: Path, cfg, seed: int) -> dict:
         "version": WARM_START_VERSION,
         "env_version": ENV_VERSION,
         "model": model_identity(model_dir),
-        "settings": {k: knobs[k] for k in WARM_START_FIELDS},
+        # sft_bf16 as this machine resolves it: an autocast start and a float32 one are different starts
+        "settings": {**{k: knobs[k] for k in WARM_START_FIELDS}, "sft_bf16": sft_bf16(cfg)},
         "seed": int(seed),
     }
 

@@ -258,6 +258,7 @@ def run_stage(
         resample_seed=seed,
         group_key=row_size,  # replacements lean to the sizes where the policy is sometimes right
         rollout_dtype=sampler_dtype,
+        share_prompt=cfg.share_prompt,
     )
     quiet_trainer(trainer, progress, label=f"GRPO {out_dir.name}")
     t0 = time.perf_counter()
@@ -267,6 +268,7 @@ def run_stage(
     raise_if_stopped(f"GRPO of {out_dir.name}")
     steps = int(trainer.state.global_step)
     metrics.update(sampling_metrics(trainer.stats))
+    metrics["train/shared_prompt_batches"] = trainer.shared_prompt_batches
 
     meta = {
         "reward_state": reward.state.model_dump(mode="json"),

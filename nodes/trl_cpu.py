@@ -1,4 +1,10 @@
-"""One small, tested patch of TRL internals that makes its training steps cheaper on CPU.
+"""Two small, tested changes to TRL internals that make its training steps cheaper on CPU.
+
+1. The fused LM head scores only labelled positions (`score_labelled_positions_only`).
+2. GRPO scores a batch whose rows share one prompt over a single forward of that prompt
+   (`score_with_shared_prompt`).
+
+The first, in detail:
 
 TRL 1.16's fused LM head (`trl.trainer.utils.add_fused_lm_head`, used by `SFTTrainer` and `GRPOTrainer`) projects
 only the positions that carry a label on Triton devices (CUDA, XPU). On every other device it projects *every*
@@ -36,3 +42,55 @@ def score_labelled_positions_only() -> bool:
     trl_utils._use_triton = _compact_on_cpu
     _PATCHED = True
     return True
+
+
+def shared_prompt(model, input_ids, attention_mask, logits_to_keep: int, *, gradient_checkpointing: bool,
+                  multimodal: bool, aux_loss: bool) -> tuple[int, int] | None:
+    """`(pad, end)` when every row of a GRPO batch holds the same prompt in columns `pad:end` after `pad` columns of
+    padding common to all rows; None when the batch must take TRL's own path: not on CPU, one row, a multimodal or
+    MoE batch, a PEFT model, gradient checkpointing (no cache there), or rows whose prompts or padding differ."""
+    b, t = input_ids.shape
+    end = t - int(logits_to_keep)
+    if (input_ids.device.type != "cpu" or b < 2 or multimodal or aux_loss or gradient_checkpointing
+            or hasattr(model, "peft_config") or not hasattr(model, "base_model")):
+        return None
+    mask = attention_mask[:, :end]
+    if not bool((mask == mask[:1]).all()) or not bool((input_ids[:, :end] == input_ids[:1, :end]).all()):
+        return None
+    ones = mask[0].nonzero()
+    if ones.numel() == 0:
+        return None
+    pad = int(ones[0])
+    if not bool(mask[0, pad:].all()) or end - pad < 2:
+        return None
+    return pad, end
+
+
+def score_with_shared_prompt(model, input_ids, attention_mask, logits_to_keep: int, pad: int, autocast,
+                             compute_entropy: bool):
+    """(log-probs, entropies) of the last `logits_to_keep` tokens of rows that share their prompt (see
+    `shared_prompt`), as TRL's `_get_per_token_logps_and_entropies` computes them, with the prompt run once.
+
+    The `pad` leading columns that every row pads are dropped, so the prompt sits at positions 0, 1, ... as it
+    did when the completions were sampled (TRL's own path would shift it by the padding). The backbone runs the
+    prompt but its last token once (`use_cache=True`); its keys and values are repeated for every row; then each
+    row runs its last prompt token and its completion over them, and TRL's fused head scores the completion tokens.
+    Gradients flow back through the repeated keys and values into the one prompt forward, so the loss and its
+    gradient are the full batch's. With 16 completions of about 80 tokens to a 200-token prompt this runs 1,480
+    token positions instead of 4,480.
+    """
+    input_ids, attention_mask = input_ids[:, pad:], attention_mask[:, pad:]
+    p = input_ids.size(1) - int(logits_to_keep)
+    with autocast():
+        prompt = model.base_model(input_ids=input_ids[:1, : p - 1], attention_mask=attention_mask[:1, : p - 1],
+                                  use_cache=True)
+        cache = prompt.past_key_values
+        cache.batch_repeat_interleave(input_ids.size(0))
+        rest = input_ids[:, p - 1:]
+        labels = rest.masked_fill(attention_mask[:, p - 1:] == 0, -100)
+        labels[:, 0] = -100  # the last prompt token: context only, as in TRL's labels
+        out = model(input_ids=rest, attention_mask=attention_mask, past_key_values=cache, labels=labels,
+                    fused_lm_head=True)
+    logps = out.log_probs[:, -logits_to_keep:]
+    entropy = out.entropy[:, -logits_to_keep:] if compute_entropy else None
+    return logps, entropy

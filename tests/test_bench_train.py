@@ -1,4 +1,4 @@
-"""bench_train --dtypes: each bf16 lever is its own arm of the cpu preset's GRPO step, interleaved, median kept."""
+"""bench_train --dtypes and --share-prompt: each lever is its own arm of the cpu preset's GRPO step, interleaved, median kept."""
 
 from __future__ import annotations
 
@@ -25,11 +25,28 @@ def test_dtype_arms_run_each_lever_interleaved_and_report_medians(monkeypatch, c
     assert "1.45x fp32" in capsys.readouterr().out
 
 
+def test_share_prompt_arms_toggle_only_the_shared_prompt(monkeypatch, capsys):
+    calls = []
+
+    def fake_child(side, raw, a, sft_steps=None):
+        calls.append((side, raw["share_prompt"], raw["resample_rounds"], raw.get("rollout_dtype", "auto")))
+        return {"grpo_seconds_per_step": 30.0 if raw["share_prompt"] else 45.0}
+
+    monkeypatch.setattr(bt, "_child", fake_child)
+    out = bt.main(["--share-prompt", "--rounds", "2", "--grpo-steps", "1"])
+    assert [c[:2] for c in calls] == [("per_row_prompt round 1", False), ("shared_prompt round 1", True),
+                                      ("per_row_prompt round 2", False), ("shared_prompt round 2", True)]
+    assert {c[2:] for c in calls} == {(0, "auto")}  # dynamic sampling off; the preset's dtypes in both arms
+    assert out["speedup_over_per_row_prompt"]["shared_prompt"] == 1.5
+    assert "1.50x per_row_prompt" in capsys.readouterr().out
+
+
 def test_bad_flags_get_one_clear_error(capsys):
     import pytest
 
     for argv, said in ((["--dtypes", "--rounds", "0"], "--rounds 0: allowed: 1 or more"),
-                       (["--dtypes", "--compare"], "not allowed with argument")):
+                       (["--dtypes", "--compare"], "not allowed with argument"),
+                       (["--dtypes", "--share-prompt"], "not allowed with argument")):
         with pytest.raises(SystemExit) as e:
             bt.main(argv)
         assert e.value.code == 2 and said in capsys.readouterr().err

@@ -341,3 +341,98 @@ def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(embedded_mode
     assert trainer.key_stats[False][0] >= 1
     m = sampling_metrics(st)
     assert m["train/zero_std_groups_trained"] < m["train/resample_zero_std_generated"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# GRPO's completions scored over one forward of their shared prompt
+
+
+def _shared_prompt_batch(pad: int = 0):
+    """4 rows: one 30-token prompt (after `pad` columns of common left padding), answers of 12, 9, 12 and 5 tokens
+    (right-padded), TRL's layout."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(5, 1000, (30,), generator=g)
+    answers = torch.randint(5, 1000, (4, 12), generator=g)
+    lengths = [12, 9, 12, 5]
+    ids = torch.cat([torch.full((4, pad), 2), prompt.expand(4, 30), answers], dim=1)
+    mask = torch.cat([torch.zeros(4, pad, dtype=torch.long), torch.ones(4, 30, dtype=torch.long),
+                      torch.tensor([[1] * n + [0] * (12 - n) for n in lengths])], dim=1)
+    ids[:, pad + 30:][mask[:, pad + 30:] == 0] = 2
+    return ids, mask
+
+
+@pytest.mark.parametrize("pad", [0, 3])
+def test_shared_prompt_scores_and_gradients_equal_trls_path(embedded_model_path, pad):
+    """The shared-prompt path gives TRL's log-probs, entropies and gradients for a batch of one prompt; it runs the
+    prompt once. With common left padding it equals TRL's path on the same batch without that padding."""
+    import contextlib
+    import types
+
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+    from trl.trainer.utils import add_fused_lm_head
+
+    from nodes.trl_cpu import score_with_shared_prompt, shared_prompt
+
+    model = AutoModelForCausalLM.from_pretrained(embedded_model_path, dtype=torch.float32)
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    ids, mask = _shared_prompt_batch(pad)
+    trl_self = types.SimpleNamespace(accelerator=types.SimpleNamespace(autocast=contextlib.nullcontext))
+    span = shared_prompt(model, ids, mask, 12, gradient_checkpointing=False, multimodal=False, aux_loss=False)
+    assert span == (pad, pad + 30)
+
+    def loss_and_grads(fn):
+        model.zero_grad()
+        logps, ent = fn()
+        loss = (logps * mask[:, -12:]).sum() + (ent * mask[:, -12:]).sum()
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return logps.detach(), ent.detach(), grads
+
+    ref_lp, ref_ent, ref_g = loss_and_grads(lambda: GRPOTrainer._get_per_token_logps_and_entropies.__wrapped__(
+        trl_self, model, ids[:, pad:], mask[:, pad:], 12, compute_entropy=True)[:2])
+    calls = []
+    backbone = model.base_model
+    original = backbone.forward
+    backbone.forward = lambda *a, **k: calls.append(k["input_ids"].shape) or original(*a, **k)
+    try:
+        lp, ent, g = loss_and_grads(lambda: score_with_shared_prompt(
+            model, ids, mask, 12, pad, contextlib.nullcontext, compute_entropy=True))
+    finally:
+        backbone.forward = original
+    assert calls == [(1, 29), (4, 13)]  # the prompt once; each row: its last prompt token and its answer
+    real = mask[:, -12:].bool()
+    assert torch.allclose(lp[real], ref_lp[real], atol=1e-4)
+    assert torch.allclose(ent[real], ref_ent[real], atol=1e-4)
+    assert set(g) == set(ref_g)
+    for name in ref_g:
+        assert torch.allclose(g[name], ref_g[name], atol=1e-4, rtol=1e-3), name
+
+
+def test_shared_prompt_refuses_batches_it_cannot_share():
+    import types
+
+    import torch
+
+    from nodes.trl_cpu import shared_prompt
+
+    ids, mask = _shared_prompt_batch()
+    model = types.SimpleNamespace(base_model=object())
+    ok = dict(gradient_checkpointing=False, multimodal=False, aux_loss=False)
+    assert shared_prompt(model, ids, mask, 12, **ok) == (0, 30)
+    other = ids.clone()
+    other[2, 10] += 1  # one row with another prompt
+    assert shared_prompt(model, other, mask, 12, **ok) is None
+    ragged = mask.clone()
+    ragged[1, 0] = 0  # one row padded where the others are not
+    assert shared_prompt(model, ids, ragged, 12, **ok) is None
+    assert shared_prompt(model, ids[:1], mask[:1], 12, **ok) is None  # one row: nothing to share
+    assert shared_prompt(model, ids, mask, 12, **{**ok, "gradient_checkpointing": True}) is None
+    assert shared_prompt(model, ids, mask, 12, **{**ok, "multimodal": True}) is None
+    assert shared_prompt(model, ids, mask, 12, **{**ok, "aux_loss": True}) is None  # MoE: TRL's path
+    peft = types.SimpleNamespace(base_model=object(), peft_config={})
+    assert shared_prompt(peft, ids, mask, 12, **ok) is None  # PEFT: TRL's path
+    assert torch.equal(ids, _shared_prompt_batch()[0])  # nothing was changed in place

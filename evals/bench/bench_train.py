@@ -16,6 +16,9 @@
 - `after_one_prompt` (GRPO only): the same 8 completions per step as 1 prompt x 8, the cpu preset's shape (one
   prompt per step, all its completions in one group), where every row shares one prefill.
 
+`--share-prompt` (GRPO only) asks the same of `train.share_prompt`: the preset's GRPO step with every completion
+scored over its own copy of the prompt (TRL's path), and over one forward of the prompt shared by all 16.
+
 `--dtypes` (GRPO only) asks whether the bf16 levers pay on this CPU: the cpu preset's GRPO step (1 prompt x 16,
 dynamic sampling off) sampled by the float32 model itself, by the bf16 rollout copy, and by the copy with training
 under bf16 autocast, each in its own child process, `--rounds` interleaved rounds, the median kept. This is what
@@ -53,6 +56,10 @@ BEFORE = {  # the cpu preset before issue 16, as far as speed is concerned
 SAME_WORK = {"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 128,
              "resample_rounds": 0}
 ONE_PROMPT = {**SAME_WORK, "num_generations": 8}  # the same 8 completions, in the cpu preset's shape: 1 prompt x 8
+SHARE_ARMS = {  # --share-prompt: the cpu preset's GRPO step with each row scored over its own prompt, or one shared
+    "per_row_prompt": {"share_prompt": False},
+    "shared_prompt": {"share_prompt": True},
+}
 DTYPE_ARMS = {  # --dtypes: the cpu preset's GRPO step with each bf16 lever off or on
     "fp32": {"rollout_dtype": "model", "autocast_bf16": False},
     "bf16_copy": {"rollout_dtype": "bfloat16", "autocast_bf16": False},
@@ -149,7 +156,11 @@ def main(argv: list[str] | None = None) -> dict:
     mode.add_argument("--compare", action="store_true", help="before (old path) and after (this preset), side by side")
     mode.add_argument("--dtypes", action="store_true",
                       help="GRPO s/step with the float32 model, the bf16 rollout copy, and the copy + bf16 autocast")
-    p.add_argument("--rounds", type=int, default=2, help="--dtypes: interleaved rounds, at least 1 (the median is kept)")
+    mode.add_argument("--share-prompt", action="store_true",
+                      help="GRPO s/step with each completion scored over its own copy of the prompt, and over one "
+                      "shared forward of it (train.share_prompt)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="--dtypes, --share-prompt: interleaved rounds, at least 1 (the median is kept)")
     p.add_argument("--sft-steps", type=int, default=4, help="timed SFT steps (after one untimed step); 0: none")
     p.add_argument("--grpo-steps", type=int, default=3, help="GRPO optimiser steps; 0: none")
     p.add_argument("--sft-sizes", default="3,4", help="grid sizes of the timed SFT examples")
@@ -169,6 +180,8 @@ def main(argv: list[str] | None = None) -> dict:
     preset = dict(TRAIN_PRESETS[a.preset])
     if a.dtypes:
         figures = dtype_arms(preset, a)
+    elif a.share_prompt:
+        figures = run_arms(preset, a, SHARE_ARMS, "per_row_prompt")
     elif not a.compare:
         figures = {"after_preset": _child("after_preset", preset, a)}
     else:
@@ -194,25 +207,33 @@ def main(argv: list[str] | None = None) -> dict:
 
 def dtype_arms(preset: dict, a) -> dict:
     """`--dtypes`: GRPO s/step of each `DTYPE_ARMS` arm, `a.rounds` interleaved rounds, each in its own child."""
+    from llm_backends.vllm_server import cpu_has_bf16
+
+    return {**run_arms(preset, a, DTYPE_ARMS, "fp32", f"bf16 hardware here: {cpu_has_bf16()}"),
+            "bf16_hardware": cpu_has_bf16()}
+
+
+def run_arms(preset: dict, a, arms: dict, base: str, note: str = "") -> dict:
+    """GRPO s/step of each arm (settings over the preset, dynamic sampling off), `a.rounds` interleaved rounds,
+    each in its own child process; the medians and each arm's speed-up over the `base` arm."""
     import statistics
 
-    from llm_backends.vllm_server import cpu_has_bf16
     from nodes.train_config import TrainConfig
 
     cfg = TrainConfig.model_validate(preset)
-    bf16_hw = cpu_has_bf16()
-    seconds: dict[str, list[float]] = {k: [] for k in DTYPE_ARMS}
+    seconds: dict[str, list[float]] = {k: [] for k in arms}
     for r in range(a.rounds):
-        for name, arm in DTYPE_ARMS.items():
+        for name, arm in arms.items():
             f = _child(f"{name} round {r + 1}", {**preset, "resample_rounds": 0, **arm}, a, sft_steps=0)
             seconds[name].append(f["grpo_seconds_per_step"])
     med = {k: statistics.median(v) for k, v in seconds.items()}
     print(f"GRPO s/step, {cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps} completions, median of "
-          f"{a.rounds} rounds (bf16 hardware here: {bf16_hw}):")
+          f"{a.rounds} rounds{f' ({note})' if note else ''}:")
     for k, v in med.items():
-        print(f"  {k:20s} {v:6.1f} s   {med['fp32'] / v:4.2f}x fp32   rounds: {', '.join(f'{x:.1f}' for x in seconds[k])}")
+        print(f"  {k:20s} {v:6.1f} s   {med[base] / v:4.2f}x {base}   rounds: "
+              f"{', '.join(f'{x:.1f}' for x in seconds[k])}")
     return {"grpo_seconds_per_step": seconds, "median": med,
-            "speedup_over_fp32": {k: med["fp32"] / v for k, v in med.items()}, "bf16_hardware": bf16_hw}
+            f"speedup_over_{base}": {k: med[base] / v for k, v in med.items()}}
 
 
 def _threads() -> int:
