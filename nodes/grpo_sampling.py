@@ -441,32 +441,11 @@ def make_trainer_class():
             finally:
                 self.model_wrapped = trained
 
-        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
-                                               batch_size=None, compute_entropy=False, compute_aux_loss=False,
-                                               **extra):
-            import torch
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kw):
+            from nodes.trl_cpu import per_token_logps
 
-            from nodes.trl_cpu import score_with_shared_prompt, shared_prompt
-
-            span = None
-            if self.share_prompt:
-                span = shared_prompt(model, input_ids, attention_mask, logits_to_keep,
-                                     gradient_checkpointing=bool(getattr(model, "is_gradient_checkpointing", False)),
-                                     multimodal=any(v is not None for v in extra.values()), aux_loss=compute_aux_loss)
-            if span is None:
-                return super()._get_per_token_logps_and_entropies(
-                    model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
-                    compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
-            self.shared_prompt_batches += 1
-            step = batch_size or input_ids.size(0)
-            logps, entropies = [], []
-            for start in range(0, input_ids.size(0), step):
-                lp, ent = score_with_shared_prompt(
-                    model, input_ids[start:start + step], attention_mask[start:start + step], logits_to_keep,
-                    span[0], self.accelerator.autocast, compute_entropy)
-                logps.append(lp)
-                entropies.append(ent)
-            return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+            return per_token_logps(self, super()._get_per_token_logps_and_entropies, model, input_ids,
+                                   attention_mask, logits_to_keep, **kw)
 
         def _generate_and_score_completions(self, inputs):
             batch = super()._generate_and_score_completions(inputs)

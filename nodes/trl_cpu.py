@@ -94,3 +94,29 @@ def score_with_shared_prompt(model, input_ids, attention_mask, logits_to_keep: i
     logps = out.log_probs[:, -logits_to_keep:]
     entropy = out.entropy[:, -logits_to_keep:] if compute_entropy else None
     return logps, entropy
+
+
+def per_token_logps(trainer, trl_path, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                    compute_entropy=False, compute_aux_loss=False, **extra):
+    """`GRPOTrainer._get_per_token_logps_and_entropies` for a trainer with `share_prompt`: a batch whose rows share
+    their prompt is scored by `score_with_shared_prompt` (chunked by `batch_size` as TRL chunks); any other batch,
+    or `share_prompt` off, goes to `trl_path` (TRL's own method) unchanged."""
+    import torch
+
+    span = None
+    if trainer.share_prompt:
+        span = shared_prompt(model, input_ids, attention_mask, logits_to_keep,
+                             gradient_checkpointing=bool(getattr(model, "is_gradient_checkpointing", False)),
+                             multimodal=any(v is not None for v in extra.values()), aux_loss=compute_aux_loss)
+    if span is None:
+        return trl_path(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                        compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
+    trainer.shared_prompt_batches += 1
+    step = batch_size or input_ids.size(0)
+    logps, entropies = [], []
+    for start in range(0, input_ids.size(0), step):
+        lp, ent = score_with_shared_prompt(model, input_ids[start:start + step], attention_mask[start:start + step],
+                                           logits_to_keep, span[0], trainer.accelerator.autocast, compute_entropy)
+        logps.append(lp)
+        entropies.append(ent)
+    return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None

@@ -375,7 +375,7 @@ def test_shared_prompt_scores_and_gradients_equal_trls_path(embedded_model_path,
     from trl import GRPOTrainer
     from trl.trainer.utils import add_fused_lm_head
 
-    from nodes.trl_cpu import score_with_shared_prompt, shared_prompt
+    from nodes.trl_cpu import per_token_logps, score_with_shared_prompt, shared_prompt
 
     model = AutoModelForCausalLM.from_pretrained(embedded_model_path, dtype=torch.float32)
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
@@ -410,6 +410,22 @@ def test_shared_prompt_scores_and_gradients_equal_trls_path(embedded_model_path,
     assert set(g) == set(ref_g)
     for name in ref_g:
         assert torch.allclose(g[name], ref_g[name], atol=1e-4, rtol=1e-3), name
+
+    # the trainer's hook: a shared batch never reaches TRL's path; with share_prompt off, every batch does
+    trl_calls = []
+
+    def trl_path(*a, **k):
+        trl_calls.append(k)
+        return GRPOTrainer._get_per_token_logps_and_entropies.__wrapped__(trl_self, *a, **k)
+
+    trainer = types.SimpleNamespace(share_prompt=True, shared_prompt_batches=0, accelerator=trl_self.accelerator)
+    with torch.no_grad():
+        hooked = per_token_logps(trainer, trl_path, model, ids, mask, 12, batch_size=3, compute_entropy=True)
+        assert trainer.shared_prompt_batches == 1 and not trl_calls
+        assert torch.allclose(hooked[0][real], ref_lp[real], atol=1e-4)  # chunked by batch_size as TRL chunks
+        trainer.share_prompt = False
+        per_token_logps(trainer, trl_path, model, ids[:, pad:], mask[:, pad:], 12, compute_entropy=True)
+        assert trainer.shared_prompt_batches == 1 and len(trl_calls) == 1
 
 
 def test_shared_prompt_refuses_batches_it_cannot_share():
