@@ -13,9 +13,10 @@ as Neuron's. On CPU nothing is compiled, so that only wastes work: with a 450-to
 88 % of the head's work (and about 60 % of an SFT step, measured with the torch profiler) is thrown away.
 
 `score_labelled_positions_only()` makes the head's choice "only the labelled positions" on CPU too. The values are
-identical (the same kernel on the same rows; tested in tests/test_train_speed.py); only the masked rows are skipped.
+identical (the same kernel on the same rows; tested in tests/test_learning_setup.py); only the masked rows are skipped.
 It is idempotent and changes nothing on CUDA/XPU, where TRL already does this. `ENV_ENGINEER_TRL_PATCH=0` leaves
-TRL as it is: the "before" side of `python -m evals.bench.bench_train --compare`.
+TRL's head as it is: the "before" side of `python -m evals.bench.bench_train --compare` (which also turns the
+second change off, `train.share_prompt=false`).
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ BEFORE = {  # the cpu preset before issue 16, as far as speed is concerned
     "resample_rounds": 0,
     "rollout_dtype": "model",  # completions sampled by the trained float32 model itself
     "autocast_bf16": False,  # float32 training steps
+    "share_prompt": False,  # every completion scored over its own copy of the prompt (TRL's path)
 }
 SAME_WORK = {"num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 128,
              "resample_rounds": 0}
