@@ -58,7 +58,16 @@ Version history
 """
 
 from .benchmark import list_splits, load_split
-from .config import SIZES, EnvConfig, SizeKnobs, max_hole_ratio, project, random_config, uniform_config
+from .config import (
+    SIZES,
+    EnvConfig,
+    SizeKnobs,
+    max_hole_ratio,
+    project,
+    random_config,
+    restrict_sizes,
+    uniform_config,
+)
 from .generator import Generated, generate, make_instance
 from .instance import Instance, read_jsonl, write_jsonl
 from .library import LengthAwareReward, create_dataset, mapf_reward, score_answer, score_answers, to_dataset
@@ -98,6 +107,7 @@ __all__ = [
     "plan_text",
     "project",
     "random_config",
+    "restrict_sizes",
     "read_jsonl",
     "render_prompt",
     "render_compact_prompt",

@@ -150,6 +150,38 @@ def uniform_config(hole_ratio: float = 0.2, wait_ratio: float = 0.5, num_agents:
     return EnvConfig(sizes=sizes, num_agents=num_agents)
 
 
+def restrict_sizes(cfg: EnvConfig, max_size: int | None) -> tuple[EnvConfig, str | None]:
+    """`cfg` with no data above `max_size` x `max_size`: those sizes' data ratios set to 0 and the rest
+    renormalised (uniform over 3..max_size if nothing was left), hole and wait ratios kept. Returns the
+    config and a one-line note of what moved (None when nothing did, or when `max_size` is None).
+
+    A preset uses it to train only where its policy can be right (the cpu preset: 3x3-5x5, where the 135M
+    policy is sometimes valid; at 6x6-10x10 every GRPO group scores 0 and teaches nothing).
+
+    >>> cfg, note = restrict_sizes(uniform_config(), 4)
+    >>> cfg.sizes[3].data_ratio, cfg.sizes[4].data_ratio, cfg.sizes[5].data_ratio, note
+    (0.5, 0.5, 0.0, 'sizes 5-10 are not trained at this preset (max_train_size 4): their data share 75 % moved onto 3-4')
+    """
+    if max_size is None or max_size >= SIZES[-1]:
+        return cfg, None
+    if max_size not in SIZES:
+        raise ValueError(f"max_train_size must be one of {SIZES[0]}..{SIZES[-1]} or None; got {max_size!r}")
+    kept = [s for s in SIZES if s <= max_size]
+    moved = sum(k.data_ratio for s, k in cfg.sizes.items() if s > max_size)
+    if moved <= 0.0:
+        return cfg, None
+    left = sum(cfg.sizes[s].data_ratio for s in kept)
+    data = {s: (cfg.sizes[s].data_ratio / left if left > 0 else 1.0 / len(kept)) if s in kept else 0.0 for s in SIZES}
+    sizes = {s: cfg.sizes[s].model_copy(update={"data_ratio": data[s]}) for s in SIZES}
+    span = f"{SIZES[0]}-{max_size}" if max_size > SIZES[0] else str(max_size)
+    how = "moved onto" if left > 0 else "spread evenly over"
+    note = (
+        f"sizes {max_size + 1}-{SIZES[-1]} are not trained at this preset (max_train_size {max_size}): "
+        f"their data share {100 * moved:.0f} % {how} {span}"
+    )
+    return EnvConfig(sizes=sizes, num_agents=cfg.num_agents, num_instances=cfg.num_instances), note
+
+
 def random_config(seed: int, num_agents: int = 2) -> EnvConfig:
     """The paper's stage-0 configuration: random knobs, reproducible from `seed`.
 

@@ -8,7 +8,9 @@ or a person's edit under --approve that passed the same checks), taken as checke
 and appends stage k's entry `{stage, config, metrics, rationale, decision}` to `history` (the rationale
 and decision are those of the proposal made after stage k, i.e. of the change to stage k+1).
 
-Writes `stage_<k>/config.json` (EnvConfig dump, `num_instances` = settings.train.instances_per_stage),
+The config trained is the one given with its data on sizes above `settings.train.max_train_size` moved onto
+the smaller ones (`env.restrict_sizes`; the cpu preset trains 3x3-5x5 only, said on stderr and in the log).
+Writes `stage_<k>/config.json` (that EnvConfig dump, `num_instances` = settings.train.instances_per_stage),
 `train.jsonl` and `env_stats.json` (the generator's statistics plus the seed and counts). The data seed
 is `stage_seed(settings.seed, k)`, so a stage's set is the same bytes whenever it is regenerated; an
 existing set with the same config.json and env_stats.json is reused (resume after a crash).
@@ -26,7 +28,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from env import EnvConfig, SizeKnobs, generate, random_config
+from env import EnvConfig, SizeKnobs, generate, random_config, restrict_sizes
 from env.instance import write_jsonl
 from nodes.files import stage_dir, write_json_atomic, write_text_atomic
 
@@ -121,9 +123,11 @@ def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         )
         how = state.get("decision") or "accepted"
     n = settings.train.instances_per_stage
-    cfg = cfg.model_copy(update={"num_instances": n})
+    cfg, restricted = restrict_sizes(cfg.model_copy(update={"num_instances": n}), settings.train.max_train_size)
     seed = stage_seed(settings.seed, stage)
     out_dir = stage_dir(run_dir, stage)
+    if restricted:
+        print(f"apply: stage {stage}: {restricted}", file=sys.stderr, flush=True)
     stats = generate_stage(cfg, out_dir, seed=seed)
     return {
         "stage": stage,
@@ -135,6 +139,7 @@ def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         "feedback": [],
         "log": [
             f"stage {stage}: generated {stats.get('generated', n)} training instances ({how}, seed {seed})"
-        ],
+        ]
+        + ([f"stage {stage}: {restricted}"] if restricted else []),
     }
 

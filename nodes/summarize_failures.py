@@ -189,6 +189,12 @@ def training_details(state: dict, settings: Settings, full: bool) -> str:
     else:
         lines.append(f"- Each stage trains for {train.epochs} epoch(s) over its training set.")
     lines.append(f"- Each stage's training set has {train.instances_per_stage} two-agent instances.")
+    if train.max_train_size is not None and train.max_train_size < 10:
+        top = train.max_train_size
+        lines.append(
+            f"- Only sizes 3 to {top} are trained in this run: the data share you give sizes {top + 1} to 10 moves "
+            f"onto sizes 3 to {top} in proportion (their hole and wait ratios are unused)."
+        )
     if full:
         hp = train.model_dump(mode="json")
         lines.append("- RL hyper-parameters (GRPO): " + ", ".join(f"{k}={v}" for k, v in sorted(hp.items())))

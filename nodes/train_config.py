@@ -33,6 +33,15 @@ class TrainConfig(BaseModel):
         "for small models). The same instance and verifier either way",
     )
     instances_per_stage: int = Field(64, ge=1, description="training instances generated per stage")
+    max_train_size: int | None = Field(
+        5,
+        ge=3,
+        le=10,
+        description="train only on maps up to this size: a stage's data share on larger sizes moves onto 3..N "
+        "before its set is generated (the engineer's proposal is kept as proposed, the stage's config.json holds "
+        "what was trained). The cpu preset's 5: the 135M policy is never valid above 5x5, so every GRPO group "
+        "there scores 0, teaches nothing and costs 1.5-2x a small map's step. None: all sizes 3..10 (the paper)",
+    )
     max_prompt_length: int = Field(
         1024, ge=16, description="prompts longer than this (tokens) are dropped from training, and counted"
     )
@@ -221,6 +230,7 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # CI: a few steps, tiny completions; a stage takes well under a minute on 2 CPU cores.
     "smoke": {
         "instances_per_stage": 16,
+        "max_train_size": None,  # every size, as CI's tests of the loop expect
         "num_generations": 2,
         "per_device_train_batch_size": 4,
         "max_steps": 2,
@@ -254,6 +264,7 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "prompt_style": "full",  # the paper's prompt, rules text included
         "resample_rounds": 0,  # the paper's GRPO: every group is trained on as sampled
         "instances_per_stage": 4000,
+        "max_train_size": None,  # the paper trains on every size 3..10
         "epochs": 2.0,
         "max_steps": -1,
         "num_generations": 8,

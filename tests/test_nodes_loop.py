@@ -47,7 +47,8 @@ def _run_engineer_nodes(state, rt, max_rounds=10):
 
 
 def test_loop_with_a_classic_engineer_on_real_data(tmp_path):
-    settings = make_settings(engineer="learnability", eval_limit=9)
+    # every size trained, so that the rule's uniform data spread reaches config.json unchanged
+    settings = make_settings(engineer="learnability", eval_limit=9, train={"max_train_size": None})
     state, rt = _evaluated_state(settings, tmp_path)
     assert state["metrics"]["by_size"]["3"]["valid_rate"] == 1.0
     state = _run_engineer_nodes(state, rt)

@@ -92,6 +92,13 @@ def test_training_details_bookkeeping_vs_full():
     assert "learning_rate" in full and "train/reward_mean" in full
 
 
+def test_training_details_say_which_sizes_are_trained():
+    capped = build_context(variant="V6", state=_state(), settings=make_settings(train={"max_train_size": 5}), eval_rows=[])
+    assert "- Only sizes 3 to 5 are trained in this run: the data share you give sizes 6 to 10 moves" in capped
+    every = build_context(variant="V6", state=_state(), settings=make_settings(train={"max_train_size": None}), eval_rows=[])
+    assert "Only sizes" not in every
+
+
 def test_env_stats_module_from_a_real_generated_set(tmp_path):
     """apply's generate_stage writes env_stats.json from env.generate; summary.md shows its real columns."""
     from env import SIZES, EnvConfig
