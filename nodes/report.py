@@ -348,6 +348,13 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             lines += [f"**Warning: stage {k} had zero reward variance in every GRPO group: it learned nothing "
                       "(every completion of a prompt scored the same).**", ""]
     lines += ["## Configurations and the engineer's decisions", ""]
+    top = ((data.get("settings") or {}).get("train") or {}).get("max_train_size")
+    if isinstance(top, int) and top < SIZES[-1]:
+        lines += [
+            f"Only sizes 3x3-{top}x{top} were trained (`train.max_train_size` {top}): each table is the configuration "
+            f"trained, with any share an engineer gave larger sizes moved onto 3x3-{top}x{top}.",
+            "",
+        ]
     for s in data["stages"]:
         cfg = _sizes(s["config"])
         lines.append(f"### Stage {s['stage']}")

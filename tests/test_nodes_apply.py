@@ -108,3 +108,13 @@ def test_apply_trains_only_up_to_max_train_size_and_says_so(tmp_path, capsys):
     state = dict(out, accepted=uniform_config().model_dump(mode="json"), metrics={}, rationale="", decision="kept")
     later = apply(state, runtime(settings, tmp_path))
     assert {i.size for i in read_jsonl(later["train_path"])} == {3, 4}
+
+
+def test_the_report_says_which_sizes_were_trained(tmp_path):
+    from nodes.report import collect, render
+
+    for top, said in ((5, True), (None, False)):
+        (tmp_path / "settings.json").write_text(json.dumps({"train": {"max_train_size": top}}))
+        text = render(collect(tmp_path), [], "run")
+        line = "Only sizes 3x3-5x5 were trained (`train.max_train_size` 5): each table is the configuration trained"
+        assert (line in text) is said
