@@ -252,7 +252,8 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     },
     # Laptop default with the embedded SmolLM2-135M (= TrainConfig's defaults): a cached SFT warm start (150 steps x
     # 8 solver-optimal 2-agent plans on 3x3-5x5, compact prompt, bf16 autocast on bf16 CPUs), then per stage 24 GRPO
-    # steps of 1 prompt x 16 completions of <= 128 tokens with dynamic sampling, sampled by a bf16 copy on bf16 CPUs, top 8 blocks trained.
+    # steps of 1 prompt x 16 completions of <= 128 tokens with dynamic sampling, sampled by a bf16 copy on bf16 CPUs, top 8 blocks trained,
+    # on 3x3-5x5 maps only (max_train_size 5).
     # One stage's gain over the warm start (evals/results/learning_cpu): 24 steps of 2 prompts x 8 +1.6 points
     # (3 seeds), 96 such steps on 3x3/4x4 +4.4 [+1.6, +7.2] (5 seeds); 24 steps of 1 prompt x 16 (now) in the README
     # there. One group of 16 per step has reward variance far more often than two of 8 (a prompt the policy gets
