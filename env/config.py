@@ -175,8 +175,9 @@ def restrict_sizes(cfg: EnvConfig, max_size: int | None) -> tuple[EnvConfig, str
     sizes = {s: cfg.sizes[s].model_copy(update={"data_ratio": data[s]}) for s in SIZES}
     span = f"{SIZES[0]}-{max_size}" if max_size > SIZES[0] else str(max_size)
     how = "moved onto" if left > 0 else "spread evenly over"
+    dropped = f"size {SIZES[-1]} is" if max_size + 1 == SIZES[-1] else f"sizes {max_size + 1}-{SIZES[-1]} are"
     note = (
-        f"sizes {max_size + 1}-{SIZES[-1]} are not trained at this preset (max_train_size {max_size}): "
+        f"{dropped} not trained at this preset (max_train_size {max_size}): "
         f"their data share {100 * moved:.0f} % {how} {span}"
     )
     return EnvConfig(sizes=sizes, num_agents=cfg.num_agents, num_instances=cfg.num_instances), note

@@ -91,6 +91,8 @@ def test_restrict_sizes_moves_the_data_above_the_cap_onto_the_smaller_sizes():
     only_big = {s: {"data_ratio": 1.0 if s == 9 else 0.0, "hole_ratio": 0.1, "wait_ratio": 0.0} for s in range(3, 11)}
     spread, note = restrict_sizes(EnvConfig.model_validate({"sizes": only_big}), 4)
     assert [spread.sizes[s].data_ratio for s in (3, 4, 5)] == [0.5, 0.5, 0.0] and "spread evenly over 3-4" in note
+    assert restrict_sizes(cfg, 9)[1].startswith("size 10 is not trained at this preset (max_train_size 9)")
+    assert restrict_sizes(cfg, 3)[1].endswith("moved onto 3")
     with pytest.raises(ValueError, match="max_train_size must be one of 3..10 or None; got 2"):
         restrict_sizes(cfg, 2)
 
