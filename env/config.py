@@ -162,16 +162,18 @@ def restrict_sizes(cfg: EnvConfig, max_size: int | None) -> tuple[EnvConfig, str
     >>> cfg.sizes[3].data_ratio, cfg.sizes[4].data_ratio, cfg.sizes[5].data_ratio, note
     (0.5, 0.5, 0.0, 'sizes 5-10 are not trained at this preset (max_train_size 4): their data share 75 % moved onto 3-4')
     """
-    if max_size is None or max_size >= SIZES[-1]:
+    if max_size is None:
         return cfg, None
     if max_size not in SIZES:
         raise ValueError(f"max_train_size must be one of {SIZES[0]}..{SIZES[-1]} or None; got {max_size!r}")
     kept = [s for s in SIZES if s <= max_size]
     moved = sum(k.data_ratio for s, k in cfg.sizes.items() if s > max_size)
-    if moved <= 0.0:
+    if moved <= 0.0:  # max_size 10, or no data above it
         return cfg, None
     left = sum(cfg.sizes[s].data_ratio for s in kept)
-    data = {s: (cfg.sizes[s].data_ratio / left if left > 0 else 1.0 / len(kept)) if s in kept else 0.0 for s in SIZES}
+    data = {s: 0.0 for s in SIZES}
+    for s in kept:
+        data[s] = cfg.sizes[s].data_ratio / left if left > 0 else 1.0 / len(kept)
     sizes = {s: cfg.sizes[s].model_copy(update={"data_ratio": data[s]}) for s in SIZES}
     span = f"{SIZES[0]}-{max_size}" if max_size > SIZES[0] else str(max_size)
     how = "moved onto" if left > 0 else "spread evenly over"

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from env import FAILURES
+from env import FAILURES, SIZES
 from nodes.files import RunFileError, stage_dir, write_text_atomic
 
 if TYPE_CHECKING:  # graph.settings imports this module (CONTEXT_VARIANTS)
@@ -189,11 +189,11 @@ def training_details(state: dict, settings: Settings, full: bool) -> str:
     else:
         lines.append(f"- Each stage trains for {train.epochs} epoch(s) over its training set.")
     lines.append(f"- Each stage's training set has {train.instances_per_stage} two-agent instances.")
-    if train.max_train_size is not None and train.max_train_size < 10:
-        top = train.max_train_size
+    top = train.max_train_size
+    if top is not None and top < SIZES[-1]:
         lines.append(
-            f"- Only sizes 3 to {top} are trained in this run: the data share you give sizes {top + 1} to 10 moves "
-            f"onto sizes 3 to {top} in proportion (their hole and wait ratios are unused)."
+            f"- Only sizes {SIZES[0]} to {top} are trained in this run: the data share you give sizes {top + 1} to "
+            f"{SIZES[-1]} moves onto sizes {SIZES[0]} to {top} in proportion (their hole and wait ratios are unused)."
         )
     if full:
         hp = train.model_dump(mode="json")

@@ -95,6 +95,9 @@ def test_restrict_sizes_moves_the_data_above_the_cap_onto_the_smaller_sizes():
     assert restrict_sizes(cfg, 3)[1].endswith("moved onto 3")
     with pytest.raises(ValueError, match="max_train_size must be one of 3..10 or None; got 2"):
         restrict_sizes(cfg, 2)
+    with pytest.raises(ValueError, match="max_train_size must be one of 3..10 or None; got 11"):
+        restrict_sizes(cfg, 11)
+    assert restrict_sizes(cfg, 10) == (cfg, None)
 
 
 def test_apply_trains_only_up_to_max_train_size_and_says_so(tmp_path, capsys):
