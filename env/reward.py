@@ -4,6 +4,10 @@
   c_max = 2 * optimal: 1.0 if c = 0, 1 - 0.7 * c / c_max if 0 < c <= c_max, 0.3 if c > c_max. Cost and
   optimum are those of the verdict's criterion: the sum of costs (the default of `env.verify`) or the
   makespan (the paper's "makespan-optimal", the loop's default `train.optimality`).
+- `agents_on_course` / `partial_credit`: optional partial credit for an invalid answer (not in the paper; off
+  unless set): `credit` times the share of agents whose own path is sound alone (starts on its start, stays on
+  the map, never enters a hole, moves at most one cell a step, ends on its goal). Below `GAP_FLOOR`, so any
+  valid answer still outscores any invalid one.
 - `length_reward`: 0 up to 1500 tokens, falling linearly to -1 at 4096 tokens, -1 beyond.
 - Weights (w_acc, w_len) move linearly from (0.5, 0.5) to (0.8, 0.2) as the running share of answers of
   at most 1500 tokens rises from 0.5 to 0.9. That running share is explicit state (`RewardState`), so
@@ -69,6 +73,60 @@ def gap_reward(cost: int, optimal_cost: int) -> float:
     return round(1.0 - 0.7 * c / c_max, 12)
 
 
+def agents_on_course(instance, paths) -> float:
+    """Share of `instance`'s agents whose own path in `paths` (one list of (row, col) per agent, as
+    `env.parse_plan` returns) is sound on its own: it starts on the agent's start, stays on the map, never enters
+    a hole, moves at most one cell a step and ends on the agent's goal. Conflicts between agents are not
+    counted (that is the joint check). 0.0 when the plan has the wrong number of paths.
+
+    >>> from env import load_split
+    >>> inst = load_split("val-mini")[0]
+    >>> agents_on_course(inst, inst.plan), agents_on_course(inst, inst.plan[:1])
+    (1.0, 0.0)
+    """
+    k = instance.num_agents
+    if len(paths) != k:
+        return 0.0
+    n, grid = instance.size, instance.grid
+    ok = 0
+    for path, start, goal in zip(paths, instance.starts, instance.goals, strict=True):
+        if not path or tuple(path[0]) != tuple(start) or tuple(path[-1]) != tuple(goal):
+            continue
+        prev = path[0]
+        for r, c in path:
+            if not (0 <= r < n and 0 <= c < n) or grid[r][c] == "H" or abs(r - prev[0]) + abs(c - prev[1]) > 1:
+                break
+            prev = (r, c)
+        else:
+            ok += 1
+    return ok / k
+
+
+def partial_credit(instance, verdict, text: str, credit: float) -> float:
+    """R_acc of an answer under partial credit `credit` (0 <= credit < GAP_FLOOR): `accuracy_reward` for a
+    valid answer; for an invalid one whose plan was read with the right number of agents, `credit` times
+    `agents_on_course`; else 0.
+
+    >>> from env import load_split, verify
+    >>> inst = load_split("val-mini")[0]
+    >>> partial_credit(inst, verify(inst, "no"), "no", 0.2)
+    0.0
+    """
+    if not 0.0 <= credit < GAP_FLOOR:
+        raise ValueError(f"partial credit {credit!r}: allowed: 0 <= credit < {GAP_FLOOR} (the reward of the worst "
+                         "valid answer), so that any valid answer outscores any invalid one")
+    if verdict.valid:
+        return accuracy_reward(verdict)
+    if credit == 0.0 or verdict.failure in ("parse_error", "agent_count"):
+        return 0.0
+    from .prompt import ParseFailure, parse_plan
+
+    paths = parse_plan(text, instance.num_agents)
+    if isinstance(paths, ParseFailure):
+        return 0.0
+    return round(credit * agents_on_course(instance, paths), 12)
+
+
 def length_reward(n_tokens: int) -> float:
     """0 up to 1500 tokens, linear down to -1 at 4096, -1 beyond.
 
@@ -120,8 +178,9 @@ class RewardState(BaseModel):
         return self
 
 
-def total_reward(verdict, n_tokens: int, state: RewardState) -> float:
-    """R = w_acc * R_acc + w_len * R_len with the state's current weights.
+def total_reward(verdict, n_tokens: int, state: RewardState, r_acc: float | None = None) -> float:
+    """R = w_acc * R_acc + w_len * R_len with the state's current weights. `r_acc`: R_acc when already known
+    (`partial_credit`); None: `accuracy_reward(verdict)`.
 
     >>> from env.verify import Verdict
     >>> v = Verdict(valid=True, optimal=True, cost=8, optimal_cost=8)
@@ -129,4 +188,5 @@ def total_reward(verdict, n_tokens: int, state: RewardState) -> float:
     (0.5, 0.7)
     """
     w_acc, w_len = state.weights()
-    return round(w_acc * accuracy_reward(verdict) + w_len * length_reward(n_tokens), 12)
+    acc = accuracy_reward(verdict) if r_acc is None else r_acc
+    return round(w_acc * acc + w_len * length_reward(n_tokens), 12)

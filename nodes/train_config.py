@@ -101,6 +101,15 @@ class TrainConfig(BaseModel):
         description="dynamic sampling (DAPO): extra generations per batch that replace groups whose completions all "
         "scored the same with fresh groups that did not (0: off; nodes.grpo_sampling)",
     )
+    partial_credit: float = Field(
+        0.0,
+        ge=0,
+        lt=0.3,
+        description="reward an invalid answer with this times the share of agents whose own path is sound alone "
+        "(right start, on the map, no hole, legal moves, on its goal; conflicts aside), below the 0.3 of the worst "
+        "valid answer. Not in the paper (0: its gated reward). Gives GRPO a gradient where no sample is valid "
+        "(env.reward.partial_credit)",
+    )
     share_prompt: bool = Field(
         True,
         description="score a GRPO batch whose completions share one prompt (one prompt per step, as the cpu preset "

@@ -129,8 +129,14 @@ class MapfReward(LengthAwareReward):
     __name__ = "mapf"
 
     def __init__(self, tokenizer=None, reward_state: dict | None = None, prompt_style: str = "full",
-                 criterion: str = "soc"):
+                 criterion: str = "soc", partial_credit: float = 0.0):
         from env import RewardState
+        from env.reward import GAP_FLOOR
+
+        if not 0.0 <= partial_credit < GAP_FLOOR:
+            raise ValueError(f"reward 'mapf': partial_credit {partial_credit!r}: allowed: 0 <= partial_credit < "
+                             f"{GAP_FLOOR} (below the worst valid answer's R_acc)")
+        self.partial_credit = partial_credit
 
         # the state, the tokenizer and token counting are the library reward's (env.library.LengthAwareReward)
         super().__init__(RewardState.model_validate(reward_state) if reward_state else None, tokenizer, criterion)
@@ -177,6 +183,7 @@ class MapfReward(LengthAwareReward):
         self, prompts=None, completions=None, completion_ids=None, instance=None, **kw
     ) -> list[float]:
         from env import total_reward, verify
+        from env.reward import partial_credit
 
         if instance is None:
             raise ValueError("reward 'mapf' needs the dataset column 'instance' (the instance JSON)")
@@ -193,7 +200,8 @@ class MapfReward(LengthAwareReward):
             text = completion_text(comp)
             n = self._n_tokens(text, completion_ids[i] if completion_ids is not None else None)
             verdict = verify(inst, text, self.criterion)
-            rewards.append(float(total_reward(verdict, n, self.state)))
+            r_acc = partial_credit(inst, verdict, text, self.partial_credit) if self.partial_credit else None
+            rewards.append(float(total_reward(verdict, n, self.state, r_acc)))
             n_tokens.append(n)
             valid.append(bool(verdict.valid))
             optimal.append(bool(verdict.optimal))

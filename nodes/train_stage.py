@@ -234,7 +234,7 @@ def run_stage(
         raise ValueError(
             f"all {len(instances)} prompts of {train_path} are longer than max_prompt_length={cfg.max_prompt_length}"
         )
-    reward = MapfReward(tok, reward_state, cfg.prompt_style, cfg.optimality)
+    reward = MapfReward(tok, reward_state, cfg.prompt_style, cfg.optimality, cfg.partial_credit)
     if resume is not None:
         stage_resume.restore_reward(reward, resume[1])
         metrics["train/resumed_from_step"] = int(resume[1]["global_step"])
