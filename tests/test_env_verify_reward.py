@@ -245,3 +245,39 @@ def test_fast_verdict_equals_validated_verdict(inst):
         v = verify(inst, text)
         assert Verdict(**v.model_dump()) == v
         assert Verdict.model_validate_json(v.model_dump_json()) == v
+
+
+
+# --- partial credit (train.partial_credit; not in the paper, off by default) ---
+
+# the share of agents whose own path is sound alone, for each LABELLED answer (in order)
+ON_COURSE = [1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5, 0.5, 1.0]
+
+
+@pytest.mark.parametrize("case,share", list(zip(LABELLED, ON_COURSE, strict=True)), ids=[str(x[0]) for x in LABELLED])
+def test_partial_credit_on_each_failure(inst, case, share):
+    from env.reward import GAP_FLOOR, agents_on_course, partial_credit
+
+    expected, text, _ = case
+    v = verify(inst, text)
+    assert v.failure == expected
+    paths = parse_plan(text, 2)
+    if not isinstance(paths, ParseFailure):
+        assert agents_on_course(inst, paths) == share
+    got = partial_credit(inst, v, text, 0.25)
+    if v.valid:
+        assert got == accuracy_reward(v) == 1.0
+    else:
+        assert got == pytest.approx(0.25 * share) and got < GAP_FLOOR  # any valid answer still scores more
+        assert partial_credit(inst, v, text, 0.0) == 0.0  # the paper's gated reward
+    # in the total reward, with the length term
+    assert total_reward(v, 10, RewardState(), got) == pytest.approx(0.5 * got)
+
+
+def test_partial_credit_outside_its_range_is_one_clear_error(inst):
+    from env.reward import partial_credit
+
+    text = LABELLED[6][1]
+    for bad in (0.3, 0.5, -0.1):
+        with pytest.raises(ValueError, match=rf"partial credit {bad!r}: allowed: 0 <= credit < 0.3"):
+            partial_credit(inst, verify(inst, text), text, bad)

@@ -149,6 +149,33 @@ def test_reward_wrapper_groups_and_state():
     assert reward.state.updates == 4
 
 
+def test_reward_wrapper_partial_credit_gives_a_group_of_invalid_answers_variance():
+    from pydantic import ValidationError
+
+    inst = generate(uniform_config(), 1, seed=5).instances[0]
+    assert inst.starts[0] != inst.goals[0]
+    good = plan_text(inst.plan)
+    half = plan_text([[inst.starts[0]], *inst.plan[1:]])  # agent 0 never leaves its start; the others are sound
+    cols = dict(completions=[good, half, "no plan", half, "no plan"], instance=[inst.to_json()] * 5)
+    share = (inst.num_agents - 1) / inst.num_agents
+    gated = MapfReward(None, {"short_share": 0.9})(**cols)
+    assert gated == [pytest.approx(0.8), 0.0, 0.0, 0.0, 0.0]
+    reward = MapfReward(None, {"short_share": 0.9}, partial_credit=0.2)
+    out = reward(**cols)
+    assert out == [pytest.approx(0.8), pytest.approx(0.8 * 0.2 * share), 0.0, pytest.approx(0.8 * 0.2 * share), 0.0]
+    # the same invalid answers without the valid one: no signal under the gated reward, some under partial credit
+    cols = dict(completions=[half, "no plan"], instance=[inst.to_json()] * 2)
+    gated_reward = MapfReward(None, None)
+    gated_reward(**cols)
+    assert gated_reward.history[-1]["zero_std_groups"] == 1.0
+    reward(**cols)
+    assert reward.history[-1]["zero_std_groups"] == 0.0
+    with pytest.raises(ValueError, match=r"partial_credit 0.3: allowed: 0 <= partial_credit < 0.3"):
+        MapfReward(None, None, partial_credit=0.3)
+    with pytest.raises(ValidationError, match="partial_credit"):
+        TrainConfig(partial_credit=0.3)
+
+
 def test_missing_or_corrupt_previous_checkpoint_is_a_clear_error(tmp_path, base_model):
     train = tmp_path / "train.jsonl"
     write_jsonl(train, generate(uniform_config(), 2, seed=0).instances)
