@@ -24,6 +24,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
+from .prompt import ParseFailure, parse_plan
+from .verify import path_sound
+
 SHORT_TOKENS = 1500  # answers up to this many tokens get no length penalty
 MAX_TOKENS = 4096  # at and beyond this, the length reward is -1
 GAP_FLOOR = 0.3  # R_acc of a valid answer that costs more than 3x the optimum
@@ -88,17 +91,8 @@ def agents_on_course(instance, paths) -> float:
     if len(paths) != k:
         return 0.0
     n, grid = instance.size, instance.grid
-    ok = 0
-    for path, start, goal in zip(paths, instance.starts, instance.goals, strict=True):
-        if not path or tuple(path[0]) != tuple(start) or tuple(path[-1]) != tuple(goal):
-            continue
-        prev = path[0]
-        for r, c in path:
-            if not (0 <= r < n and 0 <= c < n) or grid[r][c] == "H" or abs(r - prev[0]) + abs(c - prev[1]) > 1:
-                break
-            prev = (r, c)
-        else:
-            ok += 1
+    ok = sum(1 for path, start, goal in zip(paths, instance.starts, instance.goals, strict=True)
+             if path_sound(path, start, n, grid) and path[-1] == goal)
     return ok / k
 
 
@@ -119,8 +113,6 @@ def partial_credit(instance, verdict, text: str, credit: float) -> float:
         return accuracy_reward(verdict)
     if credit == 0.0 or verdict.failure in ("parse_error", "agent_count"):
         return 0.0
-    from .prompt import ParseFailure, parse_plan
-
     paths = parse_plan(text, instance.num_agents)
     if isinstance(paths, ParseFailure):
         return 0.0

@@ -196,20 +196,7 @@ def verify_plan(instance: Instance, paths: list[list[Cell]], criterion: Criterio
     grid = instance.grid
     # Fast path: one pass over every cell; only a plan that fails somewhere re-runs the checks one
     # type at a time, in CHECK_ORDER, to name the first failing check.
-    clean = True
-    for i, p in enumerate(paths):
-        if p[0] != starts[i]:
-            clean = False
-            break
-        pr, pc = p[0]
-        for r, c in p:
-            if not (0 <= r < n and 0 <= c < n) or grid[r][c] == "H" or abs(r - pr) + abs(c - pc) > 1:
-                clean = False
-                break
-            pr, pc = r, c
-        if not clean:
-            break
-    if not clean:
+    if not all(path_sound(p, starts[i], n, grid) for i, p in enumerate(paths)):
         failed = _per_cell_checks(instance, paths, cost, span, criterion)
         if failed is not None:
             return failed
@@ -226,6 +213,23 @@ def verify_plan(instance: Instance, paths: list[list[Cell]], criterion: Criterio
     optimal = cost == instance.optimal_cost if criterion == "soc" else span == best_span
     return _verdict(True, optimal, None, cost, instance.optimal_cost, {"below_optimum": True} if below else {},
                     span, best_span, criterion)
+
+
+def path_sound(path: list[Cell], start: Cell, n: int, grid) -> bool:
+    """One agent's path on its own passes checks 3-6: it is non-empty, starts on `start`, stays on the n x n
+    map, never enters a hole ('H' in `grid`) and moves at most one cell a step. Its goal is not checked.
+
+    >>> path_sound([(0, 0), (0, 1), (0, 1)], (0, 0), 2, ["FF", "FH"]), path_sound([(0, 0), (1, 1)], (0, 0), 2, ["FF", "FF"])
+    (True, False)
+    """
+    if not path or path[0] != start:
+        return False
+    pr, pc = path[0]
+    for r, c in path:
+        if not (0 <= r < n and 0 <= c < n) or grid[r][c] == "H" or abs(r - pr) + abs(c - pc) > 1:
+            return False
+        pr, pc = r, c
+    return True
 
 
 def _per_cell_checks(instance: Instance, paths: list[list[Cell]], cost: int, span: int,
