@@ -134,8 +134,8 @@ def test_gqa_attention_of_the_copy_answers_as_sdpa_without_repeating_kv_heads(em
     model, tok = load_checkpoint(embedded_model_path, trainable=False)
     model = model.to(torch.bfloat16).eval()
     fast = copy.deepcopy(model)
-    assert use_gqa_sdpa(fast)
-    assert fast.config._attn_implementation == GQA_SDPA and model.config._attn_implementation == "sdpa"
+    assert use_gqa_sdpa(fast, decode_matmul=False)  # torch's kernel for every step (decode: the test below)
+    assert fast.config._attn_implementation == GQA_SDPA + "_kernel" and model.config._attn_implementation == "sdpa"
     tok.padding_side = "left"
     prompts = ["Map 3x3, (row,col) from (0,0), H = hole:\n...\n.H.\n...\nAgent 0: (0,0) -> (2,2)", "Say hi."]
     texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
@@ -335,3 +335,73 @@ def test_rollout_copy_prefills_once_when_rows_need_no_padding(embedded_model_pat
     length = enc.input_ids.shape[1]
     assert rows[:2] == [(1, length - 1), (4, 1)]  # the prompt once, then each row's last prompt token
     assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("mask", ["bool", "additive", None])
+def test_decode_attention_is_sdpa_with_repeated_kv_heads(mask):
+    """One new token per row: the two grouped matmuls give what torch's sdpa gives over the repeated KV heads
+    (query head h reads KV head h // 3), with a boolean or additive padding mask or none, and a given scale."""
+    from nodes.grpo_sampling import _decode_attention
+
+    torch.manual_seed(0)
+    rows, heads, kv, dim, length = 4, 9, 3, 64, 37
+    q, k, v = torch.randn(rows, heads, 1, dim), torch.randn(rows, kv, length, dim), torch.randn(rows, kv, length, dim)
+    keep = torch.ones(rows, 1, 1, length, dtype=torch.bool)
+    keep[0, ..., :5] = keep[2, ..., :11] = False  # left padding of two rows
+    given = {"bool": keep, "additive": torch.zeros(keep.shape).masked_fill(~keep, float("-inf")), None: None}[mask]
+
+    def sdpa(attend, scale):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=attend, scale=scale).transpose(1, 2)
+
+    for scale in (None, 0.05):
+        out = _decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), given, scale)
+        assert out.shape == (rows, 1, heads, dim) and out.dtype == torch.bfloat16 and out.is_contiguous()
+        ref = sdpa(None if mask is None else keep, scale)
+        assert (out.float() - ref).abs().max() < 0.03
+        if mask is not None:  # the padding really is masked: attending to it gives other numbers
+            assert (sdpa(None, scale) - ref)[[0, 2]].abs().max() > 0.1
+
+
+def test_bf16_copy_decodes_without_torch_sdpa_and_scores_as_the_policy(embedded_model_path, monkeypatch):
+    """In the bf16 rollout copy no decode step (one new token per row) reaches torch's sdpa kernel, which is
+    7-12x slower than the matmuls at this shape on a CPU without AMX; only the prompt's prefill does. What the copy
+    then scores at every generated position is the float32 policy's distribution up to bf16 rounding (a wrong
+    attention would not be: KL of several nats). With `decode_matmul` off, decode steps do reach the kernel."""
+    from transformers import GenerationConfig
+
+    from llm_backends.checkpoints import load_checkpoint
+    from nodes.grpo_sampling import RolloutCopy, use_gqa_sdpa
+
+    model, tok = load_checkpoint(embedded_model_path, trainable=False)
+    model = model.eval()
+    tok.padding_side = "left"
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+             for p in ("Map 3x3, H = hole:\n...\n.H.\n...\nAgent 0: (0,0) -> (2,2)", "Say hi.")]
+    enc = tok(texts, return_tensors="pt", padding=True)
+    cfg = GenerationConfig(max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id,
+                           output_logits=True, return_dict_in_generate=True)
+    copy = RolloutCopy(torch.bfloat16).synced(model, step=0)
+    lengths = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, *a, **kw):
+        lengths.append(query.shape[2])
+        return sdpa(query, *a, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    with torch.no_grad():
+        out = copy.generate(**enc, generation_config=cfg)
+    assert lengths and 1 not in lengths  # the prefill only
+    n = enc.input_ids.shape[1]
+    mask = torch.cat([enc.attention_mask, torch.ones(2, 12, dtype=torch.long)], 1)
+    with torch.no_grad():
+        policy = model(out.sequences, attention_mask=mask).logits[:, n - 1:-1].float().log_softmax(-1)
+    sampled = torch.stack(out.logits, 1).float().log_softmax(-1)
+    kl = (policy.exp() * (policy - sampled)).sum(-1)
+    assert kl.max() < 0.02, kl
+    lengths.clear()
+    use_gqa_sdpa(copy, decode_matmul=False)
+    with torch.no_grad():
+        copy.generate(**enc, generation_config=cfg)
+    assert lengths.count(1) >= len(model.model.layers) * 11

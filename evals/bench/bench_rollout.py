@@ -11,10 +11,12 @@ the way TRL's transformers path calls it. The paths, each an addition to the one
 - `bf16`: a bf16 copy of its weights (stop 26's `RolloutCopy`);
 - `bf16+gqa`: the copy's attention passes GQA to torch's CPU kernel instead of repeating the KV heads;
 - `bf16+gqa+cache`: and its KV cache grows into spare room instead of being concatenated every token;
-- `rollout`: `nodes.grpo_sampling.RolloutCopy` as it stands: all of the above, each distinct prompt prefilled once
-  (TRL repeats every prompt once per completion), and sampled tokens drawn by inverse CDF instead of
-  `torch.multinomial` (the same distribution, one uniform variate per row instead of an exponential variate per
-  vocabulary entry).
+- `rollout-flash`: `nodes.grpo_sampling.RolloutCopy` before its decode matmuls: all of the above, each distinct
+  prompt prefilled once (TRL repeats every prompt once per completion), and sampled tokens drawn by inverse CDF
+  instead of `torch.multinomial` (the same distribution, one uniform variate per row instead of an exponential
+  variate per vocabulary entry);
+- `rollout`: `RolloutCopy` as it stands: and each decode step's attention as two grouped matmuls instead of
+  torch's bf16 CPU kernel (`_decode_attention`).
 
 Tokens are sampled at `--temperature` (0.7, the cpu preset's) through a `GenerationConfig`, as TRL calls it;
 `--greedy` decodes greedily instead, and then every bf16 path's answers are compared token for token with the
@@ -33,7 +35,7 @@ import statistics
 import time
 from pathlib import Path
 
-PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache", "rollout")
+PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache", "rollout-flash", "rollout")
 
 
 def build(model, path: str):
@@ -44,16 +46,18 @@ def build(model, path: str):
 
     if path == "fp32":
         return model
-    if path in ("bf16+gqa+cache", "rollout"):
+    if path in ("bf16+gqa+cache", "rollout-flash", "rollout"):
         m = RolloutCopy(torch.bfloat16).synced(model, step=0)
         if path != "rollout":
+            use_gqa_sdpa(m, decode_matmul=False)  # torch's kernel for decode steps too
+        if path == "bf16+gqa+cache":
             m.__dict__.pop("generate")  # transformers' own generate: torch.multinomial draws the sampled tokens
         return m
     m = copy.deepcopy(model)
     for p in m.parameters():
         p.data = p.data.to(torch.bfloat16)
     if "gqa" in path:
-        use_gqa_sdpa(m)
+        use_gqa_sdpa(m, decode_matmul=False)
     return m
 
 
