@@ -5,9 +5,11 @@ its wall time and the machine it ran on recorded, and its verdict files collecte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -33,6 +35,7 @@ from evals.results import read_json, stage_numbers
 from nodes.files import stage_dir
 
 EXIT_BAD_SETTINGS = 2  # graph.run's status for a refused setting (and argparse's for an unknown flag)
+EXIT_INTERRUPTED = 130  # graph.run's status when a signal stopped it (graph.interrupt): the grid stops too
 
 
 class EventLog:
@@ -213,14 +216,27 @@ def run_grid(
                 msg = f"graph.run exited with {rc} after {wall:.0f}s; see {log_path}"
                 log(f"[fail] {pair.name}: {msg}; rerun the same command to resume it")
                 result.failed[pair.name] = msg
+                if rc == EXIT_INTERRUPTED:  # somebody stopped this run: not a failure to step over
+                    interrupted.set()
+
+    interrupted = threading.Event()  # a graph.run stopped by a signal (exit 130): start nothing more
+
+    def check_interrupted() -> None:
+        if interrupted.is_set():
+            log("[stop] a graph.run was interrupted (exit 130): the grid stops; rerun the same command to resume")
+            raise KeyboardInterrupt
 
     bar = tqdm(total=len(todo), desc="runs", unit="run", file=sys.stderr, disable=not todo)
     if slots is None:
-        for pair, resume in todo:
-            bar.set_postfix_str(pair.name)
-            run_one(pair, resume, None)
-            bar.update()
-        bar.close()
+        try:
+            with sigterm_interrupts():
+                for pair, resume in todo:
+                    bar.set_postfix_str(pair.name)
+                    run_one(pair, resume, None)
+                    bar.update()
+                    check_interrupted()
+        finally:
+            bar.close()
         return result
 
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -234,19 +250,21 @@ def run_grid(
     pending, running, free = list(todo), {}, list(slots)
     pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="grid-job")
     try:
-        while pending or running:
-            for item in list(pending):
-                if free and may_start(*item, [p for p, _ in running.values()]):
-                    pending.remove(item)
-                    cores = free.pop(0)
-                    running[pool.submit(run_one, *item, cores)] = (item[0], cores)
-            bar.set_postfix_str(", ".join(p.name for p, _ in running.values()))
-            done, _ = wait(running, timeout=15, return_when=FIRST_COMPLETED)  # a donor's stage 0 may end meanwhile
-            for f in done:
-                _, cores = running.pop(f)
-                free.append(cores)
-                bar.update()
-                f.result()  # a bug in run_one stops the grid, as in the sequential loop
+        with sigterm_interrupts():
+            while pending or running:
+                for item in list(pending):
+                    if free and may_start(*item, [p for p, _ in running.values()]):
+                        pending.remove(item)
+                        cores = free.pop(0)
+                        running[pool.submit(run_one, *item, cores)] = (item[0], cores)
+                bar.set_postfix_str(", ".join(p.name for p, _ in running.values()))
+                done, _ = wait(running, timeout=15, return_when=FIRST_COMPLETED)  # a donor's stage 0 may end
+                for f in done:
+                    _, cores = running.pop(f)
+                    free.append(cores)
+                    bar.update()
+                    f.result()  # a bug in run_one stops the grid, as in the sequential loop
+                check_interrupted()
     except KeyboardInterrupt:
         _stop_children()  # graph.run handles SIGTERM like Ctrl-C: every run stays resumable
         raise
@@ -254,6 +272,26 @@ def run_grid(
         pool.shutdown(wait=True)
         bar.close()
     return result
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """While inside, SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does: `kill <grid>` then stops
+    every graph.run in flight (each stays resumable) instead of leaving them running without their grid. A grid
+    started in the background (`... &`, nohup) ignores SIGINT, so SIGTERM is how it is stopped. Nothing is changed
+    off the main thread, where Python cannot set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def jobs_cores(jobs: int) -> list[list[int]] | None:

@@ -547,3 +547,73 @@ def test_failure_shares_and_identical_answers_from_raw_verdicts(tmp_path):
     rows_c = (verdicts[("c", 0)] / "final" / "eval.jsonl").read_text().replace('"text": "None 3"', '"text": "x"')
     (verdicts[("c", 0)] / "final" / "eval.jsonl").write_text(rows_c)
     assert stats.identical_answer_notes(verdicts) == []
+
+
+# --------------------------------------------------------------------------- stopping a grid
+
+
+CHILD = """
+import pathlib, signal, sys, time
+def stop(signum, frame):
+    pathlib.Path(sys.argv[1], "terminated").write_text(signal.Signals(signum).name)
+    sys.exit(130)  # as graph.run does
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(sys.argv[1], "started").write_text("")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_sigterm_to_the_grid_stops_its_runs_and_starts_no_more(tmp_path, monkeypatch, capsys, jobs):
+    """A grid in the background ignores SIGINT: SIGTERM must stop it as Ctrl-C does. Its graph.run (a real
+    child process that exits 130 on SIGTERM, as graph.run does) is terminated, not orphaned, and no further
+    pair is started."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    started: list[str] = []
+    real = grid._run_child
+
+    def child(cmd, log_path, name, timeout_s, env, **kw):
+        started.append(name)
+        (tmp_path / name).mkdir()
+        return real([sys.executable, "-c", CHILD, str(tmp_path / name)], log_path, name, timeout_s, env)
+
+    def kill_when_started():
+        for _ in range(600):
+            if (tmp_path / "fixed-s0" / "started").exists():
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            threading.Event().wait(0.05)
+
+    monkeypatch.setattr(grid, "_run_child", child)
+    monkeypatch.setattr(grid, "jobs_cores", lambda n: None if n == 1 else [[0], [0]])
+    cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed"], [0, 1, 2] if jobs == 2 else [0, 1])
+    killer = threading.Thread(target=kill_when_started)
+    killer.start()
+    before = signal.getsignal(signal.SIGTERM)
+    assert compare_engineers.main(["--config", str(cfg), "--jobs", str(jobs)]) == 130
+    killer.join()
+    assert signal.getsignal(signal.SIGTERM) == before  # the grid's handler is gone with the grid
+    assert "fixed-s2" not in started and ("fixed-s1" not in started if jobs == 1 else True)
+    for name in started:  # every run in flight got the SIGTERM and exited
+        assert (tmp_path / name / "terminated").read_text() == "SIGTERM"
+    assert "interrupted; rerun the same command to resume" in capsys.readouterr().err
+
+
+def test_a_run_stopped_by_a_signal_stops_the_grid(tmp_path, monkeypatch, capsys):
+    """graph.run exits 130 when somebody stopped it: the grid does not step over it to the next pair."""
+    started: list[str] = []
+
+    def child(cmd, log_path, name, timeout_s, env, **kw):
+        started.append(name)
+        return 130, 1.0
+
+    monkeypatch.setattr(grid, "_run_child", child)
+    cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed"], [0, 1])
+    assert compare_engineers.main(["--config", str(cfg)]) == 130
+    assert started == ["fixed-s0"]
+    err = capsys.readouterr().err
+    assert "[fail] fixed-s0: graph.run exited with 130" in err and "[stop] a graph.run was interrupted" in err
