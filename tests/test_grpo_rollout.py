@@ -129,7 +129,7 @@ def test_gqa_attention_of_the_copy_answers_as_sdpa_without_repeating_kv_heads(em
     import transformers.integrations.sdpa_attention as sdpa_mod
 
     from llm_backends.checkpoints import load_checkpoint
-    from nodes.grpo_sampling import GQA_SDPA, use_gqa_sdpa
+    from nodes.rollout_attention import GQA_SDPA, use_gqa_sdpa
 
     model, tok = load_checkpoint(embedded_model_path, trainable=False)
     model = model.to(torch.bfloat16).eval()
@@ -341,7 +341,7 @@ def test_rollout_copy_prefills_once_when_rows_need_no_padding(embedded_model_pat
 def test_decode_attention_is_sdpa_with_repeated_kv_heads(mask):
     """One new token per row: the two grouped matmuls give what torch's sdpa gives over the repeated KV heads
     (query head h reads KV head h // 3), with a boolean or additive padding mask or none, and a given scale."""
-    from nodes.grpo_sampling import _decode_attention
+    from nodes.rollout_attention import _decode_attention
 
     torch.manual_seed(0)
     rows, heads, kv, dim, length = 4, 9, 3, 64, 37
@@ -371,7 +371,8 @@ def test_bf16_copy_decodes_without_torch_sdpa_and_scores_as_the_policy(embedded_
     from transformers import GenerationConfig
 
     from llm_backends.checkpoints import load_checkpoint
-    from nodes.grpo_sampling import RolloutCopy, use_gqa_sdpa
+    from nodes.grpo_sampling import RolloutCopy
+    from nodes.rollout_attention import use_gqa_sdpa
 
     model, tok = load_checkpoint(embedded_model_path, trainable=False)
     model = model.eval()

@@ -42,7 +42,8 @@ def build(model, path: str):
     """The sampler of `path`; the last one is `RolloutCopy` itself, the others stop part of the way."""
     import torch
 
-    from nodes.grpo_sampling import RolloutCopy, use_gqa_sdpa
+    from nodes.grpo_sampling import RolloutCopy
+    from nodes.rollout_attention import use_gqa_sdpa
 
     if path == "fp32":
         return model
