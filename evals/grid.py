@@ -220,6 +220,7 @@ def run_grid(
                     interrupted.set()
 
     interrupted = threading.Event()  # a graph.run stopped by a signal (exit 130): start nothing more
+    _STOPPING.clear()  # a grid stopped earlier in this process does not stop this one
 
     def check_interrupted() -> None:
         if interrupted.is_set():
@@ -310,10 +311,12 @@ def jobs_cores(jobs: int) -> list[list[int]] | None:
 
 _CHILDREN: set[subprocess.Popen] = set()  # graph.run calls in flight (several with jobs > 1)
 _CHILDREN_LOCK = threading.Lock()
+_STOPPING = threading.Event()  # set by _stop_children: a job thread starts no graph.run after it
 
 
 def _stop_children() -> None:
     with _CHILDREN_LOCK:
+        _STOPPING.set()
         procs = list(_CHILDREN)
     for proc in procs:
         if proc.poll() is None:
@@ -345,9 +348,13 @@ def _run_child(cmd: list[str], log_path: Path, name: str, timeout_s: float | Non
     with open(log_path, "a") as logf:
         logf.write(f"\n$ {short_command(cmd)}\n")
         logf.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, bufsize=1, preexec_fn=pin)
-        with _CHILDREN_LOCK:
+        with _CHILDREN_LOCK:  # started and registered at once, so _stop_children sees it or it never starts
+            if _STOPPING.is_set():
+                logf.write("not started: the grid is stopping\n")
+                return EXIT_INTERRUPTED, 0.0
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**env, "PYTHONUNBUFFERED": "1"},
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                    preexec_fn=pin)
             _CHILDREN.add(proc)
         try:
             assert proc.stdout is not None

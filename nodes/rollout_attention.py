@@ -44,9 +44,10 @@ def _decode_attention(query, key, value, attention_mask, scaling):
     without AMX: at 16 rows, 9 query heads on 3 KV heads, 200-330 cached positions, 2 threads on the AMD EPYC Zen 4
     it takes 1.9-2.8 ms per layer and token against 0.20-0.27 ms for the matmuls below, and 0.21-0.31 ms for
     itself in float32; a profile of the rollout copy put it at half of the decode time (`evals/bench/bench_rollout.py`
-    times the copy with and without this path: `rollout-flash` and `rollout`). Each KV head's query heads (transformers' `repeat_kv`
-    order: query head h reads KV head h // groups) score its keys in one matmul; softmax in float32; weights back
-    in the cache's dtype for the values. The mask, if any, is boolean (True = attend) or additive.
+    times the copy with and without this path: `rollout-flash` and `rollout`). Each KV head's query heads
+    (transformers' `repeat_kv` order: query head h reads KV head h // groups) score its keys in one matmul; softmax
+    in float32; weights back in the cache's dtype for the values. The mask, if any, is boolean (True = attend) or
+    additive, as long as the keys (transformers passes sdpa the mask it built for the cache).
     """
     import torch
 

@@ -598,8 +598,10 @@ def test_sigterm_to_the_grid_stops_its_runs_and_starts_no_more(tmp_path, monkeyp
     killer.join()
     assert signal.getsignal(signal.SIGTERM) == before  # the grid's handler is gone with the grid
     assert "fixed-s2" not in started and ("fixed-s1" not in started if jobs == 1 else True)
-    for name in started:  # every run in flight got the SIGTERM and exited
-        assert (tmp_path / name / "terminated").read_text() == "SIGTERM"
+    assert (tmp_path / "fixed-s0" / "started").exists()
+    for name in started:  # every run in flight got the SIGTERM and exited; none started after it
+        if (tmp_path / name / "started").exists():
+            assert (tmp_path / name / "terminated").read_text() == "SIGTERM"
     assert "interrupted; rerun the same command to resume" in capsys.readouterr().err
 
 
@@ -617,3 +619,21 @@ def test_a_run_stopped_by_a_signal_stops_the_grid(tmp_path, monkeypatch, capsys)
     assert started == ["fixed-s0"]
     err = capsys.readouterr().err
     assert "[fail] fixed-s0: graph.run exited with 130" in err and "[stop] a graph.run was interrupted" in err
+
+
+def test_no_graph_run_starts_once_the_grid_is_stopping(tmp_path):
+    """A job thread that reaches its Popen after the grid began stopping its children must not start a run that
+    nobody would stop (the grid would then wait for it to finish)."""
+    import sys
+
+    grid._stop_children()
+    try:
+        marker = tmp_path / "ran"
+        rc, wall = grid._run_child([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], tmp_path / "x.log", "x",
+                                   None, {})
+        assert (rc, marker.exists()) == (grid.EXIT_INTERRUPTED, False)
+        assert "not started: the grid is stopping" in (tmp_path / "x.log").read_text()
+    finally:
+        grid._STOPPING.clear()
+    rc, _ = grid._run_child([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], tmp_path / "x.log", "x", None, {})
+    assert rc == 0 and marker.exists()
