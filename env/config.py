@@ -103,7 +103,7 @@ class EnvConfig(BaseModel):
     def _ratios_sum_to_one(self) -> EnvConfig:
         total = sum(k.data_ratio for k in self.sizes.values())
         if abs(total - 1.0) > _RATIO_SUM_TOL:
-            raise ValueError(f"sizes.*.data_ratio must sum to 1 (within {_RATIO_SUM_TOL:g}); they sum to {total:.6g}")
+            raise ValueError(f"sizes.*.data_ratio must sum to 1 (within {_RATIO_SUM_TOL:g}); they sum to {total:.10g}")
         for s, k in self.sizes.items():
             cap = max_hole_ratio(s, self.num_agents)
             if k.hole_ratio > cap + 1e-9:
@@ -327,7 +327,7 @@ def project(raw: Any) -> tuple[EnvConfig, list[str]]:
         notes.append("data ratios are all zero; used uniform 1/8 for every size")
         data = {s: 1.0 / len(SIZES) for s in SIZES}
     elif abs(total - 1.0) > _RATIO_SUM_TOL:
-        notes.append(f"data ratios summed to {total:.6g}; renormalised to 1")
+        notes.append(f"data ratios summed to {total:.10g}; renormalised to 1")
         data = {s: v / total for s, v in data.items()}
     for s in SIZES:
         cap = max_hole_ratio(s, num_agents)

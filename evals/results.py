@@ -2,7 +2,8 @@
 every number is computed from.
 
 Results are computed from per-instance verdict files only: after a pair finishes, its verdict files
-(`final/eval.jsonl`, `stage_k/eval.jsonl`, `stage_k/config.json`, `settings.json`) are copied into
+(`final/eval.jsonl`, `stage_k/eval.jsonl`, `stage_k/config.json`, `settings.json`; with each stage's
+`validation.json` and `engineer_reply.md` as the record of what the engineer proposed) are copied into
 `<out>/verdicts/<arm>-s<seed>/` (`evals.grid.collect_verdicts`), and every table and plot is rebuilt from
 that folder alone, so a reader of the committed results can recompute each number (`--tables-only`).
 Committed results are never overwritten: `--fresh` or `--out DIR` reproduce a config into another folder.

@@ -34,6 +34,9 @@ def test_config_errors_name_field_and_bound():
         EnvConfig.model_validate({"sizes": knobs(**{"3": {"hole_ratio": 0.4}})})
     with pytest.raises(ValidationError, match="must sum to 1"):
         EnvConfig.model_validate({"sizes": knobs(**{"3": {"data_ratio": 0.5}})})
+    # a sum just outside the tolerance names the digits that put it outside (not "they sum to 1")
+    with pytest.raises(ValidationError, match=r"they sum to 1\.000005\b"):
+        EnvConfig.model_validate({"sizes": knobs(**{"3": {"data_ratio": 0.125005}})})
     with pytest.raises(ValidationError, match="missing"):
         EnvConfig.model_validate({"sizes": {k: v for k, v in knobs().items() if k != "7"}})
     with pytest.raises(ValidationError, match="num_agents"):
@@ -58,6 +61,9 @@ def test_projection_clips_renormalises_and_reports():
         project([1, 2])
     good = uniform_config()
     assert project(good.engineer_dump()) == (good, [])
+    # ratios rounded to 6 decimals can miss the sum by a few millionths: the note shows by how much
+    _, notes = project({"sizes": knobs(**{"3": {"data_ratio": 0.125005}})})
+    assert notes == ["data ratios summed to 1.000005; renormalised to 1"]
 
 
 @pytest.mark.parametrize("k", [2, 3, 4, 5])

@@ -76,6 +76,8 @@ def make_finished_run(run_dir: Path, seed: int, arm_bonus: float, engineer: str)
         sizes = {str(s): {"data_ratio": r, "hole_ratio": 0.1, "wait_ratio": 0.5}
                  for s, r in zip(range(3, 11), ratios, strict=True)}
         (d / "config.json").write_text(json.dumps({"sizes": sizes, "num_agents": 2, "num_instances": 16}))
+        (d / "validation.json").write_text(json.dumps({"stage": k, "decisions": [{"attempt": 1, "decision": "accepted"}]}))
+        (d / "engineer_reply.md").write_text(f"# attempt 1 (stage {k}, engineer {engineer})\n\n{json.dumps({'sizes': sizes})}\n")
 
 
 def write_config(path: Path, tmp: Path, engineers: list[str], seeds: list[int]) -> Path:
@@ -151,6 +153,9 @@ def test_finished_pairs_are_not_rerun_and_table_matches_raw_verdicts(finished_gr
     # the verdict files were copied next to the table, and --tables-only rebuilds the same numbers from them
     assert (tmp / "out" / "verdicts" / "self-s1" / "final" / "eval.jsonl").is_file()
     assert not list((tmp / "out" / "verdicts").rglob("checkpoint"))
+    # what the engineer proposed and what validation did with it are kept beside each stage's verdicts
+    for rel in ("stage_1/validation.json", "stage_1/engineer_reply.md", "stage_0/config.json"):
+        assert (tmp / "out" / "verdicts" / "self-s1" / rel).read_bytes() == (tmp / "runs" / "self-s1" / rel).read_bytes()
     first = (tmp / "out" / "table.csv").read_text()
     assert compare_engineers.main(["--config", str(cfg), "--tables-only"]) == 0
     assert (tmp / "out" / "table.csv").read_text() == first
