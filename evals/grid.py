@@ -213,7 +213,7 @@ def run_grid(
                 result.finished.append(pair)
                 collect_verdicts(pair, out)  # at once, so an interrupted grid keeps every finished pair's rows
             else:
-                msg = f"graph.run exited with {rc} after {wall:.0f}s; see {log_path}"
+                msg = f"graph.run exited with {rc} after {wall:.0f}s; see {repo_relative(log_path)}"
                 log(f"[fail] {pair.name}: {msg}; rerun the same command to resume it")
                 result.failed[pair.name] = msg
                 if rc == EXIT_INTERRUPTED:  # somebody stopped this run: not a failure to step over

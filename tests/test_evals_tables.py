@@ -624,6 +624,9 @@ def test_a_run_stopped_by_a_signal_stops_the_grid(tmp_path, monkeypatch, capsys)
     assert started == ["fixed-s0"]
     err = capsys.readouterr().err
     assert "[fail] fixed-s0: graph.run exited with 130" in err and "[stop] a graph.run was interrupted" in err
+    # the log it points to: repository-relative inside the checkout (so a committed events.log names no
+    # worktree), the full path outside it, as here
+    assert f"see {tmp_path / 'out' / 'logs' / 'fixed-s0.log'};" in err
 
 
 def test_no_graph_run_starts_once_the_grid_is_stopping(tmp_path):
