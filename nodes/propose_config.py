@@ -227,9 +227,20 @@ def answer_schema() -> dict:
     return schema
 
 
-def system_prompt(prompts_dir: Path | str | None = None) -> str:
+OPTIMAL_MEANS = {
+    "makespan": "its makespan (the number of steps until the last agent is at its goal)",
+    "soc": "its sum of costs (the steps of all agents, summed)",
+}
+
+
+def system_prompt(prompts_dir: Path | str | None = None, optimality: str = "makespan") -> str:
+    """The engineer's system prompt: the task, the knobs, the answer contract and schema, and what "optimal"
+    means in this run (`train.optimality`: makespan, the paper's criterion, or sum of costs)."""
+    if optimality not in OPTIMAL_MEANS:
+        raise ValueError(f"optimality {optimality!r}: allowed: {', '.join(OPTIMAL_MEANS)}")
     schema = json.dumps(EnvConfig.engineer_schema(), indent=1)
-    return fill(load_template("engineer_system.md", prompts_dir), schema=schema).strip()
+    return fill(load_template("engineer_system.md", prompts_dir), schema=schema,
+                optimal_means=OPTIMAL_MEANS[optimality]).strip()
 
 
 def user_message(context: str, feedback: list[str]) -> str:
@@ -323,7 +334,7 @@ def propose_config(
         }
 
     messages = [
-        {"role": "system", "content": system_prompt(settings.prompts_dir)},
+        {"role": "system", "content": system_prompt(settings.prompts_dir, settings.train.optimality)},
         {"role": "user", "content": user_message(state.get("context") or "", feedback)},
     ]
     kwargs = {

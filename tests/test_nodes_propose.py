@@ -78,13 +78,30 @@ def test_extract_says_why_nothing_was_found(text, words):
     assert ex.config is None and words in ex.error
 
 
-def test_extract_is_bounded_on_a_100kb_reply():
-    import time
+def test_extract_is_bounded_on_a_100kb_reply(monkeypatch):
+    """12,000 '{' that never decode: the work is bounded by count (decode starts, balanced scans), not by a clock."""
+    from nodes import propose_config as pc
 
+    calls = {"decode": 0, "scan": 0}
+
+    class CountingDecoder:
+        def raw_decode(self, text, i):
+            calls["decode"] += 1
+            return json.JSONDecoder().raw_decode(text, i)
+
+    real_scan = pc._balanced_end
+
+    def counting_scan(*a, **k):
+        calls["scan"] += 1
+        return real_scan(*a, **k)
+
+    monkeypatch.setattr(pc, "_DECODER", CountingDecoder())
+    monkeypatch.setattr(pc, "_balanced_end", counting_scan)
     text = ("{ not json " * 12000)[:100_000]
-    t0 = time.monotonic()
+    assert text.count("{") > 10 * pc.MAX_DECODE_STARTS
     ex = extract_proposal(text)
-    assert ex.config is None and time.monotonic() - t0 < 5
+    assert ex.config is None and "does not decode" in ex.error
+    assert calls == {"decode": pc.MAX_DECODE_STARTS, "scan": min(pc.MAX_BALANCED_SCANS, pc.MAX_DECODE_STARTS)}
 
 
 # '{"a":' repeated: ~100 KB of JSON nested far deeper than the decoder's recursion limit
@@ -113,6 +130,11 @@ def test_system_prompt_carries_the_schema_and_contract():
     sp = system_prompt()
     assert '"sizes"' in sp and "{schema}" not in sp and "rationale" in sp
     assert json.dumps(EnvConfig.engineer_schema(), indent=1) in sp
+    # "optimal" is explained by the run's criterion (train.optimality), never left as a placeholder
+    assert "optimal when its makespan" in sp and "{optimal_means}" not in sp
+    assert "optimal when its sum of costs" in system_prompt(optimality="soc")
+    with pytest.raises(ValueError, match="optimality 'fastest': allowed: makespan, soc"):
+        system_prompt(optimality="fastest")
     assert "rationale" in answer_schema()["properties"]
 
 
