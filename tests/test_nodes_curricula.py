@@ -76,3 +76,17 @@ def test_every_classic_engineer_answers_all_sizes(name):
     raw, why, mem = CLASSIC[name](_cfg(), _by_size({3: 0.6, 5: 0.1}), {}, random.Random(0))
     assert set(raw) == {"sizes"} and set(map(int, raw["sizes"])) == set(SIZES)
     assert isinstance(why, str) and why and isinstance(mem, dict)
+
+
+@pytest.mark.parametrize("name", sorted(CLASSIC))
+def test_classic_answers_pass_strict_validation_as_written(name):
+    """Shares like 1/21 (a stage-0 config masked to sizes 3-5 and renormalised) rounded to 6 decimals must
+    still sum to 1: the answer is accepted as written, never projected for a rounding error."""
+    for seed in range(30):
+        stage0 = random_config(seed).model_dump(mode="json")
+        rng = random.Random(seed)
+        shares = [rng.random() for _ in SIZES]
+        for s, x in zip(SIZES, shares, strict=True):
+            stage0["sizes"][str(s) if str(s) in stage0["sizes"] else s]["data_ratio"] = x / sum(shares)
+        raw, _, _ = CLASSIC[name](stage0, _by_size({3: 0.6, 4: 0.3, 5: 0.1}), {}, random.Random(seed))
+        EnvConfig.model_validate(raw)  # raises when the rounded shares miss 1 by more than 1e-6
