@@ -87,6 +87,6 @@ def test_classic_answers_pass_strict_validation_as_written(name):
         rng = random.Random(seed)
         shares = [rng.random() for _ in SIZES]
         for s, x in zip(SIZES, shares, strict=True):
-            stage0["sizes"][str(s) if str(s) in stage0["sizes"] else s]["data_ratio"] = x / sum(shares)
+            stage0["sizes"][str(s)]["data_ratio"] = x / sum(shares)
         raw, _, _ = CLASSIC[name](stage0, _by_size({3: 0.6, 4: 0.3, 5: 0.1}), {}, random.Random(seed))
         EnvConfig.model_validate(raw)  # raises when the rounded shares miss 1 by more than 1e-6

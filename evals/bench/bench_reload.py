@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--n {args.n}: allowed: 1 or more instances")
 
     from env import load_split
-    from llm_backends.vllm_server import VLLMServer
+    from llm_backends.policy import open_policy, stop_kept_server
     from nodes.evaluate import answer_and_verify
 
     instances = load_split(args.split)[: args.n]
@@ -51,24 +51,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(instances)} instances of {args.split}; greedy, compact prompt, {args.max_tokens} tokens, "
           f"{args.batch} in flight, bfloat16")
 
-    def ask(server, tag):
-        chat = server.client(max_concurrency=args.batch)
-        try:
+    def ask(weights, tag):
+        # the run's own kept-server path: the first call starts it, a call with other weights reloads them
+        with open_policy(weights, "vllm", args.log_dir, max_concurrency=args.batch, keep_server=True,
+                         dtype="bfloat16") as chat:
             return answer_and_verify(instances, chat, max_tokens=args.max_tokens, batch_size=args.batch,
                                      desc=tag, prompt_style="compact")
-        finally:
-            chat.close()
 
     passes: dict[str, list[dict]] = {}
     t0 = time.monotonic()
-    kw = {"enable_lora": True, "served_model_name": "kept", "dtype": "bfloat16"}  # the kept server's serving
-    with VLLMServer(args.before, log_path=args.log_dir / "bench_reload-kept.log", **kw) as server:
-        passes["before (kept server)"] = ask(server, "before")
-        server.reload_weights(args.after)
-        passes["after reload"] = ask(server, "after reload")
-    with VLLMServer(args.after, log_path=args.log_dir / "bench_reload-fresh.log", **kw) as server:
-        passes["after, fresh server"] = ask(server, "fresh")
-        passes["after, fresh, asked again"] = ask(server, "fresh again")
+    try:
+        passes["before (kept server)"] = ask(args.before, "before")
+        passes["after reload"] = ask(args.after, "after reload")
+        stop_kept_server()  # the next call starts a fresh kept server on --after
+        passes["after, fresh server"] = ask(args.after, "fresh")
+        passes["after, fresh, asked again"] = ask(args.after, "fresh again")
+    finally:
+        stop_kept_server()
     ref = passes["after, fresh server"]
     n = len(ref)
     print(f"\n{'pass':<28}{'valid':>10}{'same text as fresh':>22}{'same verdict':>15}")
