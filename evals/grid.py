@@ -6,6 +6,7 @@ its wall time and the machine it ran on recorded, and its verdict files collecte
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -422,4 +423,32 @@ def collect_verdicts(pair: Pair, out: Path) -> Path:
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             if not (dest / rel).is_file() or (dest / rel).read_bytes() != src.read_bytes():
                 shutil.copyfile(src, dest / rel)
+    record_weights(pair.run_dir, dest)
     return dest
+
+
+WEIGHTS_FILE = "weights.json"
+
+
+def record_weights(run_dir: Path, dest: Path) -> dict[str, dict[str, str]]:
+    """Write `<dest>/weights.json`: the sha256 of every weight file (`*.safetensors`) of each stage's checkpoint,
+    as `sha256sum` prints it, so that a reader can tell from the committed evidence which runs ended with the same
+    weights (training is deterministic on one machine; then any gap between their rows is the evaluation's own
+    noise). Stages already recorded are not hashed again; a run folder without checkpoints writes nothing."""
+    path = dest / WEIGHTS_FILE
+    known: dict[str, dict[str, str]] = read_json(path) or {}
+    out = dict(known)
+    for k in stage_numbers(run_dir):
+        key = f"stage_{k}"
+        weights = sorted((stage_dir(run_dir, k) / "checkpoint").glob("*.safetensors"))
+        if key in out or not weights:
+            continue
+        digests = {}
+        for f in weights:
+            with open(f, "rb") as fh:
+                digests[f.name] = hashlib.file_digest(fh, "sha256").hexdigest()
+        out[key] = digests
+    if out != known:
+        dest.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dict(sorted(out.items(), key=lambda kv: int(kv[0].split("_")[1]))), indent=2) + "\n")
+    return out

@@ -19,7 +19,13 @@ from evals.grid import GridResult, collect_verdicts, machine, run_grid
 from evals.pairs import Arm, guard_committed, make_pairs, stage0_donor
 from evals.plots import stage0_mismatches, write_plots
 from evals.results import add_reproduce_flags, committed, read_json, retarget_from_args, verdict_folders
-from evals.stats import identical_answer_notes, read_verdicts, summarize, summarize_rows
+from evals.stats import (
+    identical_answer_notes,
+    identical_weight_notes,
+    read_verdicts,
+    summarize,
+    summarize_rows,
+)
 from evals.tables import write_tables
 
 
@@ -131,8 +137,9 @@ def write_loop_tables(verdicts: Mapping[tuple[str, int], Path], labels: Sequence
     """table.md / table.csv / failures.csv / table.json of a loop eval from its verdict files: the one path
     a run, `--tables-only` and the test that rebuilds the committed tables all take."""
     table = summarize(verdicts, labels, cfg.baseline, criterion=cfg.criterion)
-    write_tables(table, out, title=title, command=command, arm_header=arm_header, notes=notes, extra=extra,
-                 published=show_published(verdicts, cfg.published))
+    same_weights = identical_weight_notes(verdicts)  # true of both benchmarks: the final weights are the same
+    write_tables(table, out, title=title, command=command, arm_header=arm_header, notes=[*notes, *same_weights],
+                 extra=extra, published=show_published(verdicts, cfg.published))
     cpu_rows = read_verdicts(verdicts, "final_cpu")
     if cpu_rows:  # the CPU-scale held-out table, beside the benchmark's (never instead of it): cpu/table.*
         splits = sorted({str((read_json(verdicts[k] / "settings.json") or {}).get("final_cpu_split")) for k in cpu_rows})
@@ -140,7 +147,8 @@ def write_loop_tables(verdicts: Mapping[tuple[str, int], Path], labels: Sequence
         write_tables(summarize_rows(cpu_rows, labels, cfg.baseline, cfg.criterion), out / "cpu", title=cpu_title,
                      command=command, arm_header=arm_header, notes=[
                          "The CPU-scale held-out split (2 and 3 agents on 3x3-5x5), where a small policy is not at 0. "
-                         f"It sits beside the paper-protocol table in `{out.name}/table.md`, never instead of it."],
+                         f"It sits beside the paper-protocol table in `{out.name}/table.md`, never instead of it.",
+                         *same_weights],
                      extra=extra, published=False, source="`verdicts/*/final_cpu/eval.jsonl`")
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.intervals import gap_interval, rate_interval, wilson  # noqa: F401 - wilson: for evals.bench
-from evals.results import read_jsonl
+from evals.results import read_json, read_jsonl
 
 METRICS = ("valid", "optimal")
 # The paper's columns, always shown (an empty one as "–" with n=0, never dropped silently).
@@ -274,4 +274,26 @@ def identical_answer_notes(verdicts: Mapping[tuple[str, int], Path]) -> list[str
                 notes.append(f"Identical answers, seed {seed}: {', '.join(labels)} gave the same {n} final benchmark "
                              "answers, text for text: the stages they designed changed nothing the benchmark sees, "
                              "so their rows differ only by name.")
+    return notes
+
+
+def identical_weight_notes(verdicts: Mapping[tuple[str, int], Path]) -> list[str]:
+    """Arms of one seed that ended their last stage with byte-identical weights (`weights.json`, written by
+    `evals.grid.record_weights`): they trained on the same data, so any gap between their rows is the
+    evaluation's own noise, not a difference the engineers made."""
+    groups: dict[int, dict[str, list[str]]] = {}
+    for (label, seed), folder in sorted(verdicts.items()):
+        weights = read_json(folder / "weights.json") or {}
+        if not weights:
+            continue
+        last = max(weights, key=lambda key: int(key.split("_")[1]))
+        groups.setdefault(seed, {}).setdefault(json.dumps([last, weights[last]], sort_keys=True), []).append(label)
+    notes = []
+    for seed, by_weights in sorted(groups.items()):
+        for key, labels in by_weights.items():
+            if len(labels) > 1:
+                stage = json.loads(key)[0].replace("_", " ")
+                notes.append(f"Identical weights, seed {seed}: {', '.join(labels)} ended {stage} with byte-identical "
+                             "checkpoints (sha256 in `verdicts/<pair>/weights.json`): they trained on the same data, "
+                             "so the gaps between their rows are the evaluation's own noise.")
     return notes

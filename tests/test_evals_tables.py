@@ -6,6 +6,7 @@ The end-to-end runs of the three scripts on the real loop are in test_evals_e2e.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import statistics
@@ -78,6 +79,8 @@ def make_finished_run(run_dir: Path, seed: int, arm_bonus: float, engineer: str)
         (d / "config.json").write_text(json.dumps({"sizes": sizes, "num_agents": 2, "num_instances": 16}))
         (d / "validation.json").write_text(json.dumps({"stage": k, "decisions": [{"attempt": 1, "decision": "accepted"}]}))
         (d / "engineer_reply.md").write_text(f"# attempt 1 (stage {k}, engineer {engineer})\n\n{json.dumps({'sizes': sizes})}\n")
+        (d / "checkpoint").mkdir()  # stand-in weights: only their bytes matter (hashed into weights.json)
+        (d / "checkpoint" / "model.safetensors").write_bytes(f"weights of seed {seed}, stage {k}, {arm_bonus}".encode())
 
 
 def write_config(path: Path, tmp: Path, engineers: list[str], seeds: list[int]) -> Path:
@@ -153,6 +156,12 @@ def test_finished_pairs_are_not_rerun_and_table_matches_raw_verdicts(finished_gr
     # the verdict files were copied next to the table, and --tables-only rebuilds the same numbers from them
     assert (tmp / "out" / "verdicts" / "self-s1" / "final" / "eval.jsonl").is_file()
     assert not list((tmp / "out" / "verdicts").rglob("checkpoint"))
+    # each stage's weights are named by their sha256, as sha256sum prints it
+    weights = json.loads((tmp / "out" / "verdicts" / "self-s1" / "weights.json").read_text())
+    ck = tmp / "runs" / "self-s1" / "stage_1" / "checkpoint" / "model.safetensors"
+    assert list(weights) == ["stage_0", "stage_1"]
+    assert weights["stage_1"] == {"model.safetensors": hashlib.sha256(ck.read_bytes()).hexdigest()}
+    assert "Identical weights" not in md  # every pair here trained its own weights
     # what the engineer proposed and what validation did with it are kept beside each stage's verdicts
     for rel in ("stage_1/validation.json", "stage_1/engineer_reply.md", "stage_0/config.json"):
         assert (tmp / "out" / "verdicts" / "self-s1" / rel).read_bytes() == (tmp / "runs" / "self-s1" / rel).read_bytes()
@@ -645,3 +654,30 @@ def test_no_graph_run_starts_once_the_grid_is_stopping(tmp_path):
         grid._STOPPING.clear()
     rc, _ = grid._run_child([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], tmp_path / "x.log", "x", None, {})
     assert rc == 0 and marker.exists()
+
+
+def test_identical_weights_are_named_from_the_recorded_hashes(tmp_path):
+    """Runs of one seed whose last checkpoints hash the same get one note; another seed's or an earlier stage's
+    equality does not count, and a stage already hashed is not hashed again."""
+    def run(name: str, seed: int, last: bytes, first: bytes = b"start") -> tuple[tuple[str, int], Path]:
+        for k, data in enumerate((first, last)):
+            (tmp_path / "runs" / name / f"stage_{k}" / "checkpoint").mkdir(parents=True)
+            (tmp_path / "runs" / name / f"stage_{k}" / "checkpoint" / "model.safetensors").write_bytes(data)
+        dest = tmp_path / "verdicts" / name
+        grid.record_weights(tmp_path / "runs" / name, dest)
+        return (name.split("-")[0], seed), dest
+
+    verdicts = dict([run("a-s0", 0, b"same"), run("b-s0", 0, b"other"), run("c-s0", 0, b"same"),
+                     run("a-s1", 1, b"same"), run("b-s1", 1, b"x1")])
+    assert stats.identical_weight_notes(verdicts) == [
+        "Identical weights, seed 0: a, c ended stage 1 with byte-identical checkpoints (sha256 in "
+        "`verdicts/<pair>/weights.json`): they trained on the same data, so the gaps between their rows are the "
+        "evaluation's own noise."]
+    # recorded once: new bytes under an already-hashed stage are not re-read (a finished pair's weights never change)
+    (tmp_path / "runs" / "b-s0" / "stage_1" / "checkpoint" / "model.safetensors").write_bytes(b"same")
+    assert grid.record_weights(tmp_path / "runs" / "b-s0", tmp_path / "verdicts" / "b-s0")["stage_1"] == {
+        "model.safetensors": hashlib.sha256(b"other").hexdigest()}
+    # a run folder without checkpoints (its verdicts committed, its run folder gone) writes nothing
+    (tmp_path / "runs" / "gone" / "stage_0").mkdir(parents=True)
+    assert grid.record_weights(tmp_path / "runs" / "gone", tmp_path / "verdicts" / "gone") == {}
+    assert not (tmp_path / "verdicts" / "gone").exists()
