@@ -6,7 +6,6 @@ its wall time and the machine it ran on recorded, and its verdict files collecte
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ from evals.pairs import (
     stage0_donor,
 )
 from evals.results import read_json, stage_numbers
-from nodes.files import stage_dir
+from nodes.files import stage_dir, weights_sha256
 
 EXIT_BAD_SETTINGS = 2  # graph.run's status for a refused setting (and argparse's for an unknown flag)
 EXIT_INTERRUPTED = 130  # graph.run's status when a signal stopped it (graph.interrupt): the grid stops too
@@ -440,14 +439,10 @@ def record_weights(run_dir: Path, dest: Path) -> dict[str, dict[str, str]]:
     out = dict(known)
     for k in stage_numbers(run_dir):
         key = f"stage_{k}"
-        weights = sorted((stage_dir(run_dir, k) / "checkpoint").glob("*.safetensors"))
-        if key in out or not weights:
+        if key in out:
             continue
-        digests = {}
-        for f in weights:
-            with open(f, "rb") as fh:
-                digests[f.name] = hashlib.file_digest(fh, "sha256").hexdigest()
-        out[key] = digests
+        if digests := weights_sha256(stage_dir(run_dir, k) / "checkpoint"):
+            out[key] = digests
     if out != known:
         dest.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(dict(sorted(out.items(), key=lambda kv: int(kv[0].split("_")[1]))), indent=2) + "\n")

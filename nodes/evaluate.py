@@ -15,15 +15,19 @@ an `eval.jsonl`, so any table can be recomputed from the saved answers. Stable n
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from env import FAILURES, load_split, verify
 from env.library import prompt_messages
-from nodes.files import stage_dir, write_text_atomic
+from nodes import stop
+from nodes.files import stage_dir, weights_sha256, write_text_atomic
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -106,6 +110,7 @@ def answer_and_verify(
     progress: bool = True,
     prompt_style: str = "full",
     criterion: str = "makespan",
+    on_batch: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
     """Ask `model` (a `llm_backends.base.ChatModel`) every instance's prompt in batches and verify each answer.
 
@@ -115,6 +120,9 @@ def answer_and_verify(
     Returns one row per instance, in order: id, size, num_agents, tags, text, completion_tokens,
     finish_reason and the verdict fields (valid, optimal by `criterion`, failure, cost, optimal_cost, details,
     makespan, optimal_makespan, criterion) and optimal_soc (= optimal_cost).
+
+    `on_batch(rows)` gets each batch's rows as soon as they are verified (run_eval's journal). Between batches,
+    a requested stop (SIGINT/SIGTERM, `nodes.stop`) raises `StageInterrupted`: the answers so far are kept.
     """
     from tqdm.auto import tqdm
 
@@ -124,13 +132,16 @@ def answer_and_verify(
             batch = instances[start : start + batch_size]
             messages = [prompt_messages(inst, prompt_style) for inst in batch]
             results = model.chat_batch(messages, max_tokens=max_tokens, temperature=0.0)
-            for inst, res in zip(batch, results, strict=True):
-                rows.append(
-                    verdict_row(inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None),
-                                criterion)
-                )
+            new = [verdict_row(inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None), criterion)
+                   for inst, res in zip(batch, results, strict=True)]
+            rows += new
+            if on_batch is not None:
+                on_batch(new)
             bar.update(len(batch))
             bar.set_postfix(valid=f"{sum(r['valid'] for r in rows)}/{len(rows)}")
+            if stop.stop_requested() and len(rows) < len(instances):
+                raise stop.StageInterrupted(f"stopped during {desc} after {len(rows)} of {len(instances)} answers "
+                                            "(kept: the evaluation goes on from there on resume)")
     return rows
 
 
@@ -270,14 +281,10 @@ def final_table_md(final: dict[str, Any]) -> str:
             cells = []
             for w in waits:
                 agg = final["by_agents_wait"].get(f"{a}/{w}")
-                cells.append(
-                    "-" if agg is None else f"{100 * agg['valid_rate']:.1f} / {100 * agg['optimal_rate']:.1f}"
-                )
+                cells.append("-" if agg is None else f"{100 * agg['valid_rate']:.1f} / {100 * agg['optimal_rate']:.1f}")
             lines.append(f"| {a} | " + " | ".join(cells) + " |")
-        cells = [
-            f"{100 * final['by_wait'][w]['valid_rate']:.1f} / {100 * final['by_wait'][w]['optimal_rate']:.1f}"
-            for w in waits
-        ]
+        cells = [f"{100 * final['by_wait'][w]['valid_rate']:.1f} / {100 * final['by_wait'][w]['optimal_rate']:.1f}"
+                 for w in waits]
         lines.append("| all | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -303,6 +310,62 @@ def write_json(path: Path, obj: Any) -> None:
 # ----------------------------------------------------------------------------- nodes
 
 
+JOURNAL = "eval.partial.jsonl"  # answers so far of an unfinished evaluation: a header line (its key), then rows
+KEY_FILE = "eval.key.json"  # which policy, split and settings a finished eval.jsonl answers
+
+
+def eval_key(split: str, instances: Sequence[Any], *, checkpoint: str | None, settings: Settings,
+             model: ChatModel | None = None) -> dict[str, Any]:
+    """What makes two evaluations give the same rows: the split and its instances, the policy (the sha256 of a
+    checkpoint's weight files, so a moved or copied run folder keeps its answers; the name of a model that is not
+    a folder), how it answers (backend, dtype, prompt, token budget) and the optimality criterion of the
+    verdicts. Saved answers are reused only under an equal key."""
+    ids = "\n".join(str(inst.id) for inst in instances)
+    if model is not None:
+        policy: Any = f"{type(model).__module__}.{type(model).__qualname__}:{getattr(model, 'model', '')}"
+    else:
+        policy = str(checkpoint or settings.policy_model)
+        if Path(policy).is_dir():
+            policy = weights_sha256(Path(policy)) or policy
+    return {
+        "split": split,
+        "n": len(instances),
+        "instances": hashlib.sha256(ids.encode()).hexdigest()[:16],
+        "policy": policy,
+        "backend": settings.policy_backend,
+        "dtype": settings.policy_dtype,
+        "prompt_style": settings.train.prompt_style,
+        "max_tokens": settings.eval_max_tokens,
+        "criterion": settings.train.optimality,
+    }
+
+
+def saved_answers(out_dir: Path, key: dict[str, Any]) -> dict[str, dict]:
+    """Rows already answered under `key` in `out_dir`, by instance id: a finished `eval.jsonl` whose
+    `eval.key.json` equals `key`, else the journal of an interrupted evaluation whose header equals `key`
+    (a line cut off by a kill is dropped). Anything else: {} (answers of another policy are never reused)."""
+    try:
+        if json.loads((out_dir / KEY_FILE).read_text()) == key:
+            return {r["id"]: r for r in read_rows(out_dir / "eval.jsonl")}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        lines = (out_dir / JOURNAL).read_text(encoding="utf-8").splitlines()
+        if not lines or json.loads(lines[0]).get("key") != key:
+            return {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    rows = {}
+    for line in lines[1:]:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # the last line of a killed writer
+        if isinstance(row, dict) and "id" in row:
+            rows[row["id"]] = row
+    return rows
+
+
 def run_eval(
     split: str,
     out_dir: Path,
@@ -312,41 +375,57 @@ def run_eval(
     limit: int | None = None,
     model: ChatModel | None = None,
 ) -> list[dict]:
-    """Answer `split` with the policy (or the given `model`), verify, write `out_dir/eval.jsonl`."""
-    instances = limit_instances(load_split(split), limit)
-    if model is not None:
-        rows = answer_and_verify(
-            instances,
-            model,
-            max_tokens=settings.eval_max_tokens,
-            batch_size=settings.eval_batch_size,
-            desc=f"eval {split}",
-            prompt_style=settings.train.prompt_style,
-            criterion=settings.train.optimality,
-        )
-    else:
-        from llm_backends.policy import open_policy
+    """Answer `split` with the policy (or the given `model`), verify, write `out_dir/eval.jsonl`.
 
-        with open_policy(
-            checkpoint or settings.policy_model,
-            settings.policy_backend,
-            out_dir,
-            base_model=settings.policy_model,  # the base of a LoRA checkpoint
-            batch_size=settings.eval_batch_size,
-            max_concurrency=settings.eval_batch_size,  # one batch in flight at once on a vLLM server
-            keep_server=settings.keep_server,
-            dtype=settings.policy_dtype,
-        ) as policy:
-            rows = answer_and_verify(
-                instances,
-                policy,
-                max_tokens=settings.eval_max_tokens,
-                batch_size=settings.eval_batch_size,
-                desc=f"eval {split}",
-                prompt_style=settings.train.prompt_style,
-                criterion=settings.train.optimality,
-            )
+    Resumable: each batch's rows are appended to `out_dir/eval.partial.jsonl` as they come, so an evaluation
+    that is killed or stopped (SIGTERM: at the next batch) keeps its answers, and the next call with the same
+    `eval_key` answers only the rest. A finished evaluation leaves `eval.jsonl` and `eval.key.json`; calling
+    again with the same key reuses it without starting the policy."""
+    instances = limit_instances(load_split(split), limit)
+    key = eval_key(split, instances, checkpoint=checkpoint, settings=settings, model=model)
+    unique = len({inst.id for inst in instances}) == len(instances)
+    done = saved_answers(out_dir, key) if unique else {}
+    todo = [inst for inst in instances if inst.id not in done]
+    if done:
+        print(f"eval {split}: {len(instances) - len(todo)} of {len(instances)} answers kept from an earlier "
+              "evaluation of the same policy", flush=True)
+    if todo:
+        (out_dir / KEY_FILE).unlink(missing_ok=True)
+        kept = [done[inst.id] for inst in instances if inst.id in done]
+        # rewritten, not appended to: drops a cut-off line, and never writes through a hard link (a fork's files)
+        write_jsonl(out_dir / JOURNAL, [{"key": key}, *kept])
+        with open(out_dir / JOURNAL, "a", encoding="utf-8") as journal:
+
+            def keep(rows: list[dict]) -> None:
+                journal.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+                journal.flush()
+                os.fsync(journal.fileno())
+
+            answer = partial(answer_and_verify, todo, max_tokens=settings.eval_max_tokens,
+                             batch_size=settings.eval_batch_size, desc=f"eval {split}",
+                             prompt_style=settings.train.prompt_style, criterion=settings.train.optimality,
+                             on_batch=keep)
+            if model is not None:
+                new = answer(model)
+            else:
+                from llm_backends.policy import open_policy
+
+                with open_policy(
+                    checkpoint or settings.policy_model,
+                    settings.policy_backend,
+                    out_dir,
+                    base_model=settings.policy_model,  # the base of a LoRA checkpoint
+                    batch_size=settings.eval_batch_size,
+                    max_concurrency=settings.eval_batch_size,  # one batch in flight at once on a vLLM server
+                    keep_server=settings.keep_server,
+                    dtype=settings.policy_dtype,
+                ) as policy:
+                    new = answer(policy)
+        done.update((r["id"], r) for r in new)
+    rows = [done[inst.id] for inst in instances]
     write_jsonl(out_dir / "eval.jsonl", rows)
+    write_json(out_dir / KEY_FILE, key)
+    (out_dir / JOURNAL).unlink(missing_ok=True)
     return rows
 
 

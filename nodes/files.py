@@ -8,6 +8,7 @@ inode instead of being modified in place, so the donor's bytes never change.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -25,6 +26,16 @@ def stage_dir(run_dir: str | os.PathLike, stage: int) -> Path:
     evaluation, the engineer's prompt and reply): the one place that names it. Not created here; the
     writers below create their file's folder."""
     return Path(run_dir) / f"stage_{stage}"
+
+
+def weights_sha256(folder: str | os.PathLike) -> dict[str, str]:
+    """The sha256 of every weight file (`*.safetensors`) directly in `folder`, by file name, as `sha256sum`
+    prints it: what identifies a checkpoint's weights wherever its folder lies ({} when it has none)."""
+    out = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            out[f.name] = hashlib.file_digest(fh, "sha256").hexdigest()
+    return out
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:

@@ -7,6 +7,8 @@ and training then goes on); a second signal stops at once. Who checks the flag:
 - the trainers, through `StopCallback` (in their `callbacks=`): at the next step boundary it sets
   `control.should_training_stop`, the trainer returns, and train_stage raises `StageInterrupted` instead
   of saving a checkpoint, so the state stays at "train_stage next" and `--resume` trains the stage again;
+- the evaluations, between batches of answers (`nodes.evaluate.answer_and_verify`): they raise
+  `StageInterrupted`; the answers so far are kept in the journal, and `--resume` answers only the rest;
 - the loop, between nodes (`graph.loop.run_graph`): it stops streaming after the node that just finished,
   whose update is already checkpointed.
 

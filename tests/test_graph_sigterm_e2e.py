@@ -1,6 +1,7 @@
-"""SIGTERM during SFT and during GRPO stops `python -m graph.run` at the next step, then it resumes
-(issue 17): the real smoke preset with the embedded model. The trainers' progress bars (on stderr) say
-when each has started and how far it got: a stopped trainer never reaches its last step."""
+"""SIGTERM during SFT, during GRPO and during the final evaluation stops `python -m graph.run` at the next step
+or batch, then it resumes (issue 17): the real smoke preset with the embedded model. The trainers' progress bars
+(on stderr) say when each has started and how far it got: a stopped trainer never reaches its last step. A
+stopped evaluation keeps the answers it has (`eval.partial.jsonl`) and the resumed one asks only the rest."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 SFT_STEPS, GRPO_STEPS = 12, 3
 LONG = ["--set", f"train.sft_steps={SFT_STEPS}", "--set", f"train.max_steps={GRPO_STEPS}", "--set", "eval_limit=2",
-        "--set", "final_limit=2", "--set", "eval_max_tokens=16"]
+        "--set", "final_limit=12", "--set", "eval_batch_size=2", "--set", "eval_max_tokens=16"]
 
 
 def private_cache(tmp_path: Path) -> Path:
@@ -40,13 +41,13 @@ def start(args: list[str], log: Path) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def sigterm_when(proc: subprocess.Popen, ready, what: str, timeout: float = 900) -> float:
+def sigterm_when(proc: subprocess.Popen, ready, what: str, timeout: float = 900, settle: float = 2) -> float:
     end = time.monotonic() + timeout
     while not ready():
         assert proc.poll() is None, f"the run ended before {what}"
         assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.5)
-    time.sleep(2)  # into the trainer's first steps
+        time.sleep(0.5 if settle else 0.05)
+    time.sleep(settle)  # into the trainer's first steps
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
@@ -75,6 +76,22 @@ def test_sigterm_during_sft_and_during_grpo_stops_then_resumes(tmp_path):
     assert f"{GRPO_STEPS}/{GRPO_STEPS}" not in log.split("GRPO stage_0:", 1)[1], f"GRPO went on ({took:.0f}s)"
     assert not (s0 / "checkpoint").exists()
 
+    journal = run_dir / "final" / "eval.partial.jsonl"  # a header line, then one row per answer
+
+    def answered() -> int:
+        return len(journal.read_text().splitlines()) - 1 if journal.is_file() else 0
+
+    proc = start(["--resume", str(run_dir)], tmp_path / "final.log")
+    took = sigterm_when(proc, lambda: answered() >= 2, "the final evaluation's first batch", settle=0)
+    log = (tmp_path / "final.log").read_text()
+    assert "[stop] SIGTERM during final_evaluate" in log and "Traceback" not in log, log[-3000:]
+    kept = answered()
+    assert 2 <= kept < 12 and kept % 2 == 0, f"{kept} answers kept ({took:.0f}s)"  # whole batches of 2
+    assert not (run_dir / "final" / "eval.jsonl").exists() and not (run_dir / "report.md").exists()
+
     done = start(["--resume", str(run_dir)], tmp_path / "resume.log")
     assert done.wait(1800) == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    log = (tmp_path / "resume.log").read_text()
+    assert f"{kept} of 12 answers kept from an earlier evaluation" in log, log[-3000:]
     assert (run_dir / "report.md").is_file() and (s0 / "checkpoint").is_dir()
+    assert not journal.exists() and len((run_dir / "final" / "eval.jsonl").read_text().splitlines()) == 12

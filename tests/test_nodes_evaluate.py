@@ -124,3 +124,117 @@ def test_evaluate_with_the_embedded_policy_in_process(tmp_path, embedded_model_p
     rows = read_rows(tmp_path / "stage_0" / "eval.jsonl")
     assert out["metrics"]["eval/n"] == 3 and len(rows) == 3
     assert all(isinstance(r["text"], str) and (r["valid"] or r["failure"] in FAILURES) for r in rows)
+
+
+# ----------------------------------------------------------------------------- resuming an interrupted evaluation
+
+
+class _Dropped(Exception):
+    """The connection to the policy's server dropped (what a killed or crashed evaluation looks like to it)."""
+
+
+def _failing_after(policy, batches: int):
+    """`policy`, whose chat_batch raises `_Dropped` once it has answered `batches` batches."""
+    inner = policy.chat_batch
+
+    def chat_batch(batch, **kw):
+        if len(policy.batches) >= batches:
+            raise _Dropped("server gone")
+        return inner(batch, **kw)
+
+    policy.chat_batch = chat_batch
+    return policy
+
+
+def test_an_interrupted_evaluation_keeps_its_answers_and_answers_only_the_rest(tmp_path):
+    from nodes.evaluate import JOURNAL, KEY_FILE
+
+    settings = make_settings(eval_limit=12)  # batches of 4
+    instances = limit_instances(load_split(settings.eval_split), 12)
+    whole = tmp_path / "whole"
+    evaluate({"stage": 1, "checkpoint": None}, runtime(settings, whole), model=scripted_policy(instances, _answer))
+
+    first = _failing_after(scripted_policy(instances, _answer), batches=2)
+    with pytest.raises(_Dropped):
+        evaluate({"stage": 1, "checkpoint": None}, runtime(settings, tmp_path), model=first)
+    sdir = tmp_path / "stage_1"
+    assert not (sdir / "eval.jsonl").exists() and not (sdir / KEY_FILE).exists()
+    journal = (sdir / JOURNAL).read_text().splitlines()
+    assert len(journal) == 1 + 8 and "key" in json.loads(journal[0])  # the header, then the two batches answered
+
+    second = scripted_policy(instances, _answer)
+    out = evaluate({"stage": 1, "checkpoint": None}, runtime(settings, tmp_path), model=second)
+    assert second.batches == [4]  # only the 4 unanswered instances were asked
+    asked = {c[0][-1]["content"] for c in second.calls}
+    assert len(asked) == 4
+    assert read_rows(sdir / "eval.jsonl") == read_rows(whole / "stage_1" / "eval.jsonl")  # in order, as if never cut
+    assert out["metrics"]["eval/n"] == 12 and not (sdir / JOURNAL).exists() and (sdir / KEY_FILE).is_file()
+
+    third = scripted_policy(instances, _answer)  # a finished evaluation of the same policy is not redone
+    assert evaluate({"stage": 1, "checkpoint": None}, runtime(settings, tmp_path), model=third)["metrics"] == out["metrics"]
+    assert third.calls == []
+
+
+def test_answers_of_another_policy_or_a_cut_off_line_are_never_reused(tmp_path):
+    from nodes.evaluate import JOURNAL
+    from tests.support.node_helpers import ScriptedChat
+
+    settings = make_settings(eval_limit=12)
+    instances = limit_instances(load_split(settings.eval_split), 12)
+    with pytest.raises(_Dropped):
+        evaluate({"stage": 1, "checkpoint": None}, runtime(settings, tmp_path),
+                 model=_failing_after(scripted_policy(instances, _answer), batches=2))
+    journal = tmp_path / "stage_1" / JOURNAL
+    journal.write_text(journal.read_text()[:-40])  # the writer was killed inside the last row
+    again = scripted_policy(instances, _answer)
+    evaluate({"stage": 1, "checkpoint": None}, runtime(settings, tmp_path), model=again)
+    assert again.batches == [4, 1]  # 7 rows kept, the cut one answered again with the 4 never answered
+
+    other = ScriptedChat(lambda m: "nothing", model="another-policy")  # a different policy: everything again
+    out = evaluate({"stage": 1, "checkpoint": None}, runtime(settings, tmp_path), model=other)
+    assert other.batches == [4, 4, 4] and out["metrics"]["eval/failure/parse_error"] == 12
+
+
+def test_a_stop_request_ends_the_evaluation_at_the_next_batch_and_keeps_its_answers(tmp_path):
+    from nodes import stop
+    from nodes.evaluate import JOURNAL
+
+    settings = make_settings(final_limit=12)
+    instances = limit_instances(load_split(settings.final_split), 12)
+    policy = scripted_policy(instances, _answer)
+    inner = policy.chat_batch
+
+    def chat_batch(batch, **kw):  # SIGTERM arrives while the first batch is being answered
+        stop.request_stop("SIGTERM")
+        return inner(batch, **kw)
+
+    policy.chat_batch = chat_batch
+    try:
+        with pytest.raises(stop.StageInterrupted, match="after 4 of 12 answers"):
+            final_evaluate({"checkpoint": None}, runtime(settings, tmp_path), model=policy)
+    finally:
+        stop.reset()
+    assert policy.batches == [4]
+    assert len((tmp_path / "final" / JOURNAL).read_text().splitlines()) == 1 + 4
+
+
+def test_the_eval_key_names_the_weights_not_the_folder(tmp_path):
+    """A checkpoint moved or copied elsewhere keeps its answers; other weights in the same folder do not."""
+    import shutil
+
+    from nodes.evaluate import eval_key
+
+    settings = make_settings()
+    instances = limit_instances(load_split(settings.eval_split), 4)
+    ckpt = tmp_path / "run" / "stage_1" / "checkpoint"
+    ckpt.mkdir(parents=True)
+    (ckpt / "model.safetensors").write_bytes(b"weights one")
+    key = eval_key("val-mini", instances, checkpoint=str(ckpt), settings=settings)
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(ckpt, moved)
+    assert eval_key("val-mini", instances, checkpoint=str(moved), settings=settings) == key
+    (ckpt / "model.safetensors").write_bytes(b"weights two")
+    assert eval_key("val-mini", instances, checkpoint=str(ckpt), settings=settings) != key
+    assert eval_key("val-mini", instances[:3], checkpoint=str(moved), settings=settings) != key
+    assert eval_key("val-mini", instances, checkpoint=str(moved),
+                    settings=make_settings(eval_max_tokens=17)) != key
