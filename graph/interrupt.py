@@ -1,6 +1,6 @@
 """Signals and child processes of `python -m graph.run`.
 
-The first SIGINT/SIGTERM asks the run to stop at the next training step or node (nodes.stop) and raises
+The first SIGINT/SIGTERM asks the run to stop at the next training step, evaluation batch or node (nodes.stop) and raises
 nothing: a KeyboardInterrupt raised from a handler can land in a __del__, where Python ignores it, and
 training goes on. Before the graph streams and at the --approve prompt nothing is in flight: the first
 signal interrupts at once. A second signal kills the vLLM servers and every child process and exits."""
@@ -33,7 +33,7 @@ def _on_signal(signum, frame) -> None:  # noqa: ARG001 - signal handler signatur
         raise KeyboardInterrupt
     if SIGNALS["count"] == 1:
         stop.request_stop(name)
-        _write_now(f"\n[stop] {name}: stopping at the next training step or node boundary; the finished work is "
+        _write_now(f"\n[stop] {name}: stopping at the next training step, evaluation batch or node boundary; the finished work is "
                    f"kept ({name} again stops at once)\n")
         return
     _write_now(f"\n[stop] {name} again: stopping now; {resume_hint()}\n")

@@ -18,7 +18,7 @@ A run never loses finished work (graph/runfolder.py):
   the folder, so a moved, copied or symlinked run, or `--resume .`, continues where it was;
 - a lost, empty or damaged graph.sqlite next to finished stages is refused with one line, never retrained;
 - one process per run folder (`run.lock`, an OS lock released on any exit); a second gets the holder's PID;
-- the first SIGINT/SIGTERM stops at the next training step or node boundary (nodes.stop) with exit 130 and
+- the first SIGINT/SIGTERM stops at the next training step, evaluation batch or node boundary (nodes.stop) with exit 130 and
   the resume command; a second kills the vLLM servers and every child process and exits at once;
 - a failing node prints one line (the traceback goes to logs/error.log) with the resume command;
 - text from the engineer reaches the terminal without control characters.
