@@ -144,7 +144,7 @@ def _load(name: str, data_dir: str, stamp: tuple) -> tuple[Instance, ...]:
             "the committed benchmark was modified: restore it from git, or rebuild it deliberately with "
             "`python -m env benchmark --build`"
         )
-    return tuple(read_jsonl(path))
+    return tuple(read_jsonl(path, unique_ids=True))  # verdicts, journals and paired stats key rows by id
 
 
 # ----------------------------------------------------------------------------------------------------

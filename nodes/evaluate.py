@@ -383,8 +383,7 @@ def run_eval(
     again with the same key reuses it without starting the policy."""
     instances = limit_instances(load_split(split), limit)
     key = eval_key(split, instances, checkpoint=checkpoint, settings=settings, model=model)
-    unique = len({inst.id for inst in instances}) == len(instances)
-    done = saved_answers(out_dir, key) if unique else {}
+    done = saved_answers(out_dir, key)  # split ids are unique (env.load_split checks)
     todo = [inst for inst in instances if inst.id not in done]
     if done:
         print(f"eval {split}: {len(instances) - len(todo)} of {len(instances)} answers kept from an earlier "
