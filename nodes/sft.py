@@ -290,8 +290,12 @@ def build_warm_start(
 ) -> dict:
     """The cached SFT warm start for (base model, warm-start settings, seed): reuse it, or build and cache it.
 
-    Returns {"path", "key", "hit", "metrics"}: the checkpoint folder in the cache (`warm_start_root()/<key>`),
-    whether it was reused, and the SFT figures (`sft/...`, stored in the manifest so a reuse reports them too).
+    Returns {"path", "key", "hit", "metrics", "built", "weights"}: the checkpoint folder in the cache
+    (`warm_start_root()/<key>`), whether it was reused, the SFT figures (`sft/...`), where and when it was built
+    (`built`: machine, time, torch) and the sha256 of its weight files, all from the manifest so a reuse reports
+    them too. The key does not name
+    the machine: the same key built on two CPUs (bf16 autocast on AMX or on AVX-512 BF16) gives close but not
+    byte-identical weights, which is why `built` is recorded.
     An entry whose manifest is missing, names another spec, or whose files do not match their recorded size and
     SHA-256 (a half-written or corrupt entry) is rebuilt, never loaded. Builds are serialised by a file lock, so
     two runs with one key build once; the entry appears by a rename only when complete.
@@ -308,20 +312,38 @@ def build_warm_start(
         if why is None:
             manifest = json.loads((entry / MANIFEST).read_text())
             log.info("SFT warm start: reusing %s", entry)
-            return {"path": str(entry), "key": key, "hit": True, "metrics": manifest.get("metrics", {})}
+            return {"path": str(entry), "key": key, "hit": True, "metrics": manifest.get("metrics", {}),
+                    "built": manifest.get("built", {}), "weights": _weights(manifest["files"])}
         if entry.exists():
             log.warning("SFT warm start cache %s is unusable (%s): rebuilding it", entry, why)
         metrics = _train_warm_start(model_dir, cfg, seed, root / f".{key}.tmp", progress=progress,
                                     curve_every=curve_every, curve_instances=curve_instances)
         tmp = root / f".{key}.tmp"
         files = {p.name: [p.stat().st_size, _file_sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
+        built = built_here()
         (tmp / MANIFEST).write_text(
-            json.dumps({"key": key, "spec": spec, "files": files, "metrics": metrics}, indent=2) + "\n"
+            json.dumps({"key": key, "spec": spec, "files": files, "metrics": metrics, "built": built}, indent=2)
+            + "\n"
         )
         if entry.exists():
             shutil.rmtree(entry)
         os.replace(tmp, entry)
-    return {"path": str(entry), "key": key, "hit": False, "metrics": metrics}
+    return {"path": str(entry), "key": key, "hit": False, "metrics": metrics, "built": built,
+            "weights": _weights(files)}
+
+
+def _weights(files: dict[str, list]) -> dict[str, str]:
+    """The sha256 of each weight file of a manifest's `files` ({name: [size, sha256]}), by name."""
+    return {name: digest for name, (_size, digest) in sorted(files.items()) if name.endswith(".safetensors")}
+
+
+def built_here() -> dict[str, Any]:
+    """Where and when a warm start is built: this machine (`graph.provenance.machine`), the time, torch."""
+    import torch
+
+    from graph.provenance import machine
+
+    return {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(), "torch": torch.__version__}
 
 
 def _train_warm_start(
@@ -457,7 +479,9 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--curve needs --eval N (instances per size to score)")
     res = build_warm_start(resolve_model(a.model), cfg, a.seed, rebuild=a.rebuild, curve_every=a.curve,
                            curve_instances=val)
-    figures = {"path": res["path"], "key": res["key"], "reused": res["hit"], **res["metrics"]}
+    figures = {"path": res["path"], "key": res["key"], "reused": res["hit"], "weights": res["weights"],
+               "built_on": (res["built"].get("machine") or {}).get("cpu"), "built_at": res["built"].get("at"),
+               **res["metrics"]}
     if a.eval and not a.curve:
         from llm_backends.checkpoints import load_checkpoint
 

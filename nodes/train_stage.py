@@ -210,7 +210,8 @@ def run_stage(
         t0 = time.perf_counter()
         ws = build_warm_start(init, cfg, seed, progress=progress)
         loop_s += ws["metrics"].get("sft/seconds", 0.0) if not ws["hit"] else 0.0
-        warm_info = {"key": ws["key"], "path": ws["path"], "hit": ws["hit"]}
+        warm_info = {"key": ws["key"], "path": ws["path"], "hit": ws["hit"], "built": ws["built"],
+                     "weights": ws["weights"]}
         metrics.update(ws["metrics"])
         metrics.update({"sft/cache_key": ws["key"], "sft/cache_path": ws["path"], "sft/cache_hit": ws["hit"],
                         "sft/cache_seconds": time.perf_counter() - t0})

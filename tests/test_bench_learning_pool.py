@@ -63,3 +63,20 @@ def test_old_files_and_repeated_seeds_are_refused(tmp_path, capsys):
     out = tmp_path / "pooled.json"
     main(["--pool", str(a), str(_file(tmp_path, "c.json", [5])), "--json", str(out)])
     assert [r["seed"] for r in json.loads(out.read_text())["seeds"]] == [0, 1, 5]
+
+
+def test_one_key_with_other_weights_or_other_start_scores_is_refused(tmp_path):
+    # the same warm-start key built on two CPUs gives other weights (bf16 autocast differs): not one experiment
+    ws = {"key": "abc", "valid_rate": 0.16, "by_size": {"3": 0.26}}
+    intel = {**ws, "weights": {"model.safetensors": "e5f0614f" + "0" * 56}, "built_on": "Intel(R) Xeon(R) Processor"}
+    amd = {**ws, "weights": {"model.safetensors": "98aa0000" + "0" * 56}, "built_on": "AMD EPYC"}
+    a, b = _file(tmp_path, "a.json", [0], warm_start=intel), _file(tmp_path, "b.json", [1], warm_start=amd)
+    refused = r"other weights .*98aa00000000 built on AMD EPYC, against .*e5f0614f0000 built on Intel"
+    with pytest.raises(ValueError, match=refused):
+        pool([a, b])
+    assert [r["seed"] for r in pool([a, _file(tmp_path, "c.json", [2], warm_start=intel)])["seeds"]] == [0, 2]
+    # files that do not record the weights: the start's own greedy answers before training must agree
+    old = _file(tmp_path, "old.json", [3], warm_start={"key": "abc", "valid_rate": 0.1267, "by_size": {"3": 0.2}})
+    with pytest.raises(ValueError, match=r"scored 12.7 % \{'3': 0.2\} before training, against 16.0 %"):
+        pool([a, old])
+    assert len(pool([a, _file(tmp_path, "d.json", [4], warm_start=ws)])["seeds"]) == 2

@@ -247,6 +247,8 @@ def test_check_cached_detects_missing_truncated_and_corrupt_files(tmp_path):
 def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(embedded_model_path, tmp_path):
     import os
 
+    from graph.provenance import machine
+    from nodes.files import weights_sha256
     from nodes.sft import build_warm_start, check_cached, warm_start_root
 
     cfg = _tiny()
@@ -255,9 +257,13 @@ def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(embedded
     assert first["metrics"]["sft/steps"] == 1
     entry = Path(first["path"])
     assert check_cached(entry) is None
+    # where and when it was built, and its weights, as a reuse will report them
+    assert first["built"]["machine"]["cpu"] == machine()["cpu"] and first["built"]["torch"]
+    assert first["weights"] == weights_sha256(entry) and len(first["weights"]["model.safetensors"]) == 64
     stamp = {p.name: p.stat().st_mtime_ns for p in entry.iterdir()}
     again = build_warm_start(embedded_model_path, cfg, 0, cache_dir=tmp_path, progress=False)
     assert again["hit"] and again["key"] == first["key"] and again["metrics"] == first["metrics"]
+    assert (again["built"], again["weights"]) == (first["built"], first["weights"])
     assert {p.name: p.stat().st_mtime_ns for p in entry.iterdir()} == stamp  # reused, not rewritten
     # another seed: another entry beside it
     other = build_warm_start(embedded_model_path, cfg, 1, cache_dir=tmp_path, progress=False)
@@ -286,7 +292,9 @@ def test_nodes_sft_cli_builds_then_reuses(embedded_model_path, tmp_path, monkeyp
     out = json.loads(capsys.readouterr().out)
     assert out["reused"] is False and Path(out["path"]).is_dir() and out["sft/steps"] == 1
     main(args)
-    assert json.loads(capsys.readouterr().out)["reused"] is True
+    again = json.loads(capsys.readouterr().out)
+    assert again["reused"] is True and again["weights"] == out["weights"] and again["built_at"] == out["built_at"]
+    assert out["built_on"] and len(out["weights"]["model.safetensors"]) == 64
     with pytest.raises(SystemExit):
         main(["--set", "no_such=1"])
     assert "no_such" in capsys.readouterr().err

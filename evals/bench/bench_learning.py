@@ -128,7 +128,10 @@ def main(argv: list[str] | None = None) -> dict:
     base = resolve_model(a.model)
     t0 = time.perf_counter()
     ws = build_warm_start(base, cfg, a.warm_seed)
-    print(f"warm start: {'reused' if ws['hit'] else 'built'} {ws['path']} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    built = ws.get("built") or {}
+    where = f", built on {built['machine'].get('cpu')} at {built.get('at')}" if built.get("machine") else ""
+    print(f"warm start: {'reused' if ws['hit'] else 'built'} {ws['path']} ({time.perf_counter() - t0:.0f} s{where})",
+          flush=True)
     model, tok = load_checkpoint(ws["path"])
     before = score(model, tok)
     del model
@@ -169,7 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
         "instances": len(val),
         "grpo_sizes": sorted(sizes),
         "train_config": cfg.model_dump(mode="json"),
-        "warm_start": {"key": ws["key"], "reused": ws["hit"], "valid_rate": before["valid_rate"],
+        "warm_start": {"key": ws["key"], "reused": ws["hit"], "weights": ws["weights"],
+                       "built_on": (ws["built"].get("machine") or {}).get("cpu"), "valid_rate": before["valid_rate"],
                        "by_size": before["by_size"], "failures": before["failures"]},
     }, runs)
     print(json.dumps({k: v for k, v in summary.items() if k != "seeds"}, indent=2))
@@ -197,6 +201,10 @@ def summarize(head: dict, runs: list[dict]) -> dict:
 POOL_SAME = ("preset", "split", "instances", "grpo_sizes", "train_config")
 
 
+def _short(weights: dict[str, str]) -> str:
+    return ", ".join(f"{name} {digest[:12]}" for name, digest in weights.items())
+
+
 def pool(paths: list[Path]) -> dict:
     """One summary over the seeds of several `--json` files of the same experiment (ValueError otherwise)."""
     files = [json.loads(Path(p).read_text()) for p in paths]
@@ -205,6 +213,18 @@ def pool(paths: list[Path]) -> dict:
         if f["warm_start"]["key"] != first["warm_start"]["key"]:
             raise ValueError(f"{path}: warm start {f['warm_start']['key']} differs from {first['warm_start']['key']} "
                              f"({paths[0]}); only runs from the same warm start can be pooled")
+        # one key built on two machines gives other weights (bf16 autocast differs between CPUs): the weights
+        # where recorded, else the start's own greedy answers, must agree too
+        a, b = f["warm_start"], first["warm_start"]
+        if a.get("weights") and b.get("weights") and a["weights"] != b["weights"]:
+            raise ValueError(f"{path}: warm start {a['key']} has other weights than in {paths[0]} "
+                             f"({_short(a['weights'])} built on {a.get('built_on')}, against {_short(b['weights'])} "
+                             f"built on {b.get('built_on')}); only runs from the same weights can be pooled")
+        if (a["valid_rate"], a["by_size"]) != (b["valid_rate"], b["by_size"]):
+            raise ValueError(f"{path}: the warm start scored {100 * a['valid_rate']:.1f} % {a['by_size']} before "
+                             f"training, against {100 * b['valid_rate']:.1f} % {b['by_size']} in {paths[0]}: another "
+                             "start (the same key built on another machine?) or another evaluation; only runs from "
+                             "the same start can be pooled")
         for k in POOL_SAME:
             if k not in f:
                 raise ValueError(f"{path}: no {k!r} (written before stop 26?); pool only files that record it")
