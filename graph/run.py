@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 created = None  # another process is starting a run in this folder: its folder, not ours
                 raise
             SIGNALS["run_dir"] = run_dir
-            from graph.provenance import collect as provenance
+            from nodes.provenance import collect as provenance
 
             settings = settings.model_copy(update={"run_dir": run_dir, "run_id": run_dir.name,
                                                    "provenance": provenance()})

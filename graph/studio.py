@@ -67,8 +67,8 @@ def build_context(values: dict[str, Any], thread: str = "local") -> RunContext:
     import os
 
     from graph.preflight import check_before_work
-    from graph.provenance import collect
     from graph.settings import Settings, build_settings
+    from nodes.provenance import collect
 
     cli = _flatten(dict(values))
     secret = sorted(k for k in cli if "key" in k.lower() or "token" in k.lower() or "secret" in k.lower())

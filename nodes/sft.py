@@ -338,10 +338,10 @@ def _weights(files: dict[str, list]) -> dict[str, str]:
 
 
 def built_here() -> dict[str, Any]:
-    """Where and when a warm start is built: this machine (`graph.provenance.machine`), the time, torch."""
+    """Where and when a warm start is built: this machine (`nodes.provenance.machine`), the time, torch."""
     import torch
 
-    from graph.provenance import machine
+    from nodes.provenance import machine
 
     return {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(), "torch": torch.__version__}
 

@@ -247,8 +247,8 @@ def test_check_cached_detects_missing_truncated_and_corrupt_files(tmp_path):
 def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(embedded_model_path, tmp_path):
     import os
 
-    from graph.provenance import machine
     from nodes.files import weights_sha256
+    from nodes.provenance import machine
     from nodes.sft import build_warm_start, check_cached, warm_start_root
 
     cfg = _tiny()

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from graph import provenance
 from graph import run as gr
 from graph.settings import ENV_VARS, Settings, SettingsError, build_settings
 from graph.stage0 import compare_settings
+from nodes import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 
