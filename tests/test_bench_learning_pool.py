@@ -66,7 +66,7 @@ def test_old_files_and_repeated_seeds_are_refused(tmp_path, capsys):
 
 
 def test_one_key_with_other_weights_or_other_start_scores_is_refused(tmp_path):
-    # the same warm-start key built on two CPUs gives other weights (bf16 autocast differs): not one experiment
+    # one warm-start key with other weights (built elsewhere, or with other code): not one experiment
     ws = {"key": "abc", "valid_rate": 0.16, "by_size": {"3": 0.26}}
     intel = {**ws, "weights": {"model.safetensors": "e5f0614f" + "0" * 56}, "built_on": "Intel(R) Xeon(R) Processor"}
     amd = {**ws, "weights": {"model.safetensors": "98aa0000" + "0" * 56}, "built_on": "AMD EPYC"}

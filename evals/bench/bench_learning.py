@@ -213,8 +213,8 @@ def pool(paths: list[Path]) -> dict:
         if f["warm_start"]["key"] != first["warm_start"]["key"]:
             raise ValueError(f"{path}: warm start {f['warm_start']['key']} differs from {first['warm_start']['key']} "
                              f"({paths[0]}); only runs from the same warm start can be pooled")
-        # one key built on two machines gives other weights (bf16 autocast differs between CPUs): the weights
-        # where recorded, else the start's own greedy answers, must agree too
+        # one key may be built into other weights elsewhere, and one start answers differently on another CPU:
+        # the weights where recorded, and the start's own greedy answers, must agree too
         a, b = f["warm_start"], first["warm_start"]
         if a.get("weights") and b.get("weights") and a["weights"] != b["weights"]:
             raise ValueError(f"{path}: warm start {a['key']} has other weights than in {paths[0]} "
