@@ -213,6 +213,11 @@ def pool(paths: list[Path]) -> dict:
         if f["warm_start"]["key"] != first["warm_start"]["key"]:
             raise ValueError(f"{path}: warm start {f['warm_start']['key']} differs from {first['warm_start']['key']} "
                              f"({paths[0]}); only runs from the same warm start can be pooled")
+        for k in POOL_SAME:
+            if k not in f:
+                raise ValueError(f"{path}: no {k!r} (written before stop 26?); pool only files that record it")
+            if f[k] != first[k]:
+                raise ValueError(f"{path}: {k} differs from {paths[0]}'s; pool only runs of the same experiment")
         # one key may be built into other weights elsewhere, and one start answers differently on another CPU:
         # the weights where recorded, and the start's own greedy answers, must agree too
         a, b = f["warm_start"], first["warm_start"]
@@ -223,13 +228,8 @@ def pool(paths: list[Path]) -> dict:
         if (a["valid_rate"], a["by_size"]) != (b["valid_rate"], b["by_size"]):
             raise ValueError(f"{path}: the warm start scored {100 * a['valid_rate']:.1f} % {a['by_size']} before "
                              f"training, against {100 * b['valid_rate']:.1f} % {b['by_size']} in {paths[0]}: another "
-                             "start (the same key built on another machine?) or another evaluation; only runs from "
+                             "start, the same start scored on another CPU, or another evaluation; only runs from "
                              "the same start can be pooled")
-        for k in POOL_SAME:
-            if k not in f:
-                raise ValueError(f"{path}: no {k!r} (written before stop 26?); pool only files that record it")
-            if f[k] != first[k]:
-                raise ValueError(f"{path}: {k} differs from {paths[0]}'s; pool only runs of the same experiment")
         missing = [r["seed"] for r in f["seeds"] if "diffs" not in r]
         if missing:
             raise ValueError(f"{path}: seeds {missing} have no per-instance answers ('diffs'); they cannot be pooled")
