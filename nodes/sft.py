@@ -292,7 +292,7 @@ def build_warm_start(
 
     Returns {"path", "key", "hit", "metrics", "built", "weights"}: the checkpoint folder in the cache
     (`warm_start_root()/<key>`), whether it was reused, the SFT figures (`sft/...`), where and when it was built
-    (`built`: machine, time, torch) and the sha256 of its weight files, all from the manifest so a reuse reports
+    (`built`: `nodes.provenance.collect()` at the build's start: machine, packages, code commit, time) and the sha256 of its weight files, all from the manifest so a reuse reports
     them too. The key does not name the machine, and a start's figures do not carry over between CPUs (the seed-0
     cpu start built on an AMD EPYC answers 16.0 % of val-small validly there, greedy and in-process, and 12.7 % on an
     Intel Xeon with AMX): hence `built` and the weights.
@@ -301,6 +301,8 @@ def build_warm_start(
     two runs with one key build once; the entry appears by a rename only when complete.
     """
     from filelock import FileLock
+
+    from nodes.provenance import collect
 
     spec = warm_start_spec(model_dir, cfg, seed)
     key = warm_start_key(spec)
@@ -316,11 +318,12 @@ def build_warm_start(
                     "built": manifest.get("built", {}), "weights": _weights(manifest["files"])}
         if entry.exists():
             log.warning("SFT warm start cache %s is unusable (%s): rebuilding it", entry, why)
+        started = time.time()
         metrics = _train_warm_start(model_dir, cfg, seed, root / f".{key}.tmp", progress=progress,
                                     curve_every=curve_every, curve_instances=curve_instances)
         tmp = root / f".{key}.tmp"
         files = {p.name: [p.stat().st_size, _file_sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
-        built = built_here()
+        built = collect(started)
         (tmp / MANIFEST).write_text(
             json.dumps({"key": key, "spec": spec, "files": files, "metrics": metrics, "built": built}, indent=2)
             + "\n"
@@ -335,15 +338,6 @@ def build_warm_start(
 def _weights(files: dict[str, list]) -> dict[str, str]:
     """The sha256 of each weight file of a manifest's `files` ({name: [size, sha256]}), by name."""
     return {name: digest for name, (_size, digest) in sorted(files.items()) if name.endswith(".safetensors")}
-
-
-def built_here() -> dict[str, Any]:
-    """Where and when a warm start is built: this machine (`nodes.provenance.machine`), the time, torch."""
-    import torch
-
-    from nodes.provenance import machine
-
-    return {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine(), "torch": torch.__version__}
 
 
 def _train_warm_start(
@@ -480,7 +474,7 @@ def main(argv: list[str] | None = None) -> None:
     res = build_warm_start(resolve_model(a.model), cfg, a.seed, rebuild=a.rebuild, curve_every=a.curve,
                            curve_instances=val)
     figures = {"path": res["path"], "key": res["key"], "reused": res["hit"], "weights": res["weights"],
-               "built_on": (res["built"].get("machine") or {}).get("cpu"), "built_at": res["built"].get("at"),
+               "built_on": (res["built"].get("machine") or {}).get("cpu"), "built_at": res["built"].get("started_at"),
                **res["metrics"]}
     if a.eval and not a.curve:
         from llm_backends.checkpoints import load_checkpoint

@@ -258,7 +258,7 @@ def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(embedded
     entry = Path(first["path"])
     assert check_cached(entry) is None
     # where and when it was built, and its weights, as a reuse will report them
-    assert first["built"]["machine"]["cpu"] == machine()["cpu"] and first["built"]["torch"]
+    assert first["built"]["machine"]["cpu"] == machine()["cpu"] and first["built"]["packages"]["torch"]
     assert first["weights"] == weights_sha256(entry) and len(first["weights"]["model.safetensors"]) == 64
     stamp = {p.name: p.stat().st_mtime_ns for p in entry.iterdir()}
     again = build_warm_start(embedded_model_path, cfg, 0, cache_dir=tmp_path, progress=False)

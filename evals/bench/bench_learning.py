@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     ws = build_warm_start(base, cfg, a.warm_seed)
     built = ws.get("built") or {}
-    where = f", built on {built['machine'].get('cpu')} at {built.get('at')}" if built.get("machine") else ""
+    where = f", built on {built['machine'].get('cpu')} at {built.get('started_at')}" if built.get("machine") else ""
     print(f"warm start: {'reused' if ws['hit'] else 'built'} {ws['path']} ({time.perf_counter() - t0:.0f} s{where})",
           flush=True)
     model, tok = load_checkpoint(ws["path"])
