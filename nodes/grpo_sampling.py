@@ -359,15 +359,29 @@ def make_trainer_class():
             self.resample_rounds = int(resample_rounds)
             self._rng = random.Random(resample_seed)
             self.group_key = group_key
-            self._rows_by_key: dict[Any, list[int]] = {}
-            if group_key is not None:
-                for i, row in enumerate(self.train_dataset):
-                    self._rows_by_key.setdefault(group_key(row), []).append(i)
+            self._index_rows()
             self.key_stats: dict[Any, list[int]] = {}  # key -> [groups with variance, groups]
             self.stats = {"groups": 0, "zero_groups": 0, "replaced": 0, "rounds": 0, "trained_groups": 0,
                           "trained_zero_groups": 0}
             self._warned = False
             self._futile = 0  # batches in a row whose resampling found no group with variance
+
+        def _index_rows(self) -> None:
+            self._rows_by_key: dict[Any, list[int]] = {}
+            if self.group_key is not None:
+                for i, row in enumerate(self.train_dataset):
+                    self._rows_by_key.setdefault(self.group_key(row), []).append(i)
+
+        def sampler_model(self):
+            """The model that samples GRPO's completions now: the synced rollout copy, or the trained model."""
+            model = self.accelerator.unwrap_model(self.model)
+            return model if self.rollout is None else self.rollout.synced(model, self.state.global_step)
+
+        def restrict_dataset(self, keep: list[int]) -> None:
+            """Train (and draw dynamic sampling's replacements) only on the rows `keep` of the training set
+            (`nodes.screen`). Call before `train()`."""
+            self.train_dataset = self.train_dataset.select(keep)
+            self._index_rows()
 
         def _fresh_rows(self, n_groups: int) -> list[dict[str, Any]]:
             data = self.train_dataset

@@ -101,6 +101,14 @@ class TrainConfig(BaseModel):
         description="dynamic sampling (DAPO): extra generations per batch that replace groups whose completions all "
         "scored the same with fresh groups that did not (0: off; nodes.grpo_sampling)",
     )
+    screen_samples: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="prompt screening (nodes.screen): before a stage, answer each of its instances this many times "
+        "as GRPO samples, and train only on those whose answers did not all score alike, i.e. where the policy is "
+        "sometimes right (0: off; fewer than 4 such instances: all kept)",
+    )
     partial_credit: float = Field(
         0.0,
         ge=0,

@@ -261,6 +261,8 @@ def run_stage(
         rollout_dtype=sampler_dtype,
         share_prompt=cfg.share_prompt,
     )
+    if cfg.screen_samples:
+        _screen(trainer, dataset, cfg, key, out_dir, reward_state, tok, metrics, progress)
     quiet_trainer(trainer, progress, label=f"GRPO {out_dir.name}")
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=str(resume[0]) if resume is not None else None)
@@ -329,6 +331,28 @@ def run_stage(
         )
     del trainer, model
     return {"checkpoint": str(ckpt), "reward_state": meta["reward_state"], "metrics": metrics}
+
+
+def _screen(trainer, dataset, cfg: TrainConfig, key: str, out_dir: Path, reward_state, tok, metrics: dict,
+            progress: bool) -> None:
+    """Restrict `trainer` to the instances where the policy is sometimes right (`nodes.screen`), screened with the
+    trainer's own sampler and generation settings and a reward of its own on the stage's starting state; a
+    resumed stage reads its earlier screen back from `screen.json`."""
+    from nodes import screen
+
+    found = screen.load_screen(out_dir, key, len(dataset))
+    if found is None:
+        own = MapfReward(tok, reward_state, cfg.prompt_style, cfg.optimality, cfg.partial_credit)
+        keep, stats = screen.screen_dataset(
+            dataset, model=trainer.sampler_model(), tokenizer=tok, reward=own, samples=cfg.screen_samples,
+            generation_config=trainer.generation_config, template_kwargs=template_kwargs(cfg.enable_thinking),
+            progress=progress)
+        if main_process():
+            screen.save_screen(out_dir, key, keep, stats)
+    else:
+        keep, stats = found
+    trainer.restrict_dataset(keep)
+    metrics.update(screen.screen_metrics(stats))
 
 
 def init_from_arg(text: str) -> Path:
