@@ -70,15 +70,14 @@ def sample_answers(model, tokenizer, prompts: list[list[dict]], *, samples: int,
     return out
 
 
-def screen_dataset(dataset, *, model, tokenizer, reward, samples: int, generation_config, min_keep: int = 4, prompts_per_call: int = 8,
-                   template_kwargs: dict | None = None, progress: bool = False) -> tuple[list[int], dict[str, Any]]:
+def screen_dataset(dataset, *, model, tokenizer, reward, samples: int, generation_config, min_keep: int = 4,
+                   prompts_per_call: int = 8, template_kwargs: dict | None = None,
+                   progress: bool = False) -> tuple[list[int], dict[str, Any]]:
     """The rows of `dataset` (`nodes.train_data.build_dataset`'s) worth training on, and the screen's figures.
 
     `reward` is called as TRL calls a reward function (`completions`, `completion_ids`, `instance`), once over
     every answer; pass a reward of its own (a fresh `MapfReward` on the stage's reward state), since it updates
     its state and history. Returns (kept row indices in dataset order, stats)."""
-    import json as _json
-
     t0 = time.perf_counter()
     rows = list(dataset)
     answers = sample_answers(model, tokenizer, [r["prompt"] for r in rows], samples=samples,
@@ -91,7 +90,7 @@ def screen_dataset(dataset, *, model, tokenizer, reward, samples: int, generatio
     keep: list[int] = []
     for i, r in enumerate(rows):
         group = rewards[i * samples:(i + 1) * samples]
-        size = str(_json.loads(r["instance"])["size"])
+        size = str(json.loads(r["instance"])["size"])
         st = by_size.setdefault(size, [0, 0])
         st[1] += 1
         if informative(group):
@@ -114,7 +113,7 @@ def screen_dataset(dataset, *, model, tokenizer, reward, samples: int, generatio
     if progress:
         log.info("screen: %d of %d instances have reward variance in %d samples (%s)%s, %.0f s",
                  stats["informative"], len(rows), samples, stats["informative_by_size"],
-                 "; fewer than %d: all kept" % min_keep if stats["fallback"] else "", stats["seconds"])
+                 f"; fewer than {min_keep}: all kept" if stats["fallback"] else "", stats["seconds"])
     return keep, stats
 
 
