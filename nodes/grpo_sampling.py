@@ -379,7 +379,12 @@ def make_trainer_class():
 
         def restrict_dataset(self, keep: list[int]) -> None:
             """Train (and draw dynamic sampling's replacements) only on the rows `keep` of the training set
-            (`nodes.screen`). Call before `train()`."""
+            (`nodes.screen`). Call before `train()`. Fewer rows than one generation batch has prompts are repeated
+            to fill it: TRL's sampler drops an incomplete batch, and a stage would train no step at all."""
+            need = max(1, self.args.generation_batch_size // self.num_generations)
+            if not keep:
+                raise ValueError("restrict_dataset: no rows to train on")
+            keep = [keep[i % len(keep)] for i in range(max(need, len(keep)))]
             self.train_dataset = self.train_dataset.select(keep)
             self._index_rows()
 

@@ -149,5 +149,7 @@ def test_stage_trains_only_on_the_screened_rows_and_reads_its_screen_back(tmp_pa
     res = run_stage(train_path=train, init_checkpoint=base, out_dir=out, cfg=cfg, seed=3, reward_state=None,
                     progress=False)
     assert res["metrics"]["train/screen_kept"] == 1
+    # one kept row, fewer than a batch's prompts: repeated to fill the batch, so every step still trains
+    assert res["metrics"]["train/steps"] == cfg.max_steps
     assert seen and set(seen) == {insts[4].id}
     assert len(seen) == cfg.max_steps * cfg.per_device_train_batch_size
