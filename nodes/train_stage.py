@@ -15,6 +15,8 @@ Outputs in the stage folder (`run_dir/stage_<k>/`):
   completions all got the same reward, i.e. no learning signal; valid rate of sampled completions; steps;
   seconds; seconds per step; `train/outside_loop_share` = share of the stage's wall time spent outside TRL's
   own training loops).
+- `screen.json` (with `train.screen_samples`): the instances the stage kept after screening (`nodes.screen`), read
+  back if the stage resumes.
 - `tb/`: TensorBoard logs: TRL's per-step scalars under `train/...` (`train/reward`, `train/reward_std`,
   `train/loss`, `train/frac_reward_zero_std`, ...) plus ours (`train/valid_rate`, `train/optimal_rate`,
   `train/zero_std_groups`, `train/w_acc`, `train/w_len`, `train/completion_tokens`), and one point per stage
@@ -340,6 +342,11 @@ def _screen(trainer, dataset, cfg: TrainConfig, key: str, out_dir: Path, reward_
     resumed stage reads its earlier screen back from `screen.json`."""
     from nodes import screen
 
+    if cfg.use_vllm or trainer.accelerator.num_processes > 1:
+        log.warning("train.screen_samples=%d ignored: screening runs in a single process without vLLM (CPU runs); "
+                    "this stage trains on all %d instances", cfg.screen_samples, len(dataset))
+        metrics["train/screen_skipped"] = True
+        return
     found = screen.load_screen(out_dir, key, len(dataset))
     if found is None:
         own = MapfReward(tok, reward_state, cfg.prompt_style, cfg.optimality, cfg.partial_credit)
