@@ -78,6 +78,8 @@ def screen_dataset(dataset, *, model, tokenizer, reward, samples: int, generatio
     `reward` is called as TRL calls a reward function (`completions`, `completion_ids`, `instance`), once over
     every answer; pass a reward of its own (a fresh `MapfReward` on the stage's reward state), since it updates
     its state and history. Returns (kept row indices in dataset order, stats)."""
+    from nodes.train_data import row_size
+
     t0 = time.perf_counter()
     rows = list(dataset)
     answers = sample_answers(model, tokenizer, [r["prompt"] for r in rows], samples=samples,
@@ -86,12 +88,11 @@ def screen_dataset(dataset, *, model, tokenizer, reward, samples: int, generatio
     flat = [a for group in answers for a in group]
     rewards = reward(completions=[t for t, _ in flat], completion_ids=[ids for _, ids in flat],
                      instance=[r["instance"] for r in rows for _ in range(samples)])
-    by_size: dict[str, list[int]] = {}
+    by_size: dict[int, list[int]] = {}
     keep: list[int] = []
     for i, r in enumerate(rows):
         group = rewards[i * samples:(i + 1) * samples]
-        size = str(json.loads(r["instance"])["size"])
-        st = by_size.setdefault(size, [0, 0])
+        st = by_size.setdefault(row_size(r), [0, 0])
         st[1] += 1
         if informative(group):
             keep.append(i)
@@ -102,8 +103,8 @@ def screen_dataset(dataset, *, model, tokenizer, reward, samples: int, generatio
         "informative": len(keep),
         "samples": samples,
         "fallback": len(keep) < min_keep,
-        "informative_by_size": {s: v[0] for s, v in sorted(by_size.items(), key=lambda kv: int(kv[0]))},
-        "candidates_by_size": {s: v[1] for s, v in sorted(by_size.items(), key=lambda kv: int(kv[0]))},
+        "informative_by_size": {str(s): v[0] for s, v in sorted(by_size.items())},
+        "candidates_by_size": {str(s): v[1] for s, v in sorted(by_size.items())},
         "sampled_valid_rate": sum(valid) / len(flat) if valid and flat else None,
         "seconds": round(time.perf_counter() - t0, 1),
     }

@@ -161,9 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
             "diffs": [int(x) - int(y) for x, y in zip(after["valid"], before["valid"], strict=True)],
             **{k: m.get(k) for k in ("train/steps", "train/seconds_per_step", "train/reward_mean", "train/valid_rate",
                                      "train/zero_std_groups", "train/zero_std_groups_trained",
-                                     "train/resample_zero_std_generated", "train/resample_replaced",
-                                     "train/screen_informative", "train/screen_kept", "train/screen_seconds",
-                                     "train/screen_informative_by_size") if k in m or not k.startswith("train/screen")},
+                                     "train/resample_zero_std_generated", "train/resample_replaced")},
+            **{k: v for k, v in m.items() if k.startswith("train/screen_")},  # when the stage was screened
         }
         runs.append(run)
         print(f"seed {seed}", json.dumps({k: v for k, v in run.items() if k != "diffs"}), flush=True)
