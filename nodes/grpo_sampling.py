@@ -351,8 +351,9 @@ def make_trainer_class():
         """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""
 
         def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, group_key=None,
-                     rollout_dtype=None, share_prompt: bool = False, **kwargs):
+                     rollout_dtype=None, share_prompt: bool = False, sft_mix=None, **kwargs):
             super().__init__(*args, **kwargs)
+            self.sft_mix = sft_mix  # nodes.sft_mix.SftMix: an SFT term on solver answers in every loss, or None
             self.share_prompt = bool(share_prompt)
             self.shared_prompt_batches = 0  # scoring calls that ran their rows' common prompt once
             self.rollout = RolloutCopy(rollout_dtype) if rollout_dtype is not None and not self.use_vllm else None
@@ -421,6 +422,14 @@ def make_trainer_class():
                 return super()._generate_single_turn(*args, **kwargs)
             finally:
                 self.model_wrapped = trained
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            if self.sft_mix is not None and self.sft_mix.weight > 0 and self.model.training:
+                nll = self.sft_mix.nll(self._get_per_token_logps_and_entropies, model, loss.device)
+                self._metrics["train"]["sft_mix_nll"].append(float(nll.detach()))
+                loss = loss + self.sft_mix.weight * nll / self.current_gradient_accumulation_steps
+            return loss
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kw):
             from nodes.trl_cpu import per_token_logps

@@ -118,6 +118,15 @@ class TrainConfig(BaseModel):
         "valid answer. Not in the paper (0: its gated reward). Gives GRPO a gradient where no sample is valid "
         "(env.reward.partial_credit)",
     )
+    sft_mix: float = Field(
+        0.0,
+        ge=0,
+        le=10,
+        description="weight of an SFT term in GRPO's loss: the mean NLL per token of the solver's optimal answers to "
+        "the stage's own instances (evaluation layouts left out), sft_mix_batch of them per micro-batch. An anchor "
+        "against GRPO teaching the 135M policy to stop short of the goal. Not in the paper (0: off; nodes.sft_mix)",
+    )
+    sft_mix_batch: int = Field(4, ge=1, le=64, description="solver answers in each micro-batch's SFT term (sft_mix)")
     share_prompt: bool = Field(
         True,
         description="score a GRPO batch whose completions share one prompt (one prompt per step, as the cpu preset "

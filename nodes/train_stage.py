@@ -249,6 +249,13 @@ def run_stage(
     from nodes.grpo_sampling import make_trainer_class, sampling_metrics
 
     sampler_dtype = rollout_dtype(cfg, model)  # resolved here ("auto" -> this machine's choice) and recorded
+    mix = None
+    if cfg.sft_mix > 0:
+        from nodes.sft_mix import SftMix, sft_examples
+
+        mix = SftMix(sft_examples(instances, tok, cfg.prompt_style, template_kwargs(cfg.enable_thinking)),
+                     weight=cfg.sft_mix, batch=cfg.sft_mix_batch, seed=seed,
+                     pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
     trainer = make_trainer_class()(
         model=model,
         reward_funcs=[reward],
@@ -262,6 +269,7 @@ def run_stage(
         group_key=row_size,  # replacements lean to the sizes where the policy is sometimes right
         rollout_dtype=sampler_dtype,
         share_prompt=cfg.share_prompt,
+        sft_mix=mix,
     )
     if cfg.screen_samples:
         _screen(trainer, dataset, cfg, key, out_dir, reward_state, tok, metrics, progress)
@@ -274,6 +282,8 @@ def run_stage(
     steps = int(trainer.state.global_step)
     metrics.update(sampling_metrics(trainer.stats))
     metrics["train/shared_prompt_batches"] = trainer.shared_prompt_batches
+    if mix is not None:
+        metrics.update(mix.metrics())
 
     meta = {
         "reward_state": reward.state.model_dump(mode="json"),
