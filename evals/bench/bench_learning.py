@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
             **{k: m.get(k) for k in ("train/steps", "train/seconds_per_step", "train/reward_mean", "train/valid_rate",
                                      "train/zero_std_groups", "train/zero_std_groups_trained",
                                      "train/resample_zero_std_generated", "train/resample_replaced")},
-            **{k: v for k, v in m.items() if k.startswith("train/screen_")},  # when the stage was screened
+            # when the stage was screened, or had an SFT term
+            **{k: v for k, v in m.items() if k.startswith(("train/screen_", "train/sft_mix_"))},
         }
         runs.append(run)
         print(f"seed {seed}", json.dumps({k: v for k, v in run.items() if k != "diffs"}), flush=True)
