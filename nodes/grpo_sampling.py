@@ -25,6 +25,10 @@ zero-variance share left in the batches that were trained on) and reported by `n
 Only one training process is supported (every CPU run): with several, each process would call TRL's
 gathering generation a different number of times. With more than one process the trainer warns once and
 leaves the batch as TRL made it.
+
+The trainer also carries two stage options of `nodes.train_stage`: `restrict_dataset` (prompt screening,
+`nodes.screen`) and `sft_mix` (an SFT term on the solver's answers added to every micro-batch's loss,
+`nodes.sft_mix`).
 """
 
 from __future__ import annotations
