@@ -56,6 +56,14 @@ class TrainConfig(BaseModel):
         1.0, gt=0, description="passes over the stage's instances (ignored if max_steps > 0)"
     )
     max_steps: int = Field(24, ge=-1, description="GRPO optimiser steps per stage; -1 or 0: use epochs")
+    num_iterations: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="optimiser steps on each generated batch (GRPO's mu, TRL's num_iterations; the policy ratio is "
+        "clipped from the second on): more updates per sampled completion, where sampling is most of a step's cost. "
+        "max_steps counts optimiser steps, so a stage generates max_steps / num_iterations batches",
+    )
     max_completion_length: int = Field(128, ge=8, description="token limit of one sampled answer")
     temperature: float = Field(0.7, gt=0, description="sampling temperature of GRPO completions")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of GRPO completions")

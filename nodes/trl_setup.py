@@ -209,6 +209,7 @@ def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = Tru
         output_dir=str(out_dir / "trl"),
         learning_rate=cfg.learning_rate,
         num_generations=cfg.num_generations,
+        num_iterations=cfg.num_iterations,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps,
         num_train_epochs=cfg.epochs,

@@ -351,6 +351,50 @@ def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(embedded_mode
     assert m["train/zero_std_groups_trained"] < m["train/resample_zero_std_generated"]
 
 
+@pytest.mark.slow
+def test_num_iterations_reuses_each_generated_batch_for_several_optimiser_steps(embedded_model_path, tmp_path):
+    """train.num_iterations=2 with 4 optimiser steps: TRL samples and scores 2 batches, not 4, and every step
+    still moves the weights (the reused batch is scored against its sampling log-probs)."""
+    from datasets import Dataset
+
+    from llm_backends.checkpoints import load_checkpoint
+    from nodes.grpo_sampling import make_trainer_class
+    from nodes.trl_setup import grpo_config
+
+    model, tok = load_checkpoint(embedded_model_path, trainable=True)
+    rows = [{"prompt": [{"role": "user", "content": f"Say a number ({i})."}]} for i in range(16)]
+    calls = []
+
+    def reward(completions, **kw):
+        calls.append(len(completions))
+        return [float(len(c[0]["content"]) % 5) for c in completions]
+
+    reward.__name__ = "toy"
+    cfg = TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "max_steps": 4, "num_iterations": 2,
+                                      "max_completion_length": 8, "num_generations": 2,
+                                      "per_device_train_batch_size": 4, "train_layers": 1})
+    args = grpo_config(cfg, tmp_path, 0, progress=False)
+    assert args.num_iterations == 2
+    trainer = make_trainer_class()(model=model, reward_funcs=[reward], args=args,
+                                   train_dataset=Dataset.from_list(rows), processing_class=tok)
+    moved = []
+    top = [p for p in model.parameters() if p.requires_grad][-1]
+    before = top.detach().clone()
+
+    class Watch(__import__("transformers").TrainerCallback):
+        def on_step_end(self, a, state, control, **kw):
+            moved.append(not bool((top.detach() == before).all()))
+            before.copy_(top.detach())
+
+    trainer.add_callback(Watch())
+    trainer.train()
+    assert trainer.state.global_step == 4
+    assert calls == [4, 4]  # two generated batches of 4 completions for four steps
+    assert all(moved), moved
+    with pytest.raises(ValueError, match="num_iterations"):
+        TrainConfig(num_iterations=0)
+
+
 # ----------------------------------------------------------------------------------------------------
 # GRPO's completions scored over one forward of their shared prompt
 
