@@ -2,6 +2,8 @@
 
 - ``embedded_model_path`` (session): the embedded SmolLM2-135M-Instruct as a local safetensors folder
   (converted once into the cache, ``$ENV_ENGINEER_CACHE`` or ~/.cache/env-engineer).
+- ``embedded_policy`` (session): that model loaded once for inference, ``(model, tokenizer)``. Read-only: a test
+  that trains loads its own.
 - ``vllm_server`` (session): ONE real vLLM server on the embedded model for the whole test session
   (``enable_lora=True``, fp32, eager). Its OpenAI root is ``vllm_server.base_url``, the model name
   ``vllm_server.model_name``, a client ``vllm_server.client()``. Fails when vLLM is not installed
@@ -33,6 +35,13 @@ def embedded_model_path() -> Path:
     from llm_backends.models import resolve_model
 
     return resolve_model()
+
+
+@pytest.fixture(scope="session")
+def embedded_policy(embedded_model_path):
+    from llm_backends.checkpoints import load_checkpoint
+
+    return load_checkpoint(embedded_model_path)
 
 
 @pytest.fixture(scope="session")

@@ -7,23 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from env import SIZES, EnvConfig, generate, write_jsonl
+from env import write_jsonl
 from nodes import screen
 from nodes.train_config import TRAIN_PRESETS, TrainConfig
-
-
-def _three_by_three(n: int, seed: int):
-    cfg = EnvConfig.model_validate(
-        {"sizes": {s: {"data_ratio": float(s == 3), "hole_ratio": 0.1, "wait_ratio": 0.3} for s in SIZES}})
-    return generate(cfg, n, seed=seed).instances
-
-
-@pytest.fixture(scope="module")
-def policy():
-    from llm_backends.checkpoints import load_checkpoint
-    from llm_backends.models import resolve_model
-
-    return load_checkpoint(resolve_model("smollm2-135m"))
+from tests.support.small_maps import three_by_three
 
 
 class LiveOn:
@@ -51,11 +38,11 @@ def test_informative_is_reward_variance():
     assert not screen.informative([])
 
 
-def test_screen_keeps_the_instances_whose_answers_scored_apart(policy):
+def test_screen_keeps_the_instances_whose_answers_scored_apart(embedded_policy):
     from nodes.train_data import build_dataset
 
-    model, tok = policy
-    insts = _three_by_three(6, seed=3)
+    model, tok = embedded_policy
+    insts = three_by_three(6, seed=3)
     dataset, _ = build_dataset(insts, tok, 1024, "compact")
     live = {insts[1].id, insts[4].id, insts[5].id}
     reward = LiveOn(live)
@@ -73,11 +60,11 @@ def test_screen_keeps_the_instances_whose_answers_scored_apart(policy):
         assert tok.eos_token_id not in row[:-1]  # cut at the first end of answer, as TRL masks it
 
 
-def test_screen_keeps_everything_when_too_few_instances_pass(policy):
+def test_screen_keeps_everything_when_too_few_instances_pass(embedded_policy):
     from nodes.train_data import build_dataset
 
-    model, tok = policy
-    insts = _three_by_three(4, seed=5)
+    model, tok = embedded_policy
+    insts = three_by_three(4, seed=5)
     dataset, _ = build_dataset(insts, tok, 1024, "compact")
     keep, stats = screen.screen_dataset(dataset, model=model, tokenizer=tok, reward=LiveOn({insts[2].id}),
                                         samples=2, generation_config=_gen_config(tok, 4), min_keep=2)
@@ -115,7 +102,7 @@ def test_stage_trains_only_on_the_screened_rows_and_reads_its_screen_back(tmp_pa
 
     base = resolve_model("smollm2-135m")
     train = tmp_path / "train.jsonl"
-    insts = _three_by_three(6, seed=11)
+    insts = three_by_three(6, seed=11)
     write_jsonl(train, insts)
     cfg = TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "max_steps": 2, "screen_samples": 2,
                                       "sft_warm_start": False, "resample_rounds": 0})

@@ -6,23 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from env import SIZES, EnvConfig, generate, load_split, parse_plan, write_jsonl
+from env import load_split, parse_plan, write_jsonl
 from nodes.sft_mix import SftMix, batch_tensors, sft_examples
 from nodes.train_config import TRAIN_PRESETS, TrainConfig
-
-
-def _three_by_three(n: int, seed: int):
-    cfg = EnvConfig.model_validate(
-        {"sizes": {s: {"data_ratio": float(s == 3), "hole_ratio": 0.1, "wait_ratio": 0.3} for s in SIZES}})
-    return generate(cfg, n, seed=seed).instances
-
-
-@pytest.fixture(scope="module")
-def policy():
-    from llm_backends.checkpoints import load_checkpoint
-    from llm_backends.models import resolve_model
-
-    return load_checkpoint(resolve_model("smollm2-135m"))
+from tests.support.small_maps import three_by_three
 
 
 def _true_logps(model, ids, attn, keep):
@@ -34,11 +21,11 @@ def _true_logps(model, ids, attn, keep):
     return torch.log_softmax(logits, -1).gather(-1, ids[:, -keep:, None])[..., 0], None
 
 
-def test_solver_answers_parse_back_end_with_eos_and_skip_evaluation_layouts(policy):
+def test_solver_answers_parse_back_end_with_eos_and_skip_evaluation_layouts(embedded_policy):
     from env.library import prompt_messages
 
-    _, tok = policy
-    insts = _three_by_three(5, seed=21)
+    _, tok = embedded_policy
+    insts = three_by_three(5, seed=21)
     held = next(i for i in load_split("val-small") if i.num_agents == 2 and i.size == 3)
     examples = sft_examples([*insts, held], tok, "compact")
     from nodes.train_data import _eval_layouts, _layout
@@ -52,12 +39,12 @@ def test_solver_answers_parse_back_end_with_eos_and_skip_evaluation_layouts(poli
         assert prompt == tok(text, add_special_tokens=False)["input_ids"]
 
 
-def test_padded_batch_scores_each_answer_as_alone(policy):
+def test_padded_batch_scores_each_answer_as_alone(embedded_policy):
     """The NLL of a padded draw equals the token-weighted mean of each example scored alone, unpadded."""
     import torch
 
-    model, tok = policy
-    examples = sft_examples(_three_by_three(3, seed=5), tok, "compact")
+    model, tok = embedded_policy
+    examples = sft_examples(three_by_three(3, seed=5), tok, "compact")
     examples = [examples[0], (examples[1][0][:-7], examples[1][1][:3])]  # different prompt and answer lengths
     mix = SftMix(examples, weight=1.0, batch=2, seed=0, pad_id=tok.pad_token_id)
     got = float(mix.nll(_true_logps, model, "cpu"))
@@ -100,7 +87,7 @@ def test_stage_with_the_sft_term_learns_the_solver_answers(tmp_path):
 
     base = resolve_model("smollm2-135m")
     train = tmp_path / "train.jsonl"
-    insts = _three_by_three(8, seed=13)
+    insts = three_by_three(8, seed=13)
     write_jsonl(train, insts)
     nll = {}
     for weight in (0.0, 5.0):
