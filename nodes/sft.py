@@ -293,9 +293,10 @@ def build_warm_start(
     Returns {"path", "key", "hit", "metrics", "built", "weights"}: the checkpoint folder in the cache
     (`warm_start_root()/<key>`), whether it was reused, the SFT figures (`sft/...`), where and when it was built
     (`built`: `nodes.provenance.collect()` at the build's start: machine, packages, code commit, time) and the
-    sha256 of its weight files, all from the manifest so a reuse reports them too. The key does not name the machine, and a start's figures do not carry over between CPUs (the seed-0
-    cpu start built on an AMD EPYC answers 16.0 % of val-small validly there, greedy and in-process, and 12.7 % on an
-    Intel Xeon with AMX): hence `built` and the weights.
+    sha256 of its weight files, all from the manifest so a reuse reports them too. The key does not name the
+    machine, and a start's figures do not carry over between CPUs (the seed-0 cpu start built on an AMD EPYC answers
+    16.0 % of val-small validly there, greedy and in-process, and 12.7 % on an Intel Xeon with AMX), nor always
+    between builds of the same key: hence `built` and the weights.
     An entry whose manifest is missing, names another spec, or whose files do not match their recorded size and
     SHA-256 (a half-written or corrupt entry) is rebuilt, never loaded. Builds are serialised by a file lock, so
     two runs with one key build once; the entry appears by a rename only when complete.

@@ -31,7 +31,7 @@ def sft_examples(instances: list, tokenizer, prompt_style: str = "compact",
     The prompt is the chat-templated policy prompt with the generation prompt, as TRL feeds it; the answer is the
     solver's optimal plan (`format_answer`), as the warm start trains it."""
     from env.library import prompt_messages
-    from nodes.train_data import _eval_layouts, _layout, format_answer
+    from nodes.train_data import _eval_layouts, _layout, format_answer, prompt_ids
 
     if tokenizer.eos_token_id is None:
         raise ValueError("sft_mix: the tokenizer has no EOS token to end the solver's answers with")
@@ -40,9 +40,7 @@ def sft_examples(instances: list, tokenizer, prompt_style: str = "compact",
     for inst in instances:
         if _layout(inst) in held_out:
             continue
-        text = tokenizer.apply_chat_template(prompt_messages(inst, prompt_style), add_generation_prompt=True,
-                                             tokenize=False, **(template_kwargs or {}))
-        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        prompt = prompt_ids(tokenizer, prompt_messages(inst, prompt_style), template_kwargs)
         answer = tokenizer(format_answer(inst), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         out.append((prompt, answer))
     return out
@@ -75,8 +73,6 @@ class SftMix:
 
     def __init__(self, examples: list[tuple[list[int], list[int]]], *, weight: float, batch: int, seed: int,
                  pad_id: int):
-        if weight < 0:
-            raise ValueError(f"sft_mix {weight!r}: allowed: >= 0")
         if weight > 0 and not examples:
             raise ValueError("sft_mix > 0 but none of the stage's instances can be used (every one shares its layout "
                              "with an evaluation split); set train.sft_mix=0 or give the stage other instances")

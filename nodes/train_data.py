@@ -82,12 +82,17 @@ def sft_dataset(instances: list, seed: int, prompt_style: str = "full", order: s
     return Dataset.from_list([{k: v for k, v in r.items() if k != "size"} for r in rows])
 
 
-def prompt_tokens(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> int:
-    """Token count of the chat-templated prompt (with the generation prompt), as TRL feeds it (TRL passes its
+def prompt_ids(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
+    """Token ids of the chat-templated prompt (with the generation prompt), as TRL feeds it (TRL passes its
     `chat_template_kwargs` to `apply_chat_template`; pass the same here)."""
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
                                          **(template_kwargs or {}))
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def prompt_tokens(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> int:
+    """Token count of `prompt_ids`."""
+    return len(prompt_ids(tokenizer, messages, template_kwargs))
 
 
 def build_dataset(

@@ -356,6 +356,7 @@ def test_num_iterations_reuses_each_generated_batch_for_several_optimiser_steps(
     """train.num_iterations=2 with 4 optimiser steps: TRL samples and scores 2 batches, not 4, and every step
     still moves the weights (the reused batch is scored against its sampling log-probs)."""
     from datasets import Dataset
+    from transformers import TrainerCallback
 
     from llm_backends.checkpoints import load_checkpoint
     from nodes.grpo_sampling import make_trainer_class
@@ -381,7 +382,7 @@ def test_num_iterations_reuses_each_generated_batch_for_several_optimiser_steps(
     top = [p for p in model.parameters() if p.requires_grad][-1]
     before = top.detach().clone()
 
-    class Watch(__import__("transformers").TrainerCallback):
+    class Watch(TrainerCallback):
         def on_step_end(self, a, state, control, **kw):
             moved.append(not bool((top.detach() == before).all()))
             before.copy_(top.detach())
