@@ -1,4 +1,5 @@
-"""`python -m evals.bench.bench_learning --pool`: the seeds of several runs of one experiment, one interval."""
+"""`python -m evals.bench.bench_learning --pool` and `--resume`: the seeds of several runs of one experiment, one
+interval; a stopped bench keeps its finished seeds."""
 
 from __future__ import annotations
 
@@ -80,3 +81,52 @@ def test_one_key_with_other_weights_or_other_start_scores_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"scored 12.7 % \{'3': 0.2\} before training, against 16.0 %"):
         pool([a, old])
     assert len(pool([a, _file(tmp_path, "d.json", [4], warm_start=ws)])["seeds"]) == 2
+
+
+def test_resume_needs_its_file_and_refuses_another_experiment(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--resume"])
+    assert "--resume: needs --json FILE" in capsys.readouterr().err
+    # a file of another experiment (here: other settings) is refused before any training, by name
+    other = _file(tmp_path, "other.json", [0])
+    with pytest.raises(SystemExit):
+        main(["--grpo-sizes", "3,4", "--json", str(other), "--resume"])
+    assert "--resume: " in (err := capsys.readouterr().err) and "train_config differs" in err
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"preset": ')  # half-written by hand: the writer itself never leaves one
+    with pytest.raises(SystemExit):
+        main(["--json", str(broken), "--resume"])
+    assert "--resume: " in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_every_finished_seed_is_kept_and_resumed(embedded_model_path, tmp_path, monkeypatch, capsys):
+    """The real bench, tiny: the file is written after each seed (not only at the end), and --resume trains only
+    the seeds it lacks, keeping the others' figures as they were."""
+    import evals.bench.bench_learning as bench
+
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("llm_backends.models.resolve_model", lambda name, cache_dir=None: embedded_model_path)
+    out = tmp_path / "bench.json"
+    args = ["--preset", "smoke", "--quick", "--per-size", "1", "--json", str(out)]
+
+    def stopped(summary):  # the bench dies after its last seed, before its final summary
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "table", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main([*args, "--seeds", "0"])
+    first = json.loads(out.read_text())
+    assert [r["seed"] for r in first["seeds"]] == [0] and len(first["seeds"][0]["diffs"]) == 3
+    monkeypatch.undo()
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("llm_backends.models.resolve_model", lambda name, cache_dir=None: embedded_model_path)
+    capsys.readouterr()
+    bench.main([*args, "--seeds", "0,1", "--resume"])
+    printed = capsys.readouterr().out
+    assert "seeds [0] kept, [1] to train" in printed and "\nseed 0 " not in printed and "\nseed 1 " in printed
+    final = json.loads(out.read_text())
+    assert [r["seed"] for r in final["seeds"]] == [0, 1]
+    assert final["seeds"][0] == first["seeds"][0]  # not retrained: its timing figures are the first run's, exactly
+    assert final["mean_gain"] == pytest.approx((final["seeds"][0]["gain"] + final["seeds"][1]["gain"]) / 2)
+    assert not list(tmp_path.glob("*.tmp"))

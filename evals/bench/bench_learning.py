@@ -4,6 +4,10 @@
     python -m evals.bench.bench_learning --quick                # a sanity run of every step (minutes)
     python -m evals.bench.bench_learning --seeds 0,1,2,3,4 --grpo-steps 20 --set learning_rate=1e-4
     python -m evals.bench.bench_learning --pool a.json b.json   # the seeds of two runs of one experiment, pooled
+    python -m evals.bench.bench_learning --json a.json --resume # after a stop: keep a.json's finished seeds
+
+With `--json`, the file is rewritten after every seed, so a stopped bench keeps its finished seeds; `--resume`
+reads them back (refused if the file's settings, split or warm start differ) and trains only the missing ones.
 
 1. The preset's cached SFT warm start (`nodes.sft.build_warm_start`, keyed by model, settings and
    `--warm-seed`): built once, reused by every later call, as a run's stage 0 reuses it.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import tempfile
@@ -75,11 +80,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-new-tokens", type=int, default=None, help="greedy answer limit (default: the preset's)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override any TrainConfig field (JSON value), e.g. --set learning_rate=1e-4")
-    p.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    p.add_argument("--json", type=Path, default=None,
+                   help="also write the figures to this file, rewritten after every seed")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the seeds already in --json (same settings, split and warm start) and train only the "
+                   "missing ones")
     p.add_argument("--pool", type=Path, nargs="+", default=None, metavar="JSON",
                    help="no training: pool the seeds of earlier --json files (same warm start, split and settings) "
                    "into one summary with intervals over all their seeds")
     a = p.parse_args(argv)
+    if a.resume and (a.pool or a.json is None):
+        p.error("--resume: needs --json FILE (the file whose finished seeds are kept) and no --pool")
     if a.pool:
         try:
             summary = pool(a.pool)
@@ -118,6 +129,16 @@ def main(argv: list[str] | None = None) -> dict:
     val = [x for s in (3, 4, 5) for x in [i for i in load_split(a.split) if i.size == s][:per_size]]
     if not val or any(i.num_agents != 2 for i in val):
         p.error(f"--split {a.split}: needs 2-agent instances of sizes 3-5")
+    sizes = {int(x) for x in a.grpo_sizes.split(",")}
+    head = {"preset": a.preset, "split": a.split, "instances": len(val), "grpo_sizes": sorted(sizes),
+            "train_config": cfg.model_dump(mode="json")}
+    done = None
+    if a.resume and a.json.exists():
+        try:
+            done = json.loads(a.json.read_text())
+            same_setup(a.json, done, Path("this run"), head)
+        except (ValueError, KeyError) as e:  # JSONDecodeError is a ValueError
+            p.error(f"--resume: {e}")
 
     def score(model, tok) -> dict:
         t = time.perf_counter()
@@ -138,11 +159,24 @@ def main(argv: list[str] | None = None) -> dict:
     print("after warm start", json.dumps({k: before[k] for k in ("valid_rate", "by_size", "failures", "eval_seconds")}),
           flush=True)
 
-    sizes = {int(x) for x in a.grpo_sizes.split(",")}
+    head["warm_start"] = {"key": ws["key"], "reused": ws["hit"], "weights": ws["weights"],
+                          "built_on": (ws["built"].get("machine") or {}).get("cpu"), "valid_rate": before["valid_rate"],
+                          "by_size": before["by_size"], "failures": before["failures"]}
+    runs = []
+    if done is not None:
+        try:
+            same_start(a.json, done, Path("this run"), head)
+        except ValueError as e:
+            p.error(f"--resume: {e}")
+        runs = list(done["seeds"])  # every finished seed stays, listed in --seeds or not
+        seeds += [r["seed"] for r in runs if r["seed"] not in seeds]
+        print(f"resumed from {a.json}: seeds {[r['seed'] for r in runs]} kept, "
+              f"{[s for s in seeds if s not in {r['seed'] for r in runs}]} to train", flush=True)
     grpo_cfg = EnvConfig.model_validate({"sizes": {
         s: {"data_ratio": 1 / len(sizes) if s in sizes else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in SIZES}})
-    runs = []
     for seed in seeds:
+        if any(r["seed"] == seed for r in runs):
+            continue
         with tempfile.TemporaryDirectory() as tmp:
             train = Path(tmp) / "train.jsonl"
             write_jsonl(train, generate(grpo_cfg, cfg.instances_per_stage, seed=2000 + seed).instances)
@@ -166,23 +200,24 @@ def main(argv: list[str] | None = None) -> dict:
             **{k: v for k, v in m.items() if k.startswith(("train/screen_", "train/sft_mix_"))},
         }
         runs.append(run)
+        runs.sort(key=lambda r: seeds.index(r["seed"]))
         print(f"seed {seed}", json.dumps({k: v for k, v in run.items() if k != "diffs"}), flush=True)
+        if a.json:  # a stopped bench keeps every finished seed (--resume)
+            write_json(a.json, summarize(head, runs))
 
-    summary = summarize({
-        "preset": a.preset,
-        "split": a.split,
-        "instances": len(val),
-        "grpo_sizes": sorted(sizes),
-        "train_config": cfg.model_dump(mode="json"),
-        "warm_start": {"key": ws["key"], "reused": ws["hit"], "weights": ws["weights"],
-                       "built_on": (ws["built"].get("machine") or {}).get("cpu"), "valid_rate": before["valid_rate"],
-                       "by_size": before["by_size"], "failures": before["failures"]},
-    }, runs)
+    summary = summarize(head, runs)
     print(json.dumps({k: v for k, v in summary.items() if k != "seeds"}, indent=2))
     print(table(summary))
     if a.json:
-        a.json.write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(a.json, summary)
     return summary
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write `data` to `path` whole or not at all (a temporary file, then a rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def summarize(head: dict, runs: list[dict]) -> dict:
@@ -207,31 +242,44 @@ def _short(weights: dict[str, str]) -> str:
     return ", ".join(f"{name} {digest[:12]}" for name, digest in weights.items())
 
 
+def same_setup(path: Path, f: dict, ref_path: Path, ref: dict) -> None:
+    """ValueError unless the figures in `f` (read from `path`) come from the settings, split and sizes of `ref`."""
+    for k in POOL_SAME:
+        if k not in f:
+            raise ValueError(f"{path}: no {k!r} (written before stop 26?); pool only files that record it")
+        if f[k] != ref[k]:
+            raise ValueError(f"{path}: {k} differs from {ref_path}'s; pool or resume only runs of the same experiment")
+
+
+def same_start(path: Path, f: dict, ref_path: Path, ref: dict, key_only: bool = False) -> None:
+    """ValueError unless `f` and `ref` trained from one warm start: the same cache key and, since one key may be
+    built into other weights elsewhere and one start answers differently on another CPU, the same weights where
+    recorded and the same greedy answers before training."""
+    a, b = f["warm_start"], ref["warm_start"]
+    if a["key"] != b["key"]:
+        raise ValueError(f"{path}: warm start {a['key']} differs from {b['key']} ({ref_path}); only runs from the "
+                         "same warm start can be pooled or resumed")
+    if key_only:
+        return
+    if a.get("weights") and b.get("weights") and a["weights"] != b["weights"]:
+        raise ValueError(f"{path}: warm start {a['key']} has other weights than in {ref_path} "
+                         f"({_short(a['weights'])} built on {a.get('built_on')}, against {_short(b['weights'])} "
+                         f"built on {b.get('built_on')}); only runs from the same weights can be pooled or resumed")
+    if (a["valid_rate"], a["by_size"]) != (b["valid_rate"], b["by_size"]):
+        raise ValueError(f"{path}: the warm start scored {100 * a['valid_rate']:.1f} % {a['by_size']} before "
+                         f"training, against {100 * b['valid_rate']:.1f} % {b['by_size']} in {ref_path}: another "
+                         "start, the same start scored on another CPU, or another evaluation; only runs from "
+                         "the same start can be pooled or resumed")
+
+
 def pool(paths: list[Path]) -> dict:
     """One summary over the seeds of several `--json` files of the same experiment (ValueError otherwise)."""
     files = [json.loads(Path(p).read_text()) for p in paths]
     first = files[0]
     for path, f in zip(paths, files, strict=True):
-        if f["warm_start"]["key"] != first["warm_start"]["key"]:
-            raise ValueError(f"{path}: warm start {f['warm_start']['key']} differs from {first['warm_start']['key']} "
-                             f"({paths[0]}); only runs from the same warm start can be pooled")
-        for k in POOL_SAME:
-            if k not in f:
-                raise ValueError(f"{path}: no {k!r} (written before stop 26?); pool only files that record it")
-            if f[k] != first[k]:
-                raise ValueError(f"{path}: {k} differs from {paths[0]}'s; pool only runs of the same experiment")
-        # one key may be built into other weights elsewhere, and one start answers differently on another CPU:
-        # the weights where recorded, and the start's own greedy answers, must agree too
-        a, b = f["warm_start"], first["warm_start"]
-        if a.get("weights") and b.get("weights") and a["weights"] != b["weights"]:
-            raise ValueError(f"{path}: warm start {a['key']} has other weights than in {paths[0]} "
-                             f"({_short(a['weights'])} built on {a.get('built_on')}, against {_short(b['weights'])} "
-                             f"built on {b.get('built_on')}); only runs from the same weights can be pooled")
-        if (a["valid_rate"], a["by_size"]) != (b["valid_rate"], b["by_size"]):
-            raise ValueError(f"{path}: the warm start scored {100 * a['valid_rate']:.1f} % {a['by_size']} before "
-                             f"training, against {100 * b['valid_rate']:.1f} % {b['by_size']} in {paths[0]}: another "
-                             "start, the same start scored on another CPU, or another evaluation; only runs from "
-                             "the same start can be pooled")
+        same_start(path, f, paths[0], first, key_only=True)
+        same_setup(path, f, paths[0], first)
+        same_start(path, f, paths[0], first)
         missing = [r["seed"] for r in f["seeds"] if "diffs" not in r]
         if missing:
             raise ValueError(f"{path}: seeds {missing} have no per-instance answers ('diffs'); they cannot be pooled")
