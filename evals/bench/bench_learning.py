@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs = []
     if done is not None:
         try:
-            same_start(a.json, done, Path("this run"), head)
+            same_start(a.json, done, Path("this run"), json.loads(json.dumps(head)))  # as the file holds it
         except ValueError as e:
             p.error(f"--resume: {e}")
         runs = list(done["seeds"])  # every finished seed stays, listed in --seeds or not
