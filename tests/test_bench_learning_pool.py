@@ -92,6 +92,15 @@ def test_resume_needs_its_file_and_refuses_another_experiment(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--grpo-sizes", "3,4", "--json", str(other), "--resume"])
     assert "--resume: " in (err := capsys.readouterr().err) and "train_config differs" in err
+    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+
+    other_cfg = TrainConfig.model_validate(TRAIN_PRESETS["cpu"]).model_dump(mode="json")  # this run's own settings
+    old = json.loads(_file(tmp_path, "old.json", [0], grpo_sizes=[3, 4, 5]).read_text())
+    del old["seeds"][0]["diffs"]  # no per-instance answers: the interval could not be recomputed after a new seed
+    (tmp_path / "old.json").write_text(json.dumps({**old, "train_config": other_cfg}))
+    with pytest.raises(SystemExit):
+        main(["--json", str(tmp_path / "old.json"), "--resume"])
+    assert "--resume: " in (err := capsys.readouterr().err) and "seeds [0] have no per-instance answers" in err
     broken = tmp_path / "broken.json"
     broken.write_text('{"preset": ')  # half-written by hand: the writer itself never leaves one
     with pytest.raises(SystemExit):

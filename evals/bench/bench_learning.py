@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             done = json.loads(a.json.read_text())
             same_setup(a.json, done, Path("this run"), head)
+            finished_seeds(a.json, done)
         except (ValueError, KeyError) as e:  # JSONDecodeError is a ValueError
             p.error(f"--resume: {e}")
 
@@ -162,13 +163,14 @@ def main(argv: list[str] | None = None) -> dict:
     head["warm_start"] = {"key": ws["key"], "reused": ws["hit"], "weights": ws["weights"],
                           "built_on": (ws["built"].get("machine") or {}).get("cpu"), "valid_rate": before["valid_rate"],
                           "by_size": before["by_size"], "failures": before["failures"]}
+    head = json.loads(json.dumps(head))  # as the file holds it: JSON keys are strings
     runs = []
     if done is not None:
         try:
-            same_start(a.json, done, Path("this run"), json.loads(json.dumps(head)))  # as the file holds it
+            same_start(a.json, done, Path("this run"), head)
         except ValueError as e:
             p.error(f"--resume: {e}")
-        runs = list(done["seeds"])  # every finished seed stays, listed in --seeds or not
+        runs = finished_seeds(a.json, done)  # every finished seed stays, listed in --seeds or not
         seeds += [r["seed"] for r in runs if r["seed"] not in seeds]
         print(f"resumed from {a.json}: seeds {[r['seed'] for r in runs]} kept, "
               f"{[s for s in seeds if s not in {r['seed'] for r in runs}]} to train", flush=True)
@@ -272,6 +274,17 @@ def same_start(path: Path, f: dict, ref_path: Path, ref: dict, key_only: bool = 
                          "the same start can be pooled or resumed")
 
 
+def finished_seeds(path: Path, f: dict) -> list[dict]:
+    """The seeds' runs in `f` (read from `path`); ValueError if any lacks its per-instance answers ('diffs')."""
+    if "seeds" not in f:
+        raise ValueError(f"{path}: no 'seeds'; not a file written by bench_learning --json")
+    missing = [r["seed"] for r in f["seeds"] if "diffs" not in r]
+    if missing:
+        raise ValueError(f"{path}: seeds {missing} have no per-instance answers ('diffs'); they cannot be pooled or "
+                         "resumed")
+    return list(f["seeds"])
+
+
 def pool(paths: list[Path]) -> dict:
     """One summary over the seeds of several `--json` files of the same experiment (ValueError otherwise)."""
     files = [json.loads(Path(p).read_text()) for p in paths]
@@ -280,10 +293,7 @@ def pool(paths: list[Path]) -> dict:
         same_start(path, f, paths[0], first, key_only=True)
         same_setup(path, f, paths[0], first)
         same_start(path, f, paths[0], first)
-        missing = [r["seed"] for r in f["seeds"] if "diffs" not in r]
-        if missing:
-            raise ValueError(f"{path}: seeds {missing} have no per-instance answers ('diffs'); they cannot be pooled")
-    runs = [r for f in files for r in f["seeds"]]
+    runs = [r for path, f in zip(paths, files, strict=True) for r in finished_seeds(path, f)]
     seeds = [r["seed"] for r in runs]
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds {seeds}: a seed appears twice; pool runs of different seeds")
