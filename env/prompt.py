@@ -141,6 +141,18 @@ def parse_plan(text: object, n_agents: int) -> list[list[Cell]] | ParseFailure:
     >>> parse_plan("Agent 0: (0,0)", 1)
     ParseFailure(reason='no <answer> block')
     """
+    parsed = parse_plan_spans(text, n_agents)
+    return parsed if isinstance(parsed, ParseFailure) else parsed[0]
+
+
+def parse_plan_spans(text: object, n_agents: int) -> tuple[list[list[Cell]], list[list[tuple[int, int]]]] | ParseFailure:
+    """`parse_plan`, with where each cell stands in `text`: (paths, spans), spans[i][t] the (start, end) character
+    offsets of agent i's cell at step t. Never raises.
+
+    >>> paths, spans = parse_plan_spans("<answer>\\nAgent 0: (0,0) (0,1)\\n</answer>", 1)
+    >>> paths, spans
+    ([[(0, 0), (0, 1)]], [[(18, 23), (24, 29)]])
+    """
     if not isinstance(text, str):
         return ParseFailure(f"answer is not text ({type(text).__name__})")
     opens = list(_OPEN.finditer(text))
@@ -150,11 +162,15 @@ def parse_plan(text: object, n_agents: int) -> list[list[Cell]] | ParseFailure:
     close = _CLOSE.search(text, body_start)
     body = text[body_start : close.start() if close else len(text)]
     paths: dict[int, list[Cell]] = {}
+    spans: dict[int, list[tuple[int, int]]] = {}
     current: int | None = None
-    for raw in body.splitlines():
+    at = body_start
+    for raw in body.splitlines(keepends=True):
+        line_at, at = at, at + len(raw)
         line = raw.strip()
         if not line:
             continue
+        line_at += len(raw) - len(raw.lstrip())
         m = _AGENT.match(line)
         if m:
             idx = int(m.group(1)) if len(m.group(1)) <= 3 else 10**6
@@ -168,6 +184,7 @@ def parse_plan(text: object, n_agents: int) -> list[list[Cell]] | ParseFailure:
             if not cells:
                 return ParseFailure(f"agent {idx}: no cells listed")
             paths[idx] = cells
+            spans[idx] = _cell_spans(m.group(2), line_at + m.start(2))
             current = idx
             continue
         if _CELL.search(line):
@@ -177,6 +194,7 @@ def parse_plan(text: object, n_agents: int) -> list[list[Cell]] | ParseFailure:
             if isinstance(cells, ParseFailure):
                 return ParseFailure(f"agent {current}: {cells.reason}")
             paths[current].extend(cells)  # a path wrapped over several lines
+            spans[current].extend(_cell_spans(line, line_at))
         # Any other line (prose, a heading) is ignored.
     if not paths:
         return ParseFailure("the answer block has no 'Agent <i>: (r,c) ...' lines")
@@ -184,7 +202,11 @@ def parse_plan(text: object, n_agents: int) -> list[list[Cell]] | ParseFailure:
     if ids != list(range(len(ids))):
         shown = ", ".join(str(i) for i in ids[:8])
         return ParseFailure(f"agents must be numbered 0..{len(ids) - 1} (0-indexed); got {shown}")
-    return [paths[i] for i in ids]
+    return [paths[i] for i in ids], [spans[i] for i in ids]
+
+
+def _cell_spans(s: str, offset: int) -> list[tuple[int, int]]:
+    return [(offset + m.start(), offset + m.end()) for m in _CELL.finditer(s)]
 
 
 def _cells(s: str) -> list[Cell] | ParseFailure:

@@ -35,7 +35,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from .instance import Cell, Instance
-from .prompt import ParseFailure, parse_plan
+from .prompt import ParseFailure, parse_plan, parse_plan_spans
 
 Failure = Literal[
     "parse_error", "illegal_move", "conflict", "goal_not_reached", "wrong_start", "agent_count", "hole", "out_of_bounds"
@@ -215,6 +215,56 @@ def verify_plan(instance: Instance, paths: list[list[Cell]], criterion: Criterio
                     span, best_span, criterion)
 
 
+def first_error_at(instance: Instance, text: object) -> int | None:
+    """Where an invalid answer stops being sound: the character offset in `text` of the first error in the order
+    the answer was written. Everything before it passes every check; the error is the first cell that starts
+    wrong, leaves the map, enters a hole or jumps, the end of a path short of its goal (just after its last
+    cell), or the later-written of two cells in a conflict. None for a valid answer, and for an error with no
+    place in the text (a parse error, the wrong number of agents). Never raises on any answer text.
+
+    >>> from env import load_split
+    >>> inst = load_split("val-mini")[0]
+    >>> first_error_at(inst, plan_text(inst.plan)) is None
+    True
+    >>> short = plan_text([inst.plan[0][:-1], inst.plan[1]])
+    >>> short[first_error_at(inst, short):][:1]  # just after agent 0's last cell, short of its goal
+    '\\n'
+    """
+    parsed = parse_plan_spans(text, instance.num_agents)
+    if isinstance(parsed, ParseFailure):
+        return None
+    paths, spans = parsed
+    if len(paths) != instance.num_agents or not all(paths):
+        return None
+    n, grid = instance.size, instance.grid
+    errors = []
+    for path, at, start, goal in zip(paths, spans, instance.starts, instance.goals, strict=True):
+        bad = _first_unsound_step(path, start, n, grid)
+        if bad is not None:
+            errors.append(at[bad][0])
+        elif path[-1] != goal:
+            errors.append(at[-1][1])
+    for i in range(len(paths)):
+        for j in range(i + 1, len(paths)):
+            conflict = _first_conflict_2(paths[i], paths[j])
+            if conflict is not None:
+                t = conflict["step"]
+                errors.append(max(spans[a][t][0] for a in (i, j) if t < len(paths[a])))
+    return min(errors) if errors else None
+
+
+def _first_unsound_step(path: list[Cell], start: Cell, n: int, grid) -> int | None:
+    """The first step at which `path` alone fails `path_sound` (0 for a wrong start), or None."""
+    if path[0] != start:
+        return 0
+    pr, pc = path[0]
+    for t, (r, c) in enumerate(path):
+        if not (0 <= r < n and 0 <= c < n) or grid[r][c] == "H" or abs(r - pr) + abs(c - pc) > 1:
+            return t
+        pr, pc = r, c
+    return None
+
+
 def path_sound(path: list[Cell], start: Cell, n: int, grid) -> bool:
     """One agent's path on its own passes checks 3-6: it is non-empty, starts on `start`, stays on the n x n
     map, never enters a hole ('H' in `grid`) and moves at most one cell a step. Its goal is not checked.
@@ -222,14 +272,7 @@ def path_sound(path: list[Cell], start: Cell, n: int, grid) -> bool:
     >>> path_sound([(0, 0), (0, 1), (0, 1)], (0, 0), 2, ["FF", "FH"]), path_sound([(0, 0), (1, 1)], (0, 0), 2, ["FF", "FF"])
     (True, False)
     """
-    if not path or path[0] != start:
-        return False
-    pr, pc = path[0]
-    for r, c in path:
-        if not (0 <= r < n and 0 <= c < n) or grid[r][c] == "H" or abs(r - pr) + abs(c - pc) > 1:
-            return False
-        pr, pc = r, c
-    return True
+    return bool(path) and _first_unsound_step(path, start, n, grid) is None
 
 
 def _per_cell_checks(instance: Instance, paths: list[list[Cell]], cost: int, span: int,

@@ -355,8 +355,11 @@ def make_trainer_class():
         """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""
 
         def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, group_key=None,
-                     rollout_dtype=None, share_prompt: bool = False, sft_mix=None, **kwargs):
+                     rollout_dtype=None, share_prompt: bool = False, sft_mix=None, localize_credit: bool = False,
+                     **kwargs):
             super().__init__(*args, **kwargs)
+            self.localize_credit = bool(localize_credit)
+            self.localized = {"rows": 0, "localized_rows": 0, "tokens": 0, "masked_tokens": 0}
             self.sft_mix = sft_mix  # nodes.sft_mix.SftMix: an SFT term on solver answers in every loss, or None
             self.share_prompt = bool(share_prompt)
             self.shared_prompt_batches = 0  # scoring calls that ran their rows' common prompt once
@@ -453,6 +456,7 @@ def make_trainer_class():
             if zero and self.resample_rounds and self.accelerator.num_processes > 1 and not self._warned:
                 log.warning("dynamic sampling needs a single training process; it is off for this run")
                 self._warned = True
+            rows = list(inputs)
             rounds, found = 0, 0
             while (zero and rounds < self.resample_rounds and self._futile < 2
                    and self.accelerator.num_processes == 1):
@@ -469,6 +473,8 @@ def make_trainer_class():
                     slots = zero[: len(picks)]
                     batch = replace_groups(batch, fresh, slots, picks[: len(slots)], g,
                                            self.processing_class.pad_token_id)
+                    for slot, pick in zip(slots, picks, strict=False):
+                        rows[slot * g : (slot + 1) * g] = fresh_rows[pick * g : (pick + 1) * g]
                     self.stats["replaced"] += len(slots)
                     found += len(slots)
                     zero = zero[len(slots):]
@@ -477,9 +483,83 @@ def make_trainer_class():
             self.stats["rounds"] += rounds
             self.stats["trained_groups"] += batch["advantages"].numel() // g
             self.stats["trained_zero_groups"] += len(zero)
+            if self.localize_credit:
+                batch = localize_credit(batch, rows, self.processing_class, self.localized)
             return batch
 
     return DynamicSamplingGRPOTrainer
+
+
+def localize_credit(batch: dict, rows: list[dict], tok, counts: dict | None = None) -> dict:
+    """`batch` with its loss restricted, in each invalid answer, to the side of its first error that its advantage
+    speaks for (`env.verify.first_error_at`): an answer scored below its group (negative advantage) is pushed down
+    only from its first error on, so the sound cells it wrote before it are not taught against; one scored above
+    its group (positive, e.g. by partial credit) is pushed up only before it, so the error is not taught. Valid
+    answers, answers whose error has no place (parse errors) and zero advantages keep their whole loss.
+
+    The restriction is TRL's per-token `tool_mask` (the loss mask is completion_mask x tool_mask; attention keeps
+    completion_mask), and `num_items_in_batch` is left as it was: a masked token's term is dropped, the others keep
+    their weight. `rows`: the batch's dataset rows in order (their `instance` column); `counts`: running totals
+    (rows, localized_rows, tokens, masked_tokens), updated in place."""
+    import torch
+
+    from env import Instance
+    from env.verify import first_error_at
+
+    ids, mask, adv = batch["completion_ids"], batch["completion_mask"], batch["advantages"]
+    if len(rows) != ids.shape[0]:
+        raise ValueError(f"localize_credit: {len(rows)} rows for a batch of {ids.shape[0]} completions")
+    keep = batch.get("tool_mask")
+    keep = torch.ones_like(mask) if keep is None else keep.clone()
+    instances: dict[str, Instance] = {}
+    localized = 0
+    for b, row in enumerate(rows):
+        a = float(adv[b])
+        if a == 0.0:
+            continue
+        raw = row["instance"]
+        inst = instances.get(raw) or instances.setdefault(raw, Instance.from_json(raw))
+        n = int(mask[b].sum())
+        tokens = ids[b, :n].tolist()
+        text = tok.decode(tokens, skip_special_tokens=True)
+        at = first_error_at(inst, text)
+        if at is None:
+            continue
+        k = _token_at(tok, tokens, at)
+        if a < 0:
+            keep[b, :k] = 0
+        else:
+            keep[b, k:] = 0
+        localized += 1
+    loss_mask = mask * keep
+    if counts is not None:
+        counts["rows"] = counts.get("rows", 0) + len(rows)
+        counts["localized_rows"] = counts.get("localized_rows", 0) + localized
+        counts["tokens"] = counts.get("tokens", 0) + int(mask.sum())
+        counts["masked_tokens"] = counts.get("masked_tokens", 0) + int(mask.sum() - loss_mask.sum())
+    return {**batch, "tool_mask": keep}
+
+
+def _token_at(tok, tokens: list[int], offset: int) -> int:
+    """The index of the token of `tokens` whose decoded text holds character `offset` of their decoded text
+    (len(tokens) if the text is shorter): the first k with len(decode(tokens[:k + 1])) > offset."""
+    lo, hi = 0, len(tokens)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tok.decode(tokens[: mid + 1], skip_special_tokens=True)) > offset:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def localize_metrics(counts: dict) -> dict[str, float]:
+    """`train/...` figures of a stage's localized credit (`DynamicSamplingGRPOTrainer.localized`)."""
+    rows, tokens = counts.get("rows", 0), counts.get("tokens", 0)
+    return {
+        "train/localized_rows": counts.get("localized_rows", 0) / rows if rows else float("nan"),
+        "train/localized_tokens_masked": counts.get("masked_tokens", 0) / tokens if tokens else float("nan"),
+    }
 
 
 def sampling_metrics(stats: dict) -> dict[str, float]:

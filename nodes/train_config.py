@@ -126,6 +126,13 @@ class TrainConfig(BaseModel):
         "valid answer. Not in the paper (0: its gated reward). Gives GRPO a gradient where no sample is valid "
         "(env.reward.partial_credit)",
     )
+    localize_credit: bool = Field(
+        False,
+        description="restrict each invalid answer's loss to the side of its first error its advantage speaks for: "
+        "below its group, only from the error on (the sound cells before it are not taught against); above it (partial "
+        "credit), only before it. Located by the verifier (env.verify.first_error_at). Not in the paper (off: "
+        "every token of an answer shares its advantage; nodes.grpo_sampling.localize_credit)",
+    )
     sft_mix: float = Field(
         0.0,
         ge=0,

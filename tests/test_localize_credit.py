@@ -1,0 +1,116 @@
+"""Credit localized by the verifier (`env.verify.first_error_at`, `nodes.grpo_sampling.localize_credit`): where an
+invalid answer's first error stands, and which of its tokens GRPO's loss keeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from env import Instance, parse_plan, plan_text, verify
+from env.prompt import parse_plan_spans
+from env.verify import first_error_at
+
+# 3x3, one hole at (2,1); agent 0 (0,0) -> (0,2), agent 1 (1,1) -> (1,2)
+INST = Instance(id="t", size=3, grid=["FFF", "FFF", "FHF"], starts=[(0, 0), (1, 1)], goals=[(0, 2), (1, 2)],
+                plan=[[(0, 0), (0, 1), (0, 2)], [(1, 1), (1, 2)]], optimal_cost=3, makespan=2, optimal_makespan=2,
+                shortest=[2, 1], needs_wait=False, seed=0)
+A0 = [(0, 0), (0, 1), (0, 2)]
+
+
+def _after_error(paths) -> tuple[str, str]:
+    """(the failure the verifier names, the answer's text from its first error on)."""
+    text = plan_text(paths)
+    at = first_error_at(INST, text)
+    assert at is not None
+    return verify(INST, text).failure, text[at:]
+
+
+def test_spans_point_at_the_cells_parse_plan_reads():
+    text = "Let me think.\n<answer>\n  agent 0: (0,0) -> (0, 1)\n (1,1)\nAgent 1: [2,2],[2,1]\n</answer>"
+    paths, spans = parse_plan_spans(text, 2)
+    assert paths == parse_plan(text, 2) == [[(0, 0), (0, 1), (1, 1)], [(2, 2), (2, 1)]]
+    for path, at in zip(paths, spans, strict=True):
+        assert [parse_plan(f"<answer>Agent 0: {text[a:b]}</answer>", 1)[0][0] for a, b in at] == path
+    assert text[spans[0][2][0]:spans[0][2][1]] == "(1,1)"  # the wrapped line's cell
+    assert text[spans[0][1][0]:spans[0][1][1]] == "(0, 1)"
+    assert parse_plan_spans("no answer", 1) == parse_plan("no answer", 1)
+
+
+def test_a_valid_answer_or_one_without_a_placed_error_has_none():
+    assert verify(INST, plan_text(INST.plan)).valid and first_error_at(INST, plan_text(INST.plan)) is None
+    assert first_error_at(INST, "no answer") is None  # parse error
+    assert first_error_at(INST, plan_text([A0])) is None  # one agent of two
+
+
+@pytest.mark.parametrize("paths, failure, starts_with", [
+    ([A0, [(1, 1), (2, 1), (2, 2), (1, 2)]], "hole", "(2,1) (2,2)"),  # agent 0's sound line before it is spared
+    ([[(1, 0), (0, 0), (0, 1), (0, 2)], INST.plan[1]], "wrong_start", "(1,0) (0,0)"),
+    ([[(0, 0), (-1, 0), (0, 0), (0, 1), (0, 2)], INST.plan[1]], "out_of_bounds", "(-1,0) (0,0)"),
+    ([[(0, 0), (0, 2)], INST.plan[1]], "illegal_move", "(0,2)\nAgent 1"),
+    ([A0[:2], INST.plan[1]], "goal_not_reached", "\nAgent 1"),  # just after the last cell, short of the goal
+    # both agents on (0,1) at step 1: agent 1's cell, written after agent 0's
+    ([A0, [(1, 1), (0, 1), (1, 1), (1, 2)]], "conflict", "(0,1) (1,1) (1,2)"),
+    # agent 1 walks onto (0,2) at step 3, where agent 0 has stopped: agent 1's cell, the only one written
+    ([A0, [(1, 1), (1, 1), (1, 2), (0, 2), (1, 2)]], "conflict", "(0,2) (1,2)\n</answer>"),
+    # two errors: agent 0 short of its goal comes first in the text, before agent 1's hole
+    ([A0[:2], [(1, 1), (2, 1), (2, 2), (1, 2)]], "hole", "\nAgent 1"),
+])
+def test_first_error_is_where_it_was_written(paths, failure, starts_with):
+    got_failure, rest = _after_error(paths)
+    assert got_failure == failure and rest.startswith(starts_with)
+
+
+def test_first_error_follows_the_text_not_the_agent_numbers():
+    text = "<answer>\nAgent 1: (1,1) (2,1) (2,2) (1,2)\nAgent 0: (0,0) (0,1)\n</answer>"
+    assert text[first_error_at(INST, text):].startswith("(2,1)")  # agent 1's hole is written first
+
+
+def _batch(tok, texts, advantages):
+    import torch
+
+    ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    width = max(map(len, ids))
+    return ids, {
+        "completion_ids": torch.tensor([row + [tok.pad_token_id] * (width - len(row)) for row in ids]),
+        "completion_mask": torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids]),
+        "advantages": torch.tensor(advantages, dtype=torch.float32),
+        "num_items_in_batch": torch.tensor(sum(map(len, ids))),
+    }
+
+
+def test_loss_keeps_the_error_side_its_advantage_speaks_for(embedded_policy):
+    from nodes.grpo_sampling import localize_credit, localize_metrics
+
+    _, tok = embedded_policy
+    hole = plan_text([A0, [(1, 1), (2, 1), (2, 2), (1, 2)]])
+    texts = [hole, hole, plan_text(INST.plan), "no answer here", hole]
+    ids, batch = _batch(tok, texts, [-1.0, 0.5, -0.3, -1.0, 0.0])
+    rows = [{"instance": INST.to_json()}] * len(texts)
+    counts: dict = {}
+    out = localize_credit(batch, rows, tok, counts)
+    keep, mask = out["tool_mask"], batch["completion_mask"]
+    assert out["num_items_in_batch"] is batch["num_items_in_batch"]  # the other tokens keep their weight
+    assert out["completion_mask"] is mask  # attention is unchanged
+
+    at = first_error_at(INST, hole)
+    n = len(ids[0])
+    k = next(i for i in range(n) if len(tok.decode(ids[0][: i + 1])) > at)  # the token holding the error
+    assert tok.decode(ids[0][k:]).lstrip().startswith("(2,1) (2,2)")
+    # below its group: pushed down only from the error on; above it: pushed up only before it
+    assert keep[0, :n].tolist() == [0] * k + [1] * (n - k)
+    assert keep[1, :n].tolist() == [1] * k + [0] * (n - k)
+    # a valid answer, a parse error and a zero advantage keep their whole loss
+    for b in (2, 3, 4):
+        assert bool((keep[b] * mask[b] == mask[b]).all())
+    assert counts == {"rows": 5, "localized_rows": 2, "tokens": int(mask.sum()), "masked_tokens": n}
+    m = localize_metrics(counts)
+    assert m["train/localized_rows"] == 0.4 and m["train/localized_tokens_masked"] == n / int(mask.sum())
+
+    with pytest.raises(ValueError, match="4 rows for a batch of 5"):
+        localize_credit(batch, rows[:4], tok)
+
+
+def test_setting_is_off_by_default_and_in_no_preset():
+    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+
+    assert TrainConfig().localize_credit is False
+    assert all(not p.get("localize_credit", False) for p in TRAIN_PRESETS.values())
