@@ -114,3 +114,55 @@ def test_setting_is_off_by_default_and_in_no_preset():
 
     assert TrainConfig().localize_credit is False
     assert all(not p.get("localize_credit", False) for p in TRAIN_PRESETS.values())
+
+
+@pytest.mark.slow
+def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
+    """A real smoke stage with `localize_credit` on: every generation batch goes through `localize_credit` with
+    the rows whose answers were scored, in order, and the loss of every step is computed with its mask."""
+    import json
+
+    from trl import GRPOTrainer
+
+    from env import write_jsonl
+    from llm_backends.models import resolve_model
+    from nodes import grpo_sampling
+    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+    from nodes.train_data import MapfReward
+    from nodes.train_stage import run_stage
+    from tests.support.small_maps import three_by_three
+
+    train = tmp_path / "train.jsonl"
+    write_jsonl(train, three_by_three(6, seed=11))
+    cfg = TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "max_steps": 2, "sft_warm_start": False,
+                                      "partial_credit": 0.25, "localize_credit": True})
+    scored: list[list[str]] = []
+    localized: list[tuple[list[str], object]] = []
+    losses: list[bool] = []
+    real_reward, real_localize = MapfReward.__call__, grpo_sampling.localize_credit
+    real_loss = GRPOTrainer._compute_loss
+
+    def reward(self, prompts=None, completions=None, completion_ids=None, instance=None, **kw):
+        scored.append([json.loads(raw)["id"] for raw in instance])
+        return real_reward(self, prompts, completions, completion_ids, instance, **kw)
+
+    def localize(batch, rows, tok, counts=None):
+        out = real_localize(batch, rows, tok, counts)
+        localized.append(([json.loads(r["instance"])["id"] for r in rows], out["tool_mask"]))
+        return out
+
+    def loss(self, model, inputs):
+        losses.append("tool_mask" in inputs)
+        return real_loss(self, model, inputs)
+
+    monkeypatch.setattr(MapfReward, "__call__", reward)
+    monkeypatch.setattr(grpo_sampling, "localize_credit", localize)
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", loss)
+    res = run_stage(train_path=train, init_checkpoint=resolve_model("smollm2-135m"), out_dir=tmp_path / "stage",
+                    cfg=cfg, seed=3, reward_state=None, progress=False)
+    m = res["metrics"]
+    assert m["train/steps"] == 2 and len(localized) == 2
+    assert [ids for ids, _ in localized] == scored  # the rows of each batch, as the reward scored them
+    assert all(mask.shape[0] == cfg.per_device_train_batch_size for _, mask in localized)
+    assert losses and all(losses)
+    assert 0.0 <= m["train/localized_rows"] <= 1.0 and 0.0 <= m["train/localized_tokens_masked"] <= 1.0
