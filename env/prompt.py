@@ -43,6 +43,7 @@ _CELL = re.compile(r"[(\[]\s*(-?\d{1,6})\s*(?:[,;]|\s)\s*(-?\d{1,6})\s*[)\]]")
 _SEPARATORS = re.compile(r"(?:\s|,|;|\||->|=>|→|-|\.)*")
 _SEP_RUN = re.compile(r"(?:\s|,|;|\||->|=>|→|-|\.)+")
 _MAX_AGENTS_PARSED = 64
+CellSpan = tuple[int, int, int, int]  # a cell's (start, end, row number, column number) offsets in an answer
 
 
 PROMPT_STYLES = ("full", "compact")
@@ -145,13 +146,14 @@ def parse_plan(text: object, n_agents: int) -> list[list[Cell]] | ParseFailure:
     return parsed if isinstance(parsed, ParseFailure) else parsed[0]
 
 
-def parse_plan_spans(text: object, n_agents: int) -> tuple[list[list[Cell]], list[list[tuple[int, int]]]] | ParseFailure:
-    """`parse_plan`, with where each cell stands in `text`: (paths, spans), spans[i][t] the (start, end) character
-    offsets of agent i's cell at step t. Never raises.
+def parse_plan_spans(text: object, n_agents: int) -> tuple[list[list[Cell]], list[list[CellSpan]]] | ParseFailure:
+    """`parse_plan`, with where each cell stands in `text`: (paths, spans), spans[i][t] the character offsets
+    (start, end, row, col) of agent i's cell at step t: where it starts and ends, and where its row and its column
+    number start. Never raises.
 
     >>> paths, spans = parse_plan_spans("<answer>\\nAgent 0: (0,0) (0,1)\\n</answer>", 1)
     >>> paths, spans
-    ([[(0, 0), (0, 1)]], [[(18, 23), (24, 29)]])
+    ([[(0, 0), (0, 1)]], [[(18, 23, 19, 21), (24, 29, 25, 27)]])
     """
     if not isinstance(text, str):
         return ParseFailure(f"answer is not text ({type(text).__name__})")
@@ -162,7 +164,7 @@ def parse_plan_spans(text: object, n_agents: int) -> tuple[list[list[Cell]], lis
     close = _CLOSE.search(text, body_start)
     body = text[body_start : close.start() if close else len(text)]
     paths: dict[int, list[Cell]] = {}
-    spans: dict[int, list[tuple[int, int]]] = {}
+    spans: dict[int, list[CellSpan]] = {}
     current: int | None = None
     at = body_start
     for raw in body.splitlines(keepends=True):
@@ -205,8 +207,8 @@ def parse_plan_spans(text: object, n_agents: int) -> tuple[list[list[Cell]], lis
     return [paths[i] for i in ids], [spans[i] for i in ids]
 
 
-def _cell_spans(s: str, offset: int) -> list[tuple[int, int]]:
-    return [(offset + m.start(), offset + m.end()) for m in _CELL.finditer(s)]
+def _cell_spans(s: str, offset: int) -> list[CellSpan]:
+    return [(offset + m.start(), offset + m.end(), offset + m.start(1), offset + m.start(2)) for m in _CELL.finditer(s)]
 
 
 def _cells(s: str) -> list[Cell] | ParseFailure:

@@ -216,11 +216,13 @@ def verify_plan(instance: Instance, paths: list[list[Cell]], criterion: Criterio
 
 
 def first_error_at(instance: Instance, text: object) -> int | None:
-    """Where an invalid answer stops being sound: the character offset in `text` of the first error in the order
-    the answer was written. Everything before it passes every check; the error is the first cell that starts
-    wrong, leaves the map, enters a hole or jumps, the end of a path short of its goal (just after its last
-    cell), or the later-written of two cells in a conflict. None for a valid answer, and for an error with no
-    place in the text (a parse error, the wrong number of agents). Never raises on any answer text.
+    """Where an invalid answer first goes wrong, in the order it was written: the character offset in `text` of the
+    first character that no sound answer could have had there. Everything before it passes every check. For a cell
+    that starts wrong, leaves the map, enters a hole, jumps or, being the later-written of two cells, conflicts: its
+    row number, or its column number when some sound next cell has that row (a token such as " (" that opens any
+    next cell is not the error). For a path that stops short of its goal: what follows its last cell. None for a
+    valid answer, and for an error with no place in the text (a parse error, the wrong number of agents). Never
+    raises on any answer text.
 
     >>> from env import load_split
     >>> inst = load_split("val-mini")[0]
@@ -237,19 +239,33 @@ def first_error_at(instance: Instance, text: object) -> int | None:
     if len(paths) != instance.num_agents or not all(paths):
         return None
     n, grid = instance.size, instance.grid
+
+    def sound_moves(path: list[Cell], t: int, start: Cell, taken: Cell | None = None) -> list[Cell]:
+        if t == 0:
+            return [start]
+        r, c = path[t - 1]
+        near = [(r, c), (r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)]
+        return [(a, b) for a, b in near if 0 <= a < n and 0 <= b < n and grid[a][b] != "H" and (a, b) != taken]
+
+    def decisive(cell: Cell, span, ok: list[Cell]) -> int:
+        return span[3] if any(o[0] == cell[0] for o in ok) else span[2]
+
     errors = []
     for path, at, start, goal in zip(paths, spans, instance.starts, instance.goals, strict=True):
-        bad = _first_unsound_step(path, start, n, grid)
-        if bad is not None:
-            errors.append(at[bad][0])
+        t = _first_unsound_step(path, start, n, grid)
+        if t is not None:
+            errors.append(decisive(path[t], at[t], sound_moves(path, t, start)))
         elif path[-1] != goal:
             errors.append(at[-1][1])
     for i in range(len(paths)):
         for j in range(i + 1, len(paths)):
             conflict = _first_conflict_2(paths[i], paths[j])
-            if conflict is not None:
-                t = conflict["step"]
-                errors.append(max(spans[a][t][0] for a in (i, j) if t < len(paths[a])))
+            if conflict is None:
+                continue
+            t = conflict["step"]
+            a = max((x for x in (i, j) if t < len(paths[x])), key=lambda x: spans[x][t][0])  # written later
+            cell = paths[a][t]  # the other agent's cell at t (vertex) or before it (swap): not a sound move here
+            errors.append(decisive(cell, spans[a][t], sound_moves(paths[a], t, instance.starts[a], cell)))
     return min(errors) if errors else None
 
 

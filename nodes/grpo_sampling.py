@@ -491,11 +491,13 @@ def make_trainer_class():
 
 
 def localize_credit(batch: dict, rows: list[dict], tok, counts: dict | None = None) -> dict:
-    """`batch` with its loss restricted, in each invalid answer, to the side of its first error that its advantage
-    speaks for (`env.verify.first_error_at`): an answer scored below its group (negative advantage) is pushed down
-    only from its first error on, so the sound cells it wrote before it are not taught against; one scored above
-    its group (positive, e.g. by partial credit) is pushed up only before it, so the error is not taught. Valid
-    answers, answers whose error has no place (parse errors) and zero advantages keep their whole loss.
+    """`batch` with the loss of each invalid answer restricted by where it first went wrong
+    (`env.verify.first_error_at`, the token holding that character): an answer scored below its group (negative
+    advantage) is pushed down on that token only, so neither the sound tokens before it nor the tokens it wrote
+    once off course are taught against (a " (" that opens any next cell, or a line break, is pushed down only where
+    it is the error); one scored above its group (positive, e.g. by partial credit) is pushed up only before it, so
+    the error is not taught. Valid answers, answers whose error has no place (parse errors) and zero advantages
+    keep their whole loss.
 
     The restriction is TRL's per-token `tool_mask` (the loss mask is completion_mask x tool_mask; attention keeps
     completion_mask), and `num_items_in_batch` is left as it was: a masked token's term is dropped, the others keep
@@ -528,6 +530,7 @@ def localize_credit(batch: dict, rows: list[dict], tok, counts: dict | None = No
         k = _token_at(tok, tokens, at)
         if a < 0:
             keep[b, :k] = 0
+            keep[b, k + 1:] = 0
         else:
             keep[b, k:] = 0
         localized += 1

@@ -128,10 +128,10 @@ class TrainConfig(BaseModel):
     )
     localize_credit: bool = Field(
         False,
-        description="restrict each invalid answer's loss to the side of its first error its advantage speaks for: "
-        "below its group, only from the error on (the sound cells before it are not taught against); above it (partial "
-        "credit), only before it. Located by the verifier (env.verify.first_error_at). Not in the paper (off: "
-        "every token of an answer shares its advantage; nodes.grpo_sampling.localize_credit)",
+        description="restrict each invalid answer's loss by where it first went wrong (the verifier's "
+        "env.verify.first_error_at): below its group, only that token is pushed down (not the sound cells before it, "
+        "nor what follows); above it (partial credit), only the tokens before it are pushed up. Not in the paper "
+        "(off: every token of an answer shares its advantage; nodes.grpo_sampling.localize_credit)",
     )
     sft_mix: float = Field(
         0.0,

@@ -29,7 +29,8 @@ def test_spans_point_at_the_cells_parse_plan_reads():
     paths, spans = parse_plan_spans(text, 2)
     assert paths == parse_plan(text, 2) == [[(0, 0), (0, 1), (1, 1)], [(2, 2), (2, 1)]]
     for path, at in zip(paths, spans, strict=True):
-        assert [parse_plan(f"<answer>Agent 0: {text[a:b]}</answer>", 1)[0][0] for a, b in at] == path
+        assert [parse_plan(f"<answer>Agent 0: {text[a:b]}</answer>", 1)[0][0] for a, b, _, _ in at] == path
+        assert [(int(text[r:r + 1]), int(text[c:c + 1])) for _, _, r, c in at] == path  # the row and column digits
     assert text[spans[0][2][0]:spans[0][2][1]] == "(1,1)"  # the wrapped line's cell
     assert text[spans[0][1][0]:spans[0][1][1]] == "(0, 1)"
     assert parse_plan_spans("no answer", 1) == parse_plan("no answer", 1)
@@ -42,15 +43,15 @@ def test_a_valid_answer_or_one_without_a_placed_error_has_none():
 
 
 @pytest.mark.parametrize("paths, failure, starts_with", [
-    ([A0, [(1, 1), (2, 1), (2, 2), (1, 2)]], "hole", "(2,1) (2,2)"),  # agent 0's sound line before it is spared
-    ([[(1, 0), (0, 0), (0, 1), (0, 2)], INST.plan[1]], "wrong_start", "(1,0) (0,0)"),
-    ([[(0, 0), (-1, 0), (0, 0), (0, 1), (0, 2)], INST.plan[1]], "out_of_bounds", "(-1,0) (0,0)"),
-    ([[(0, 0), (0, 2)], INST.plan[1]], "illegal_move", "(0,2)\nAgent 1"),
+    ([A0, [(1, 1), (2, 1), (2, 2), (1, 2)]], "hole", "2,1) (2,2)"),  # row 2: no sound move from (1,1) has it
+    ([[(1, 0), (0, 0), (0, 1), (0, 2)], INST.plan[1]], "wrong_start", "1,0) (0,0)"),
+    ([[(0, 0), (-1, 0), (0, 0), (0, 1), (0, 2)], INST.plan[1]], "out_of_bounds", "-1,0) (0,0)"),
+    ([[(0, 0), (0, 2)], INST.plan[1]], "illegal_move", "2)\nAgent 1"),  # row 0 is sound from (0,0): the column
     ([A0[:2], INST.plan[1]], "goal_not_reached", "\nAgent 1"),  # just after the last cell, short of the goal
     # both agents on (0,1) at step 1: agent 1's cell, written after agent 0's
-    ([A0, [(1, 1), (0, 1), (1, 1), (1, 2)]], "conflict", "(0,1) (1,1) (1,2)"),
+    ([A0, [(1, 1), (0, 1), (1, 1), (1, 2)]], "conflict", "0,1) (1,1) (1,2)"),
     # agent 1 walks onto (0,2) at step 3, where agent 0 has stopped: agent 1's cell, the only one written
-    ([A0, [(1, 1), (1, 1), (1, 2), (0, 2), (1, 2)]], "conflict", "(0,2) (1,2)\n</answer>"),
+    ([A0, [(1, 1), (1, 1), (1, 2), (0, 2), (1, 2)]], "conflict", "0,2) (1,2)\n</answer>"),
     # two errors: agent 0 short of its goal comes first in the text, before agent 1's hole
     ([A0[:2], [(1, 1), (2, 1), (2, 2), (1, 2)]], "hole", "\nAgent 1"),
 ])
@@ -61,7 +62,7 @@ def test_first_error_is_where_it_was_written(paths, failure, starts_with):
 
 def test_first_error_follows_the_text_not_the_agent_numbers():
     text = "<answer>\nAgent 1: (1,1) (2,1) (2,2) (1,2)\nAgent 0: (0,0) (0,1)\n</answer>"
-    assert text[first_error_at(INST, text):].startswith("(2,1)")  # agent 1's hole is written first
+    assert text[first_error_at(INST, text):].startswith("2,1)")  # agent 1's hole is written first
 
 
 def _batch(tok, texts, advantages):
@@ -94,16 +95,16 @@ def test_loss_keeps_the_error_side_its_advantage_speaks_for(embedded_policy):
     at = first_error_at(INST, hole)
     n = len(ids[0])
     k = next(i for i in range(n) if len(tok.decode(ids[0][: i + 1])) > at)  # the token holding the error
-    assert tok.decode(ids[0][k:]).lstrip().startswith("(2,1) (2,2)")
-    # below its group: pushed down only from the error on; above it: pushed up only before it
-    assert keep[0, :n].tolist() == [0] * k + [1] * (n - k)
+    assert tok.decode(ids[0][k:]).startswith("2,1) (2,2)")  # the row digit, not the " (" before it
+    # below its group: pushed down on the error token only; above it: pushed up only before it
+    assert keep[0, :n].tolist() == [0] * k + [1] + [0] * (n - k - 1)
     assert keep[1, :n].tolist() == [1] * k + [0] * (n - k)
     # a valid answer, a parse error and a zero advantage keep their whole loss
     for b in (2, 3, 4):
         assert bool((keep[b] * mask[b] == mask[b]).all())
-    assert counts == {"rows": 5, "localized_rows": 2, "tokens": int(mask.sum()), "masked_tokens": n}
+    assert counts == {"rows": 5, "localized_rows": 2, "tokens": int(mask.sum()), "masked_tokens": 2 * n - k - 1}
     m = localize_metrics(counts)
-    assert m["train/localized_rows"] == 0.4 and m["train/localized_tokens_masked"] == n / int(mask.sum())
+    assert m["train/localized_rows"] == 0.4 and m["train/localized_tokens_masked"] == (2 * n - k - 1) / int(mask.sum())
 
     with pytest.raises(ValueError, match="4 rows for a batch of 5"):
         localize_credit(batch, rows[:4], tok)
