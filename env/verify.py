@@ -215,9 +215,10 @@ def verify_plan(instance: Instance, paths: list[list[Cell]], criterion: Criterio
                     span, best_span, criterion)
 
 
-def first_error_at(instance: Instance, text: object) -> int | None:
-    """Where an invalid answer first goes wrong, in the order it was written: the character offset in `text` of the
-    first character that no sound answer could have had there. Everything before it passes every check. For a cell
+def first_error(instance: Instance, text: object) -> tuple[int, str] | None:
+    """Where and how an invalid answer first goes wrong, in the order it was written: (the character offset in
+    `text` of the first character that no sound answer could have had there, the failure there: wrong_start,
+    out_of_bounds, hole, illegal_move, conflict or goal_not_reached). Everything before it passes every check. For a cell
     that starts wrong, leaves the map, enters a hole, jumps or, being the later-written of two cells, conflicts: its
     row number, or its column number when some sound next cell has that row (a token such as " (" that opens any
     next cell is not the error). For a path that stops short of its goal: what follows its last cell. None for a
@@ -226,11 +227,12 @@ def first_error_at(instance: Instance, text: object) -> int | None:
 
     >>> from env import load_split
     >>> inst = load_split("val-mini")[0]
-    >>> first_error_at(inst, plan_text(inst.plan)) is None
+    >>> first_error(inst, plan_text(inst.plan)) is None
     True
     >>> short = plan_text([inst.plan[0][:-1], inst.plan[1]])
-    >>> short[first_error_at(inst, short):][:1]  # just after agent 0's last cell, short of its goal
-    '\\n'
+    >>> at, failure = first_error(inst, short)
+    >>> short[at:][:1], failure  # just after agent 0's last cell, short of its goal
+    ('\\n', 'goal_not_reached')
     """
     parsed = parse_plan_spans(text, instance.num_agents)
     if isinstance(parsed, ParseFailure):
@@ -254,9 +256,9 @@ def first_error_at(instance: Instance, text: object) -> int | None:
     for path, at, start, goal in zip(paths, spans, instance.starts, instance.goals, strict=True):
         t = _first_unsound_step(path, start, n, grid)
         if t is not None:
-            errors.append(decisive(path[t], at[t], sound_moves(path, t, start)))
+            errors.append((decisive(path[t], at[t], sound_moves(path, t, start)), _unsound_kind(path, t, start, n, grid)))
         elif path[-1] != goal:
-            errors.append(at[-1][1])
+            errors.append((at[-1][1], "goal_not_reached"))
     for i in range(len(paths)):
         for j in range(i + 1, len(paths)):
             conflict = _first_conflict_2(paths[i], paths[j])
@@ -265,8 +267,17 @@ def first_error_at(instance: Instance, text: object) -> int | None:
             t = conflict["step"]
             a = max((x for x in (i, j) if t < len(paths[x])), key=lambda x: spans[x][t][0])  # written later
             cell = paths[a][t]  # the other agent's cell at t (vertex) or before it (swap): not a sound move here
-            errors.append(decisive(cell, spans[a][t], sound_moves(paths[a], t, instance.starts[a], cell)))
+            errors.append((decisive(cell, spans[a][t], sound_moves(paths[a], t, instance.starts[a], cell)), "conflict"))
     return min(errors) if errors else None
+
+
+def _unsound_kind(path: list[Cell], t: int, start: Cell, n: int, grid) -> str:
+    r, c = path[t]
+    if t == 0 and path[0] != start:
+        return "wrong_start"
+    if not (0 <= r < n and 0 <= c < n):
+        return "out_of_bounds"
+    return "hole" if grid[r][c] == "H" else "illegal_move"
 
 
 def _first_unsound_step(path: list[Cell], start: Cell, n: int, grid) -> int | None:

@@ -492,12 +492,14 @@ def make_trainer_class():
 
 def localize_credit(batch: dict, rows: list[dict], tok, counts: dict | None = None) -> dict:
     """`batch` with the loss of each invalid answer restricted by where it first went wrong
-    (`env.verify.first_error_at`, the token holding that character): an answer scored below its group (negative
+    (`env.verify.first_error`, the token holding that character): an answer scored below its group (negative
     advantage) is pushed down on that token only, so neither the sound tokens before it nor the tokens it wrote
-    once off course are taught against (a " (" that opens any next cell, or a line break, is pushed down only where
-    it is the error); one scored above its group (positive, e.g. by partial credit) is pushed up only before it, so
-    the error is not taught. Valid answers, answers whose error has no place (parse errors) and zero advantages
-    keep their whole loss.
+    once off course are taught against (a " (" that opens any next cell is pushed down only where it is the error);
+    one scored above its group (positive, e.g. by partial credit) is pushed up only before it, so the error is not
+    taught. Valid answers, answers whose error has no place (parse errors), zero advantages, and answers below their
+    group whose first error is stopping short of a goal keep their whole loss: pushing down the line break that
+    ended a path alone moved its mass onto closing the answer early (14 of 150 answers naming the wrong number of
+    agents after one 24-step stage, stop 44).
 
     The restriction is TRL's per-token `tool_mask` (the loss mask is completion_mask x tool_mask; attention keeps
     completion_mask), and `num_items_in_batch` is left as it was: a masked token's term is dropped, the others keep
@@ -506,7 +508,7 @@ def localize_credit(batch: dict, rows: list[dict], tok, counts: dict | None = No
     import torch
 
     from env import Instance
-    from env.verify import first_error_at
+    from env.verify import first_error
 
     ids, mask, adv = batch["completion_ids"], batch["completion_mask"], batch["advantages"]
     if len(rows) != ids.shape[0]:
@@ -524,9 +526,10 @@ def localize_credit(batch: dict, rows: list[dict], tok, counts: dict | None = No
         n = int(mask[b].sum())
         tokens = ids[b, :n].tolist()
         text = tok.decode(tokens, skip_special_tokens=True)
-        at = first_error_at(inst, text)
-        if at is None:
+        error = first_error(inst, text)
+        if error is None or (a < 0 and error[1] == "goal_not_reached"):
             continue
+        at = error[0]
         k = _token_at(tok, tokens, at)
         if a < 0:
             keep[b, :k] = 0

@@ -129,8 +129,9 @@ class TrainConfig(BaseModel):
     localize_credit: bool = Field(
         False,
         description="restrict each invalid answer's loss by where it first went wrong (the verifier's "
-        "env.verify.first_error_at): below its group, only that token is pushed down (not the sound cells before it, "
-        "nor what follows); above it (partial credit), only the tokens before it are pushed up. Not in the paper "
+        "env.verify.first_error): below its group, only that token is pushed down (not the sound cells before it, "
+        "nor what follows; a path stopped short of its goal keeps its whole loss); above it (partial credit), only "
+        "the tokens before it are pushed up. Not in the paper "
         "(off: every token of an answer shares its advantage; nodes.grpo_sampling.localize_credit)",
     )
     sft_mix: float = Field(

@@ -1,4 +1,4 @@
-"""Credit localized by the verifier (`env.verify.first_error_at`, `nodes.grpo_sampling.localize_credit`): where an
+"""Credit localized by the verifier (`env.verify.first_error`, `nodes.grpo_sampling.localize_credit`): where an
 invalid answer's first error stands, and which of its tokens GRPO's loss keeps."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from env import Instance, parse_plan, plan_text, verify
 from env.prompt import parse_plan_spans
-from env.verify import first_error_at
+from env.verify import first_error
 
 # 3x3, one hole at (2,1); agent 0 (0,0) -> (0,2), agent 1 (1,1) -> (1,2)
 INST = Instance(id="t", size=3, grid=["FFF", "FFF", "FHF"], starts=[(0, 0), (1, 1)], goals=[(0, 2), (1, 2)],
@@ -19,9 +19,8 @@ A0 = [(0, 0), (0, 1), (0, 2)]
 def _after_error(paths) -> tuple[str, str]:
     """(the failure the verifier names, the answer's text from its first error on)."""
     text = plan_text(paths)
-    at = first_error_at(INST, text)
-    assert at is not None
-    return verify(INST, text).failure, text[at:]
+    at, failure = first_error(INST, text)
+    return failure, text[at:]
 
 
 def test_spans_point_at_the_cells_parse_plan_reads():
@@ -37,9 +36,9 @@ def test_spans_point_at_the_cells_parse_plan_reads():
 
 
 def test_a_valid_answer_or_one_without_a_placed_error_has_none():
-    assert verify(INST, plan_text(INST.plan)).valid and first_error_at(INST, plan_text(INST.plan)) is None
-    assert first_error_at(INST, "no answer") is None  # parse error
-    assert first_error_at(INST, plan_text([A0])) is None  # one agent of two
+    assert verify(INST, plan_text(INST.plan)).valid and first_error(INST, plan_text(INST.plan)) is None
+    assert first_error(INST, "no answer") is None  # parse error
+    assert first_error(INST, plan_text([A0])) is None  # one agent of two
 
 
 @pytest.mark.parametrize("paths, failure, starts_with", [
@@ -53,16 +52,17 @@ def test_a_valid_answer_or_one_without_a_placed_error_has_none():
     # agent 1 walks onto (0,2) at step 3, where agent 0 has stopped: agent 1's cell, the only one written
     ([A0, [(1, 1), (1, 1), (1, 2), (0, 2), (1, 2)]], "conflict", "0,2) (1,2)\n</answer>"),
     # two errors: agent 0 short of its goal comes first in the text, before agent 1's hole
-    ([A0[:2], [(1, 1), (2, 1), (2, 2), (1, 2)]], "hole", "\nAgent 1"),
+    ([A0[:2], [(1, 1), (2, 1), (2, 2), (1, 2)]], "goal_not_reached", "\nAgent 1"),
 ])
 def test_first_error_is_where_it_was_written(paths, failure, starts_with):
     got_failure, rest = _after_error(paths)
     assert got_failure == failure and rest.startswith(starts_with)
+    assert not verify(INST, plan_text(paths)).valid
 
 
 def test_first_error_follows_the_text_not_the_agent_numbers():
     text = "<answer>\nAgent 1: (1,1) (2,1) (2,2) (1,2)\nAgent 0: (0,0) (0,1)\n</answer>"
-    assert text[first_error_at(INST, text):].startswith("2,1)")  # agent 1's hole is written first
+    assert first_error(INST, text)[1] == "hole" and text[first_error(INST, text)[0]:].startswith("2,1)")  # agent 1's hole is written first
 
 
 def _batch(tok, texts, advantages):
@@ -83,8 +83,9 @@ def test_loss_keeps_the_error_side_its_advantage_speaks_for(embedded_policy):
 
     _, tok = embedded_policy
     hole = plan_text([A0, [(1, 1), (2, 1), (2, 2), (1, 2)]])
-    texts = [hole, hole, plan_text(INST.plan), "no answer here", hole]
-    ids, batch = _batch(tok, texts, [-1.0, 0.5, -0.3, -1.0, 0.0])
+    short = plan_text([A0[:2], INST.plan[1]])
+    texts = [hole, hole, plan_text(INST.plan), "no answer here", hole, short]
+    ids, batch = _batch(tok, texts, [-1.0, 0.5, -0.3, -1.0, 0.0, -0.5])
     rows = [{"instance": INST.to_json()}] * len(texts)
     counts: dict = {}
     out = localize_credit(batch, rows, tok, counts)
@@ -92,21 +93,21 @@ def test_loss_keeps_the_error_side_its_advantage_speaks_for(embedded_policy):
     assert out["num_items_in_batch"] is batch["num_items_in_batch"]  # the other tokens keep their weight
     assert out["completion_mask"] is mask  # attention is unchanged
 
-    at = first_error_at(INST, hole)
+    at = first_error(INST, hole)[0]
     n = len(ids[0])
     k = next(i for i in range(n) if len(tok.decode(ids[0][: i + 1])) > at)  # the token holding the error
     assert tok.decode(ids[0][k:]).startswith("2,1) (2,2)")  # the row digit, not the " (" before it
     # below its group: pushed down on the error token only; above it: pushed up only before it
     assert keep[0, :n].tolist() == [0] * k + [1] + [0] * (n - k - 1)
     assert keep[1, :n].tolist() == [1] * k + [0] * (n - k)
-    # a valid answer, a parse error and a zero advantage keep their whole loss
-    for b in (2, 3, 4):
+    # a valid answer, a parse error, a zero advantage and a path short of its goal below its group keep it all
+    for b in (2, 3, 4, 5):
         assert bool((keep[b] * mask[b] == mask[b]).all())
-    assert counts == {"rows": 5, "localized_rows": 2, "tokens": int(mask.sum()), "masked_tokens": 2 * n - k - 1}
+    assert counts == {"rows": 6, "localized_rows": 2, "tokens": int(mask.sum()), "masked_tokens": 2 * n - k - 1}
     m = localize_metrics(counts)
-    assert m["train/localized_rows"] == 0.4 and m["train/localized_tokens_masked"] == (2 * n - k - 1) / int(mask.sum())
+    assert m["train/localized_rows"] == 2 / 6 and m["train/localized_tokens_masked"] == (2 * n - k - 1) / int(mask.sum())
 
-    with pytest.raises(ValueError, match="4 rows for a batch of 5"):
+    with pytest.raises(ValueError, match="4 rows for a batch of 6"):
         localize_credit(batch, rows[:4], tok)
 
 
