@@ -48,6 +48,19 @@ def test_different_experiments_are_refused_by_name(tmp_path, over, msg):
         pool([a, b])
 
 
+def test_a_setting_added_since_a_file_was_written_counts_at_its_default(tmp_path):
+    from nodes.train_config import TrainConfig
+
+    now = TrainConfig().model_dump(mode="json")
+    before = {k: v for k, v in now.items() if k != "localize_credit"}  # a file from before the setting existed
+    a = _file(tmp_path, "a.json", [0], train_config=before)
+    b = _file(tmp_path, "b.json", [1], train_config=now)
+    assert [r["seed"] for r in pool([a, b])["seeds"]] == [0, 1]
+    c = _file(tmp_path, "c.json", [2], train_config={**now, "localize_credit": True})
+    with pytest.raises(ValueError, match=r"c.json: train_config differs .*\(localize_credit: True vs False\)"):
+        pool([a, c])
+
+
 def test_old_files_and_repeated_seeds_are_refused(tmp_path, capsys):
     a = _file(tmp_path, "a.json", [0, 1])
     old = json.loads(a.read_text())

@@ -249,8 +249,23 @@ def same_setup(path: Path, f: dict, ref_path: Path, ref: dict) -> None:
     for k in POOL_SAME:
         if k not in f:
             raise ValueError(f"{path}: no {k!r} (written before stop 26?); pool only files that record it")
-        if f[k] != ref[k]:
+        if k == "train_config":
+            a, b = _with_defaults(f[k]), _with_defaults(ref[k])
+            if a != b:
+                diff = ", ".join(f"{n}: {a.get(n)!r} vs {b.get(n)!r}" for n in sorted(set(a) | set(b))
+                                 if a.get(n) != b.get(n))
+                raise ValueError(f"{path}: train_config differs from {ref_path}'s ({diff}); pool or resume only runs "
+                                 "of the same experiment")
+        elif f[k] != ref[k]:
             raise ValueError(f"{path}: {k} differs from {ref_path}'s; pool or resume only runs of the same experiment")
+
+
+def _with_defaults(cfg: dict) -> dict:
+    """A recorded train_config with the settings added since it was written at their defaults: a file from before
+    a setting existed ran without it, which is what its default means."""
+    from nodes.train_config import TrainConfig
+
+    return {**TrainConfig().model_dump(mode="json"), **cfg}
 
 
 def same_start(path: Path, f: dict, ref_path: Path, ref: dict, key_only: bool = False) -> None:
