@@ -26,9 +26,9 @@ Only one training process is supported (every CPU run): with several, each proce
 gathering generation a different number of times. With more than one process the trainer warns once and
 leaves the batch as TRL made it.
 
-The trainer also carries two stage options of `nodes.train_stage`: `restrict_dataset` (prompt screening,
-`nodes.screen`) and `sft_mix` (an SFT term on the solver's answers added to every micro-batch's loss,
-`nodes.sft_mix`).
+The trainer also carries three stage options of `nodes.train_stage`: `restrict_dataset` (prompt screening,
+`nodes.screen`), `sft_mix` (an SFT term on the solver's answers in every micro-batch's loss, `nodes.sft_mix`) and
+`localizer` (each invalid answer's loss restricted by where it first went wrong, `nodes.localize`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import logging
 import random
 from typing import Any
 
+from nodes.localize import LocalizedCredit
 from nodes.rollout_attention import use_gqa_sdpa
 
 log = logging.getLogger(__name__)
@@ -355,11 +356,9 @@ def make_trainer_class():
         """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""
 
         def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, group_key=None,
-                     rollout_dtype=None, share_prompt: bool = False, sft_mix=None, localize_credit: bool = False,
-                     **kwargs):
+                     rollout_dtype=None, share_prompt: bool = False, sft_mix=None, localize_credit=False, **kwargs):
             super().__init__(*args, **kwargs)
-            self.localize_credit = bool(localize_credit)
-            self.localized = {"rows": 0, "localized_rows": 0, "tokens": 0, "masked_tokens": 0}
+            self.localizer = LocalizedCredit() if localize_credit else None  # nodes.localize, or None
             self.sft_mix = sft_mix  # nodes.sft_mix.SftMix: an SFT term on solver answers in every loss, or None
             self.share_prompt = bool(share_prompt)
             self.shared_prompt_batches = 0  # scoring calls that ran their rows' common prompt once
@@ -483,89 +482,9 @@ def make_trainer_class():
             self.stats["rounds"] += rounds
             self.stats["trained_groups"] += batch["advantages"].numel() // g
             self.stats["trained_zero_groups"] += len(zero)
-            if self.localize_credit:
-                batch = localize_credit(batch, rows, self.processing_class, self.localized)
-            return batch
+            return batch if self.localizer is None else self.localizer(batch, rows, self.processing_class)
 
     return DynamicSamplingGRPOTrainer
-
-
-def localize_credit(batch: dict, rows: list[dict], tok, counts: dict | None = None) -> dict:
-    """`batch` with the loss of each invalid answer restricted by where it first went wrong
-    (`env.verify.first_error`, the token holding that character): an answer scored below its group (negative
-    advantage) is pushed down on that token only, so neither the sound tokens before it nor the tokens it wrote
-    once off course are taught against (a " (" that opens any next cell is pushed down only where it is the error);
-    one scored above its group (positive, e.g. by partial credit) is pushed up only before it, so the error is not
-    taught. Valid answers, answers whose error has no place (parse errors), zero advantages, and answers below their
-    group whose first error is stopping short of a goal keep their whole loss: pushing down the line break that
-    ended a path alone moved its mass onto closing the answer early (14 of 150 answers naming the wrong number of
-    agents after one 24-step stage, stop 44).
-
-    The restriction is TRL's per-token `tool_mask` (the loss mask is completion_mask x tool_mask; attention keeps
-    completion_mask), and `num_items_in_batch` is left as it was: a masked token's term is dropped, the others keep
-    their weight. `rows`: the batch's dataset rows in order (their `instance` column); `counts`: running totals
-    (rows, localized_rows, tokens, masked_tokens), updated in place."""
-    import torch
-
-    from env import Instance
-    from env.verify import first_error
-
-    ids, mask, adv = batch["completion_ids"], batch["completion_mask"], batch["advantages"]
-    if len(rows) != ids.shape[0]:
-        raise ValueError(f"localize_credit: {len(rows)} rows for a batch of {ids.shape[0]} completions")
-    keep = batch.get("tool_mask")
-    keep = torch.ones_like(mask) if keep is None else keep.clone()
-    instances: dict[str, Instance] = {}
-    localized = 0
-    for b, row in enumerate(rows):
-        a = float(adv[b])
-        if a == 0.0:
-            continue
-        raw = row["instance"]
-        inst = instances.get(raw) or instances.setdefault(raw, Instance.from_json(raw))
-        n = int(mask[b].sum())
-        tokens = ids[b, :n].tolist()
-        text = tok.decode(tokens, skip_special_tokens=True)
-        error = first_error(inst, text)
-        if error is None or (a < 0 and error[1] == "goal_not_reached"):
-            continue
-        at = error[0]
-        k = _token_at(tok, tokens, at)
-        if a < 0:
-            keep[b, :k] = 0
-            keep[b, k + 1:] = 0
-        else:
-            keep[b, k:] = 0
-        localized += 1
-    loss_mask = mask * keep
-    if counts is not None:
-        counts["rows"] = counts.get("rows", 0) + len(rows)
-        counts["localized_rows"] = counts.get("localized_rows", 0) + localized
-        counts["tokens"] = counts.get("tokens", 0) + int(mask.sum())
-        counts["masked_tokens"] = counts.get("masked_tokens", 0) + int(mask.sum() - loss_mask.sum())
-    return {**batch, "tool_mask": keep}
-
-
-def _token_at(tok, tokens: list[int], offset: int) -> int:
-    """The index of the token of `tokens` whose decoded text holds character `offset` of their decoded text
-    (len(tokens) if the text is shorter): the first k with len(decode(tokens[:k + 1])) > offset."""
-    lo, hi = 0, len(tokens)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if len(tok.decode(tokens[: mid + 1], skip_special_tokens=True)) > offset:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def localize_metrics(counts: dict) -> dict[str, float]:
-    """`train/...` figures of a stage's localized credit (`DynamicSamplingGRPOTrainer.localized`)."""
-    rows, tokens = counts.get("rows", 0), counts.get("tokens", 0)
-    return {
-        "train/localized_rows": counts.get("localized_rows", 0) / rows if rows else float("nan"),
-        "train/localized_tokens_masked": counts.get("masked_tokens", 0) / tokens if tokens else float("nan"),
-    }
 
 
 def sampling_metrics(stats: dict) -> dict[str, float]:

@@ -132,7 +132,7 @@ class TrainConfig(BaseModel):
         "env.verify.first_error): below its group, only that token is pushed down (not the sound cells before it, "
         "nor what follows; a path stopped short of its goal keeps its whole loss); above it (partial credit), only "
         "the tokens before it are pushed up. Not in the paper "
-        "(off: every token of an answer shares its advantage; nodes.grpo_sampling.localize_credit)",
+        "(off: every token of an answer shares its advantage; nodes.localize)",
     )
     sft_mix: float = Field(
         0.0,

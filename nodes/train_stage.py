@@ -246,7 +246,7 @@ def run_stage(
                      resume[1]["global_step"])
     args = grpo_config(cfg, out_dir, seed, progress=progress)
     main = args.process_index == 0  # = trainer.is_world_process_zero(); only it writes files
-    from nodes.grpo_sampling import localize_metrics, make_trainer_class, sampling_metrics
+    from nodes.grpo_sampling import make_trainer_class, sampling_metrics
 
     sampler_dtype = rollout_dtype(cfg, model)  # resolved here ("auto" -> this machine's choice) and recorded
     mix = None
@@ -282,8 +282,8 @@ def run_stage(
     raise_if_stopped(f"GRPO of {out_dir.name}")
     steps = int(trainer.state.global_step)
     metrics.update(sampling_metrics(trainer.stats))
-    if cfg.localize_credit:
-        metrics.update(localize_metrics(trainer.localized))
+    if trainer.localizer is not None:
+        metrics.update(trainer.localizer.metrics())
     metrics["train/shared_prompt_batches"] = trainer.shared_prompt_batches
     if mix is not None:
         metrics.update(mix.metrics())

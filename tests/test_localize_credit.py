@@ -1,4 +1,4 @@
-"""Credit localized by the verifier (`env.verify.first_error`, `nodes.grpo_sampling.localize_credit`): where an
+"""Credit localized by the verifier (`env.verify.first_error`, `nodes.localize.localize_credit`): where an
 invalid answer's first error stands, and which of its tokens GRPO's loss keeps."""
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _batch(tok, texts, advantages):
 
 
 def test_loss_keeps_the_error_side_its_advantage_speaks_for(embedded_policy):
-    from nodes.grpo_sampling import localize_credit, localize_metrics
+    from nodes.localize import localize_credit, localize_metrics
 
     _, tok = embedded_policy
     hole = plan_text([A0, [(1, 1), (2, 1), (2, 2), (1, 2)]])
@@ -128,7 +128,7 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
 
     from env import write_jsonl
     from llm_backends.models import resolve_model
-    from nodes import grpo_sampling
+    from nodes import localize as localize_module
     from nodes.train_config import TRAIN_PRESETS, TrainConfig
     from nodes.train_data import MapfReward
     from nodes.train_stage import run_stage
@@ -141,7 +141,7 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
     scored: list[list[str]] = []
     localized: list[tuple[list[str], object]] = []
     losses: list[bool] = []
-    real_reward, real_localize = MapfReward.__call__, grpo_sampling.localize_credit
+    real_reward, real_localize = MapfReward.__call__, localize_module.localize_credit
     real_loss = GRPOTrainer._compute_loss
 
     def reward(self, prompts=None, completions=None, completion_ids=None, instance=None, **kw):
@@ -158,7 +158,7 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
         return real_loss(self, model, inputs)
 
     monkeypatch.setattr(MapfReward, "__call__", reward)
-    monkeypatch.setattr(grpo_sampling, "localize_credit", localize)
+    monkeypatch.setattr(localize_module, "localize_credit", localize)
     monkeypatch.setattr(GRPOTrainer, "_compute_loss", loss)
     res = run_stage(train_path=train, init_checkpoint=resolve_model("smollm2-135m"), out_dir=tmp_path / "stage",
                     cfg=cfg, seed=3, reward_state=None, progress=False)
