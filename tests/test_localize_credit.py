@@ -168,3 +168,33 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
     assert all(mask.shape[0] == cfg.per_device_train_batch_size for _, mask in localized)
     assert losses and all(losses)
     assert 0.0 <= m["train/localized_rows"] <= 1.0 and 0.0 <= m["train/localized_tokens_masked"] <= 1.0
+
+
+def test_first_error_agrees_with_the_verifier_on_random_answers():
+    """On random answers (cells anywhere, on or off the map, any length, one to three agents): `first_error` never
+    raises, is None exactly when the verifier finds the answer valid or its error has no place (a wrong number of
+    agents), and otherwise places an error inside the answer; every kind of placed error occurs."""
+    import random
+
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(400):
+        k = rng.choice([1, 2, 2, 2, 3])
+        paths = []
+        for i in range(k):
+            cell = INST.starts[i] if i < 2 and rng.random() < 0.8 else (rng.randint(-1, 3), rng.randint(-1, 3))
+            path = [cell]
+            for _ in range(rng.randint(0, 5)):
+                r, c = path[-1]
+                dr, dc = rng.choice([(0, 0), (1, 0), (-1, 0), (0, 1), (0, -1), (2, 0), (1, 1)])
+                path.append((r + dr, c + dc))
+            paths.append(path)
+        text = plan_text(paths)
+        verdict, error = verify(INST, text), first_error(INST, text)
+        if verdict.valid or verdict.failure in ("agent_count", "parse_error"):
+            assert error is None, (text, verdict.failure)
+        else:
+            assert error is not None, (text, verdict.failure)
+            assert 0 <= error[0] <= len(text)
+            seen.add(error[1])
+    assert seen >= {"hole", "illegal_move", "out_of_bounds", "wrong_start", "goal_not_reached", "conflict"}
