@@ -469,10 +469,9 @@ def make_trainer_class():
                 self.stats["zero_groups"] += len(fresh_zero)
                 picks = [i for i in range(n_fresh) if i not in fresh_zero]
                 if picks:
-                    slots = zero[: len(picks)]
-                    batch = replace_groups(batch, fresh, slots, picks[: len(slots)], g,
-                                           self.processing_class.pad_token_id)
-                    for slot, pick in zip(slots, picks, strict=False):
+                    slots, picks = zero[: len(picks)], picks[: len(zero)]
+                    batch = replace_groups(batch, fresh, slots, picks, g, self.processing_class.pad_token_id)
+                    for slot, pick in zip(slots, picks, strict=True):
                         rows[slot * g : (slot + 1) * g] = fresh_rows[pick * g : (pick + 1) * g]
                     self.stats["replaced"] += len(slots)
                     found += len(slots)
