@@ -229,17 +229,26 @@ def model_identity(model_dir: Path) -> dict:
     }
 
 
+def sft_layers(cfg) -> int:
+    """The top blocks the warm start trains (0: all weights): sft_train_layers, or GRPO's train_layers if None."""
+    return cfg.sft_train_layers if cfg.sft_train_layers is not None else cfg.train_layers
+
+
 def warm_start_spec(model_dir: Path, cfg, seed: int) -> dict:
     """Everything the cached warm start depends on: the model, the warm-start settings, the seed, the env."""
     from env import ENV_VERSION
 
     knobs = cfg.model_dump(mode="json")
+    # The blocks the warm start trains, in one form: train_layers = what it trains, sft_train_layers = None (the
+    # form of every key built before GRPO's own train_layers could differ from the warm start's), so a GRPO stage
+    # that trains more or fewer blocks than its warm start still reuses that start
+    layers = {"sft_train_layers": None, "train_layers": sft_layers(cfg)}
     return {
         "version": WARM_START_VERSION,
         "env_version": ENV_VERSION,
         "model": model_identity(model_dir),
         # sft_bf16 as this machine resolves it: an autocast start and a float32 one are different starts
-        "settings": {**{k: knobs[k] for k in WARM_START_FIELDS}, "sft_bf16": sft_bf16(cfg)},
+        "settings": {**{k: knobs[k] for k in WARM_START_FIELDS}, **layers, "sft_bf16": sft_bf16(cfg)},
         "seed": int(seed),
     }
 
@@ -353,7 +362,7 @@ def _train_warm_start(
         shutil.rmtree(out)
     set_seed(seed)
     model, tok = load_checkpoint(model_dir, dtype="float32", trainable=True)
-    layers = cfg.sft_train_layers if cfg.sft_train_layers is not None else cfg.train_layers
+    layers = sft_layers(cfg)
     if layers:
         freeze_lower_layers(model, layers)
     data = warm_start_instances(cfg.sft_sizes or [3], cfg.sft_instances, seed)

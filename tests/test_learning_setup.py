@@ -203,6 +203,11 @@ def test_warm_start_key_follows_model_settings_and_seed(embedded_model_path, tmp
     assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(prompt_style="full"), 0)) != base
     # GRPO-only settings do not split the cache
     assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(learning_rate=1e-6, max_steps=9), 0)) == base
+    # the blocks the warm start trains count, not how they are spelled: GRPO may train other blocks (smoke: 2)
+    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(train_layers=0, sft_train_layers=2), 0)) == base
+    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(sft_train_layers=2), 0)) == base
+    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(train_layers=0), 0)) != base
+    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(sft_train_layers=0), 0)) != base
     other = tmp_path / "other-model"
     other.mkdir()
     for f in embedded_model_path.iterdir():

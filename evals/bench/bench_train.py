@@ -73,7 +73,7 @@ def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], se
     from env import generate, uniform_config, write_jsonl
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
-    from nodes.sft import warm_start
+    from nodes.sft import sft_layers, warm_start
     from nodes.train_config import TrainConfig
     from nodes.train_data import warm_start_instances
     from nodes.train_stage import run_stage
@@ -84,7 +84,7 @@ def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], se
     if sft_steps:
         cfg = TrainConfig.model_validate({**raw, "sft_steps": sft_steps + 1, "sft_order": "shuffle"})
         m, tok = load_checkpoint(base, trainable=True)
-        layers = cfg.sft_train_layers if cfg.sft_train_layers is not None else cfg.train_layers
+        layers = sft_layers(cfg)
         if layers:
             freeze_lower_layers(m, layers)
         data = warm_start_instances(sft_sizes, cfg.sft_batch_size * (sft_steps + 1), seed)
