@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, Field
 
 from .prompt import ParseFailure, parse_plan
-from .verify import path_sound
+from .verify import first_unsound_step, path_sound
 
 SHORT_TOKENS = 1500  # answers up to this many tokens get no length penalty
 MAX_TOKENS = 4096  # at and beyond this, the length reward is -1
@@ -96,10 +96,52 @@ def agents_on_course(instance, paths) -> float:
     return ok / k
 
 
-def partial_credit(instance, verdict, text: str, credit: float) -> float:
+def agents_progress(instance, paths) -> float:
+    """Mean over `instance`'s agents of how far each agent's own path gets toward its goal before it first goes
+    wrong alone: 1.0 for a path that is sound and ends on its goal (as `agents_on_course` counts it), else
+    1 - d(last sound cell) / d(start), with d the shortest distance to the agent's goal over ice cells (0 for a
+    wrong start, or a last sound cell no nearer than the start). A path that walks into a hole next to its goal
+    scores near 1, one that walks into a hole at its first step 0, so answers that all fail still rank by how far
+    they read the map right. Conflicts between agents are not counted. 0.0 for the wrong number of paths.
+
+    >>> from env import load_split
+    >>> inst = load_split("val-mini")[0]
+    >>> agents_progress(inst, inst.plan), agents_progress(inst, inst.plan[:1])
+    (1.0, 0.0)
+    >>> half = [p[: len(p) // 2 + 1] for p in inst.plan]  # each path stopped halfway: about half the way there
+    >>> 0.0 < agents_progress(inst, half) < 1.0
+    True
+    """
+    from .solver import GridMap
+
+    k = instance.num_agents
+    if len(paths) != k:
+        return 0.0
+    n, grid = instance.size, instance.grid
+    gm = GridMap(list(grid))
+    total = 0.0
+    for path, start, goal in zip(paths, instance.starts, instance.goals, strict=True):
+        bad = first_unsound_step(path, start, n, grid) if path else 0
+        if bad is None and path[-1] == goal:
+            total += 1.0
+            continue
+        if bad == 0:
+            continue
+        last = path[-1] if bad is None else path[bad - 1]
+        dist = gm.bfs(goal[0] * n + goal[1])
+        d0, d = dist[start[0] * n + start[1]], dist[last[0] * n + last[1]]
+        if d0 > 0 and d >= 0:
+            total += max(0.0, 1.0 - d / d0)
+    return total / k
+
+
+PARTIAL_CREDIT_KINDS = ("goal", "progress")
+
+
+def partial_credit(instance, verdict, text: str, credit: float, kind: str = "goal") -> float:
     """R_acc of an answer under partial credit `credit` (0 <= credit < GAP_FLOOR): `accuracy_reward` for a
     valid answer; for an invalid one whose plan was read with the right number of agents, `credit` times
-    `agents_on_course`; else 0.
+    `agents_on_course` (`kind` "goal") or `agents_progress` ("progress"); else 0.
 
     >>> from env import load_split, verify
     >>> inst = load_split("val-mini")[0]
@@ -109,6 +151,8 @@ def partial_credit(instance, verdict, text: str, credit: float) -> float:
     if not 0.0 <= credit < GAP_FLOOR:
         raise ValueError(f"partial credit {credit!r}: allowed: 0 <= credit < {GAP_FLOOR} (the reward of the worst "
                          "valid answer), so that any valid answer outscores any invalid one")
+    if kind not in PARTIAL_CREDIT_KINDS:
+        raise ValueError(f"partial credit kind {kind!r}: allowed: {', '.join(PARTIAL_CREDIT_KINDS)}")
     if verdict.valid:
         return accuracy_reward(verdict)
     if credit == 0.0 or verdict.failure in ("parse_error", "agent_count"):
@@ -116,7 +160,8 @@ def partial_credit(instance, verdict, text: str, credit: float) -> float:
     paths = parse_plan(text, instance.num_agents)
     if isinstance(paths, ParseFailure):
         return 0.0
-    return round(credit * agents_on_course(instance, paths), 12)
+    share = agents_progress(instance, paths) if kind == "progress" else agents_on_course(instance, paths)
+    return round(credit * share, 12)
 
 
 def length_reward(n_tokens: int) -> float:

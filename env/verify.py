@@ -254,7 +254,7 @@ def first_error(instance: Instance, text: object) -> tuple[int, str] | None:
 
     errors = []
     for path, at, start, goal in zip(paths, spans, instance.starts, instance.goals, strict=True):
-        t = _first_unsound_step(path, start, n, grid)
+        t = first_unsound_step(path, start, n, grid)
         if t is not None:
             errors.append((decisive(path[t], at[t], sound_moves(path, t, start)), _unsound_kind(path, t, start, n, grid)))
         elif path[-1] != goal:
@@ -280,7 +280,7 @@ def _unsound_kind(path: list[Cell], t: int, start: Cell, n: int, grid) -> str:
     return "hole" if grid[r][c] == "H" else "illegal_move"
 
 
-def _first_unsound_step(path: list[Cell], start: Cell, n: int, grid) -> int | None:
+def first_unsound_step(path: list[Cell], start: Cell, n: int, grid) -> int | None:
     """The first step at which `path` alone fails `path_sound` (0 for a wrong start), or None."""
     if path[0] != start:
         return 0
@@ -299,7 +299,7 @@ def path_sound(path: list[Cell], start: Cell, n: int, grid) -> bool:
     >>> path_sound([(0, 0), (0, 1), (0, 1)], (0, 0), 2, ["FF", "FH"]), path_sound([(0, 0), (1, 1)], (0, 0), 2, ["FF", "FF"])
     (True, False)
     """
-    return bool(path) and _first_unsound_step(path, start, n, grid) is None
+    return bool(path) and first_unsound_step(path, start, n, grid) is None
 
 
 def _per_cell_checks(instance: Instance, paths: list[list[Cell]], cost: int, span: int,

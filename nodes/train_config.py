@@ -126,6 +126,13 @@ class TrainConfig(BaseModel):
         "valid answer. Not in the paper (0: its gated reward). Gives GRPO a gradient where no sample is valid "
         "(env.reward.partial_credit)",
     )
+    partial_credit_kind: Literal["goal", "progress"] = Field(
+        "goal",
+        description="what partial_credit measures of each agent's own path: goal (1 if it is sound and ends on its "
+        "goal, else 0) or progress (how far its sound prefix gets toward its goal, 1 - remaining / starting "
+        "shortest distance over the map: answers that all fail still rank by how far they read the map right; "
+        "env.reward.agents_progress)",
+    )
     localize_credit: bool = Field(
         False,
         description="restrict each invalid answer's loss by where it first went wrong (the verifier's "

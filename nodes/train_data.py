@@ -134,14 +134,18 @@ class MapfReward(LengthAwareReward):
     __name__ = "mapf"
 
     def __init__(self, tokenizer=None, reward_state: dict | None = None, prompt_style: str = "full",
-                 criterion: str = "soc", partial_credit: float = 0.0):
+                 criterion: str = "soc", partial_credit: float = 0.0, partial_credit_kind: str = "goal"):
         from env import RewardState
-        from env.reward import GAP_FLOOR
+        from env.reward import GAP_FLOOR, PARTIAL_CREDIT_KINDS
 
         if not 0.0 <= partial_credit < GAP_FLOOR:
             raise ValueError(f"reward 'mapf': partial_credit {partial_credit!r}: allowed: 0 <= partial_credit < "
                              f"{GAP_FLOOR} (below the worst valid answer's R_acc)")
+        if partial_credit_kind not in PARTIAL_CREDIT_KINDS:
+            raise ValueError(f"reward 'mapf': partial_credit_kind {partial_credit_kind!r}: allowed: "
+                             f"{', '.join(PARTIAL_CREDIT_KINDS)}")
         self.partial_credit = partial_credit
+        self.partial_credit_kind = partial_credit_kind
 
         # the state, the tokenizer and token counting are the library reward's (env.library.LengthAwareReward)
         super().__init__(RewardState.model_validate(reward_state) if reward_state else None, tokenizer, criterion)
@@ -205,7 +209,8 @@ class MapfReward(LengthAwareReward):
             text = completion_text(comp)
             n = self._n_tokens(text, completion_ids[i] if completion_ids is not None else None)
             verdict = verify(inst, text, self.criterion)
-            r_acc = partial_credit(inst, verdict, text, self.partial_credit) if self.partial_credit else None
+            r_acc = (partial_credit(inst, verdict, text, self.partial_credit, self.partial_credit_kind)
+                     if self.partial_credit else None)
             rewards.append(float(total_reward(verdict, n, self.state, r_acc)))
             n_tokens.append(n)
             valid.append(bool(verdict.valid))

@@ -237,7 +237,8 @@ def run_stage(
         raise ValueError(
             f"all {len(instances)} prompts of {train_path} are longer than max_prompt_length={cfg.max_prompt_length}"
         )
-    reward = MapfReward(tok, reward_state, cfg.prompt_style, cfg.optimality, cfg.partial_credit)
+    reward = MapfReward(tok, reward_state, cfg.prompt_style, cfg.optimality, cfg.partial_credit,
+                        cfg.partial_credit_kind)
     if resume is not None:
         stage_resume.restore_reward(reward, resume[1])
         metrics["train/resumed_from_step"] = int(resume[1]["global_step"])
@@ -362,7 +363,8 @@ def _screen(trainer, dataset, cfg: TrainConfig, key: str, out_dir: Path, reward_
         return
     found = screen.load_screen(out_dir, key, len(dataset))
     if found is None:
-        own = MapfReward(tok, reward_state, cfg.prompt_style, cfg.optimality, cfg.partial_credit)
+        own = MapfReward(tok, reward_state, cfg.prompt_style, cfg.optimality, cfg.partial_credit,
+                         cfg.partial_credit_kind)
         keep, stats = screen.screen_dataset(
             dataset, model=trainer.sampler_model(), tokenizer=tok, reward=own, samples=cfg.screen_samples,
             generation_config=trainer.generation_config, template_kwargs=template_kwargs(cfg.enable_thinking),

@@ -274,6 +274,42 @@ def test_partial_credit_on_each_failure(inst, case, share):
     assert total_reward(v, 10, RewardState(), got) == pytest.approx(0.5 * got)
 
 
+# how far each agent's sound prefix gets toward its goal (train.partial_credit_kind "progress"), averaged: a hole or
+# a stop one cell short of the goal (d 1 of 2) is half way; a wrong first step or a jump from the start, no way
+PROGRESS = [1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.75, 0.5, 0.75, 1.0]
+
+
+@pytest.mark.parametrize("case,share", list(zip(LABELLED, PROGRESS, strict=True)), ids=[str(x[0]) for x in LABELLED])
+def test_partial_credit_progress_on_each_failure(inst, case, share):
+    from env.reward import GAP_FLOOR, agents_progress, partial_credit
+
+    expected, text, _ = case
+    v = verify(inst, text)
+    paths = parse_plan(text, 2)
+    if not isinstance(paths, ParseFailure):
+        assert agents_progress(inst, paths) == share
+    got = partial_credit(inst, v, text, 0.25, "progress")
+    if v.valid:
+        assert got == 1.0
+    else:
+        assert got == pytest.approx(0.25 * share) and got < GAP_FLOOR
+
+
+def test_partial_credit_progress_ranks_by_how_far_the_map_was_read():
+    from env.reward import agents_progress
+
+    # 4x4, one agent from (0,0) to (3,3) round a wall of holes: shortest distance 6 over the ice
+    grid = ["FFFF", "HHHF", "FFFF", "FFFF"]
+    plan = solve(grid, [(0, 0)], [(3, 3)])
+    one = Instance(id="wall", size=4, grid=grid, starts=[(0, 0)], goals=[(3, 3)], plan=plan.paths,
+                   optimal_cost=plan.cost, makespan=plan.makespan, shortest=[6], needs_wait=False, seed=0)
+    first_step = [[(0, 0), (1, 0)]]  # into the wall at once
+    mid = [[(0, 0), (0, 1), (0, 2), (1, 2)]]  # along the wall, then into it: 4 of 6 left (a Manhattan 4 would say 2)
+    late = [[(0, 0), (0, 1), (0, 2), (0, 3), (1, 3), (2, 3), (2, 2), (3, 2), (3, 1)]]  # past the goal: 2 of 6 left
+    assert [agents_progress(one, p) for p in (first_step, mid, late, plan.paths)] == pytest.approx(
+        [0.0, 1 / 3, 2 / 3, 1.0])
+
+
 def test_partial_credit_outside_its_range_is_one_clear_error(inst):
     from env.reward import partial_credit
 
@@ -281,3 +317,5 @@ def test_partial_credit_outside_its_range_is_one_clear_error(inst):
     for bad in (0.3, 0.5, -0.1):
         with pytest.raises(ValueError, match=rf"partial credit {bad!r}: allowed: 0 <= credit < 0.3"):
             partial_credit(inst, verify(inst, text), text, bad)
+    with pytest.raises(ValueError, match=r"partial credit kind 'far': allowed: goal, progress"):
+        partial_credit(inst, verify(inst, text), text, 0.25, "far")

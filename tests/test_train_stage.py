@@ -174,6 +174,19 @@ def test_reward_wrapper_partial_credit_gives_a_group_of_invalid_answers_variance
         MapfReward(None, None, partial_credit=0.3)
     with pytest.raises(ValidationError, match="partial_credit"):
         TrainConfig(partial_credit=0.3)
+    with pytest.raises(ValueError, match=r"partial_credit_kind 'far': allowed: goal, progress"):
+        MapfReward(None, None, partial_credit=0.2, partial_credit_kind="far")
+    with pytest.raises(ValidationError, match="partial_credit_kind"):
+        TrainConfig(partial_credit_kind="far")
+    # progress: agent 0 walks half way to its goal and stops; under "goal" it counts 0, under "progress" half
+    p0 = inst.plan[0]
+    assert len(p0) >= 3  # a prefix past the start, short of the goal
+    halfway = plan_text([p0[: (len(p0) + 1) // 2], *inst.plan[1:]])
+    cols = dict(completions=[halfway], instance=[inst.to_json()])
+    goal = MapfReward(None, {"short_share": 0.9}, partial_credit=0.2)(**cols)
+    prog = MapfReward(None, {"short_share": 0.9}, partial_credit=0.2, partial_credit_kind="progress")(**cols)
+    assert goal == [pytest.approx(0.8 * 0.2 * share)]
+    assert prog[0] > goal[0]
 
 
 def test_missing_or_corrupt_previous_checkpoint_is_a_clear_error(tmp_path, base_model):
