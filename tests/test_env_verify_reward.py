@@ -298,16 +298,18 @@ def test_partial_credit_progress_on_each_failure(inst, case, share):
 def test_partial_credit_progress_ranks_by_how_far_the_map_was_read():
     from env.reward import agents_progress
 
-    # 4x4, one agent from (0,0) to (3,3) round a wall of holes: shortest distance 6 over the ice
+    # 4x4, one agent from (0,0) to (2,0) behind a wall of holes: 2 cells away as the crow flies, 8 over the ice
     grid = ["FFFF", "HHHF", "FFFF", "FFFF"]
-    plan = solve(grid, [(0, 0)], [(3, 3)])
-    one = Instance(id="wall", size=4, grid=grid, starts=[(0, 0)], goals=[(3, 3)], plan=plan.paths,
-                   optimal_cost=plan.cost, makespan=plan.makespan, shortest=[6], needs_wait=False, seed=0)
-    first_step = [[(0, 0), (1, 0)]]  # into the wall at once
-    mid = [[(0, 0), (0, 1), (0, 2), (1, 2)]]  # along the wall, then into it: 4 of 6 left (a Manhattan 4 would say 2)
-    late = [[(0, 0), (0, 1), (0, 2), (0, 3), (1, 3), (2, 3), (2, 2), (3, 2), (3, 1)]]  # past the goal: 2 of 6 left
-    assert [agents_progress(one, p) for p in (first_step, mid, late, plan.paths)] == pytest.approx(
-        [0.0, 1 / 3, 2 / 3, 1.0])
+    plan = solve(grid, [(0, 0)], [(2, 0)])
+    one = Instance(id="wall", size=4, grid=grid, starts=[(0, 0)], goals=[(2, 0)], plan=plan.paths,
+                   optimal_cost=plan.cost, makespan=plan.makespan, shortest=[8], needs_wait=False, seed=0)
+    assert plan.cost == 8
+    first_step = [[(0, 0), (1, 0)]]  # straight into the wall
+    round_the_wall = [[(0, 0), (0, 1), (0, 2), (0, 3), (1, 3), (1, 2)]]  # 4 of 8 left when it falls in at (1, 2)
+    nearly = [[(0, 0), (0, 1), (0, 2), (0, 3), (1, 3), (2, 3), (2, 2), (2, 1)]]  # stops 1 of 8 short
+    # Manhattan distance would score the walk round the wall 0 (it ends 4 cells away, the start is 2)
+    assert [agents_progress(one, p) for p in (first_step, round_the_wall, nearly, plan.paths)] == pytest.approx(
+        [0.0, 0.5, 7 / 8, 1.0])
 
 
 def test_partial_credit_outside_its_range_is_one_clear_error(inst):
