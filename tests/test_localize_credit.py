@@ -137,8 +137,10 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
     train = tmp_path / "train.jsonl"
     write_jsonl(train, three_by_three(6, seed=11))
     cfg = TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "max_steps": 2, "sft_warm_start": False,
-                                      "partial_credit": 0.25, "localize_credit": True})
+                                      "partial_credit": 0.25, "partial_credit_kind": "progress",
+                                      "localize_credit": True})
     scored: list[list[str]] = []
+    credit: set[tuple[float, str]] = set()
     localized: list[tuple[list[str], object]] = []
     losses: list[bool] = []
     real_reward, real_localize = MapfReward.__call__, localize_module.localize_credit
@@ -146,6 +148,7 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
 
     def reward(self, prompts=None, completions=None, completion_ids=None, instance=None, **kw):
         scored.append([json.loads(raw)["id"] for raw in instance])
+        credit.add((self.partial_credit, self.partial_credit_kind))
         return real_reward(self, prompts, completions, completion_ids, instance, **kw)
 
     def localize(batch, rows, tok, counts=None):
@@ -167,6 +170,7 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
     assert [ids for ids, _ in localized] == scored  # the rows of each batch, as the reward scored them
     assert all(mask.shape[0] == cfg.per_device_train_batch_size for _, mask in localized)
     assert losses and all(losses)
+    assert credit == {(0.25, "progress")}  # the stage's reward scores with the stage's partial credit
     assert 0.0 <= m["train/localized_rows"] <= 1.0 and 0.0 <= m["train/localized_tokens_masked"] <= 1.0
 
 

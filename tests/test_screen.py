@@ -104,13 +104,18 @@ def test_stage_trains_only_on_the_screened_rows_and_reads_its_screen_back(tmp_pa
     train = tmp_path / "train.jsonl"
     insts = three_by_three(6, seed=11)
     write_jsonl(train, insts)
+    # partial_credit_kind without partial_credit scores as the gated reward; here it only shows that the screen's
+    # reward is built with the stage's settings
     cfg = TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "max_steps": 2, "screen_samples": 2,
-                                      "sft_warm_start": False, "resample_rounds": 0})
+                                      "sft_warm_start": False, "resample_rounds": 0,
+                                      "partial_credit_kind": "progress"})
     seen: list[str] = []
+    kinds: set[str] = set()
     real_call = MapfReward.__call__
 
     def spy(self, prompts=None, completions=None, completion_ids=None, instance=None, **kw):
         seen.extend(json.loads(raw)["id"] for raw in instance)
+        kinds.add(self.partial_credit_kind)
         return real_call(self, prompts, completions, completion_ids, instance, **kw)
 
     monkeypatch.setattr(MapfReward, "__call__", spy)
@@ -123,6 +128,7 @@ def test_stage_trains_only_on_the_screened_rows_and_reads_its_screen_back(tmp_pa
     m = res["metrics"]
     assert m["train/screen_candidates"] == 6 and m["train/screen_fallback"] is True and m["train/screen_kept"] == 6
     assert seen[:12] == [i.id for i in insts for _ in range(2)]  # the screen's own scoring, in dataset order
+    assert kinds == {"progress"}  # the screen's reward and the stage's
     saved = json.loads((out / screen.SCREEN_FILE).read_text())
     assert saved["keep"] == list(range(6)) and saved["stats"]["samples"] == 2
 
