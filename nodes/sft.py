@@ -385,8 +385,9 @@ def greedy_valid_rate(
     criterion: str = "makespan",
 ) -> dict:
     """Greedy answers of `model` to `instances`, verified: {valid_rate, optimal_rate, n, failures, by_size,
-    sample, valid} (`by_size`: valid rate per grid size; `sample`: the first answer, for a look at what fails;
-    `valid`: each instance's verdict, in order, for paired comparisons).
+    sample, valid, answers} (`by_size`: valid rate per grid size; `sample`: the first answer, for a look at what
+    fails; `valid`: each instance's verdict, in order, for paired comparisons; `answers`: each instance's
+    {id, answer, failure}, in order).
 
     A small in-process check for tests and benchmarks (the run's own evaluation is `nodes.evaluate`).
     """
@@ -400,6 +401,7 @@ def greedy_valid_rate(
     tokenizer.padding_side = "left"
     valid = optimal = 0
     each: list[bool] = []
+    answers: list[dict] = []
     failures: dict[str, int] = {}
     per_size: dict[int, list[int]] = {}
     sample = None
@@ -423,6 +425,7 @@ def greedy_valid_rate(
                 v = verify(inst, text, criterion)
                 per_size.setdefault(inst.size, []).append(int(v.valid))
                 each.append(bool(v.valid))
+                answers.append({"id": inst.id, "answer": text, "failure": v.failure})
                 valid += v.valid
                 optimal += v.optimal
                 if v.failure:
@@ -433,7 +436,7 @@ def greedy_valid_rate(
     n = max(1, len(instances))
     by_size = {s: round(sum(v) / len(v), 4) for s, v in sorted(per_size.items())}
     return {"valid_rate": valid / n, "optimal_rate": optimal / n, "n": len(instances), "failures": failures,
-            "by_size": by_size, "sample": sample, "valid": each}
+            "by_size": by_size, "sample": sample, "valid": each, "answers": answers}
 
 
 def main(argv: list[str] | None = None) -> None:

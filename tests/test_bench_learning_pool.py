@@ -129,8 +129,8 @@ def test_every_finished_seed_is_kept_and_resumed(embedded_model_path, tmp_path, 
 
     monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr("llm_backends.models.resolve_model", lambda name, cache_dir=None: embedded_model_path)
-    out = tmp_path / "bench.json"
-    args = ["--preset", "smoke", "--quick", "--per-size", "1", "--json", str(out)]
+    out, answers = tmp_path / "bench.json", tmp_path / "answers.jsonl"
+    args = ["--preset", "smoke", "--quick", "--per-size", "1", "--json", str(out), "--answers", str(answers)]
 
     def stopped(summary):  # the bench dies after its last seed, before its final summary
         raise KeyboardInterrupt
@@ -152,3 +152,10 @@ def test_every_finished_seed_is_kept_and_resumed(embedded_model_path, tmp_path, 
     assert final["seeds"][0] == first["seeds"][0]  # not retrained: its timing figures are the first run's, exactly
     assert final["mean_gain"] == pytest.approx((final["seeds"][0]["gain"] + final["seeds"][1]["gain"]) / 2)
     assert not list(tmp_path.glob("*.tmp"))
+    # --answers: every greedy answer of the start (once per run) and of each trained seed, verdicts as in the figures
+    lines = [json.loads(x) for x in answers.read_text().splitlines()]
+    assert [x["who"] for x in lines] == ["warm start"] * 3 + [0] * 3 + ["warm start"] * 3 + [1] * 3
+    assert [x["id"] for x in lines[3:6]] == [x["id"] for x in lines[:3]] and all("answer" in x for x in lines)
+    seed1 = [x["failure"] is None for x in lines[9:]]
+    start = [x["failure"] is None for x in lines[6:9]]
+    assert [int(a) - int(b) for a, b in zip(seed1, start, strict=True)] == final["seeds"][1]["diffs"]

@@ -484,3 +484,7 @@ def test_warm_start_on_3x3_gives_valid_plans_on_held_out_3x3(tmp_path):
     assert nll_after < 0.5 * nll_before, (nll_before, nll_after)
     result = greedy_valid_rate(model, tok, held_out, max_new_tokens=72, prompt_style=cfg.prompt_style)
     assert result["valid_rate"] > 0, result
+    # each answer, in order, with the verifier's verdict on it
+    assert [a["id"] for a in result["answers"]] == [x.id for x in held_out]
+    assert [a["failure"] is None for a in result["answers"]] == result["valid"]
+    assert [verify(x, a["answer"]).valid for x, a in zip(held_out, result["answers"], strict=True)] == result["valid"]

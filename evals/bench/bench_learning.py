@@ -5,6 +5,7 @@
     python -m evals.bench.bench_learning --seeds 0,1,2,3,4 --grpo-steps 20 --set learning_rate=1e-4
     python -m evals.bench.bench_learning --pool a.json b.json   # the seeds of two runs of one experiment, pooled
     python -m evals.bench.bench_learning --json a.json --resume # after a stop: keep a.json's finished seeds
+    python -m evals.bench.bench_learning --answers a.jsonl      # also every greedy answer, to see what flipped
 
 With `--json`, the file is rewritten after every seed, so a stopped bench keeps its finished seeds; `--resume`
 reads them back (refused if the file's settings, split or warm start differ) and trains only the missing ones.
@@ -85,6 +86,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--resume", action="store_true",
                    help="keep the seeds already in --json (same settings, split and warm start) and train only the "
                    "missing ones")
+    p.add_argument("--answers", type=Path, default=None, metavar="JSONL",
+                   help="also append every greedy answer to this file, one line each: {who: 'warm start' or the "
+                   "GRPO seed, id, answer, failure}")
     p.add_argument("--pool", type=Path, nargs="+", default=None, metavar="JSON",
                    help="no training: pool the seeds of earlier --json files (same warm start, split and settings) "
                    "into one summary with intervals over all their seeds")
@@ -147,6 +151,11 @@ def main(argv: list[str] | None = None) -> dict:
         r["eval_seconds"] = round(time.perf_counter() - t, 1)
         return r
 
+    def keep_answers(who: str | int, r: dict) -> None:
+        if a.answers:
+            with a.answers.open("a") as f:
+                f.writelines(json.dumps({"who": who, **x}) + "\n" for x in r["answers"])
+
     base = resolve_model(a.model)
     t0 = time.perf_counter()
     ws = build_warm_start(base, cfg, a.warm_seed)
@@ -156,6 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
           flush=True)
     model, tok = load_checkpoint(ws["path"])
     before = score(model, tok)
+    keep_answers("warm start", before)
     del model
     print("after warm start", json.dumps({k: before[k] for k in ("valid_rate", "by_size", "failures", "eval_seconds")}),
           flush=True)
@@ -186,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
                             seed=seed, reward_state=None, progress=False, warm_start=False)
             model, tok = load_checkpoint(res["checkpoint"])
             after = score(model, tok)
+            keep_answers(seed, after)
             del model
         m = res["metrics"]
         run = {
