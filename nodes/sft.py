@@ -382,12 +382,12 @@ def _train_warm_start(
 
 def greedy_valid_rate(
     model, tokenizer, instances: list, *, max_new_tokens: int = 128, batch_size: int = 8, prompt_style: str = "full",
-    criterion: str = "makespan",
+    criterion: str = "makespan", **generate_kwargs,
 ) -> dict:
     """Greedy answers of `model` to `instances`, verified: {valid_rate, optimal_rate, n, failures, by_size,
     sample, valid, answers} (`by_size`: valid rate per grid size; `sample`: the first answer, for a look at what
     fails; `valid`: each instance's verdict, in order, for paired comparisons; `answers`: each instance's
-    {id, answer, failure}, in order).
+    {id, answer, failure}, in order). `generate_kwargs` go to `model.generate` (e.g. a `logits_processor`).
 
     A small in-process check for tests and benchmarks (the run's own evaluation is `nodes.evaluate`).
     """
@@ -417,7 +417,8 @@ def greedy_valid_rate(
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
                 out = model.generate(
-                    **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+                    **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                    **generate_kwargs,
                 )
             for inst, ids in zip(chunk, out[:, enc["input_ids"].shape[1] :], strict=True):
                 text = tokenizer.decode(ids, skip_special_tokens=True)
