@@ -408,18 +408,12 @@ def greedy_valid_rate(
     try:
         for i in range(0, len(instances), batch_size):
             chunk = instances[i : i + batch_size]
-            texts = [
-                tokenizer.apply_chat_template(
-                    prompt_messages(x, prompt_style), add_generation_prompt=True, tokenize=False
-                )
-                for x in chunk
-            ]
+            texts = [tokenizer.apply_chat_template(prompt_messages(x, prompt_style), add_generation_prompt=True,
+                                                   tokenize=False) for x in chunk]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
-                out = model.generate(
-                    **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                    **generate_kwargs,
-                )
+                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                     pad_token_id=tokenizer.pad_token_id, **generate_kwargs)
             for inst, ids in zip(chunk, out[:, enc["input_ids"].shape[1] :], strict=True):
                 text = tokenizer.decode(ids, skip_special_tokens=True)
                 sample = text if sample is None else sample
