@@ -4,6 +4,7 @@ interval; a stopped bench keeps its finished seeds."""
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -159,3 +160,42 @@ def test_every_finished_seed_is_kept_and_resumed(embedded_model_path, tmp_path, 
     seed1 = [x["failure"] is None for x in lines[9:]]
     start = [x["failure"] is None for x in lines[6:9]]
     assert [int(a) - int(b) for a, b in zip(seed1, start, strict=True)] == final["seeds"][1]["diffs"]
+
+
+def test_stop_bias_raises_the_line_end_only_after_a_closed_cell(embedded_model_path):
+    """`probe_stop_bias.StopBias` on the real tokenizer: the line end's logit moves by the bias in the rows whose
+    last token closes a cell, and nowhere else."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from evals.bench.probe_stop_bias import StopBias
+
+    tok = AutoTokenizer.from_pretrained(embedded_model_path)
+    ids = [tok("Agent 0: (0,0)", add_special_tokens=False)["input_ids"],
+           tok("Agent 0: (0,", add_special_tokens=False)["input_ids"]]
+    assert tok.decode(ids[0][-1:]) == ")" and len(ids[0]) > len(ids[1])
+    batch = torch.tensor([ids[0], [tok.pad_token_id or 0] * (len(ids[0]) - len(ids[1])) + ids[1]])
+    scores = torch.zeros(2, len(tok))
+    out = StopBias(tok, 1.5)(batch, scores.clone())
+    (end,) = tok("\n", add_special_tokens=False)["input_ids"]
+    assert out[0, end] == 1.5 and int(out[0].argmax()) == end
+    assert (out[0] != 0).sum() == 1 and (out[1] == 0).all()
+
+
+def test_stop_bias_agreement_counts_same_direction_flips_only():
+    from evals.bench.probe_stop_bias import agreement
+
+    bias = [1, -1, 0, 0, 1]
+    seeds = [[1, 1, 0, -1, 0], [0, -1, 1, 0, 1]]
+    # seed flips: 3 + 3 = 6; the same way as the bias: (0 in seed 0) + (1, 4 in seed 1) = 3
+    # bias flips: 3 per seed, 6 in all; shared: 3
+    assert agreement(bias, seeds) == {"seed_flips_matched": 0.5, "bias_flips_shared": 0.5}
+    assert math.isnan(agreement([0] * 5, seeds)["bias_flips_shared"])  # a bias that flips nothing shares nothing
+
+
+def test_stop_bias_cli_names_a_bad_bias(capsys):
+    from evals.bench.probe_stop_bias import main
+
+    with pytest.raises(SystemExit):
+        main(["--bias", "0.5,high"])
+    assert "--bias '0.5,high'" in capsys.readouterr().err
