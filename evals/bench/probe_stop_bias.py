@@ -1,13 +1,16 @@
 """Is what a short GRPO stage changes in the greedy answers only where they stop? A stage-free stand-in, compared.
 
     python -m evals.bench.probe_stop_bias --bias 0.5,1,2 --runs evals/results/learning_cpu/bench_learning_s4*.json
+    python -m evals.bench.probe_stop_bias --bias "" --sampled 8   # only: how long are sampled answers, by verdict
 
 The cached warm start answers `val-small` (sizes 3-5) greedily, as `bench_learning` scores it, once as it is and
 once per `--bias` b with b added to the logit of the line end ("\\n") wherever a cell has just been closed (")"):
 the start made to end each agent's path sooner, and nothing else. For each bias: the valid rate, the failures,
 the answers' mean length, and which instances flipped against the unbiased start. With `--runs` (bench_learning
 JSON files from the same start, with per-instance `diffs`), how those flips agree with the flips of every trained
-seed: a stage that only shortens the answers flips the same instances as some bias does.
+seed: a stage that only shortens the answers flips the same instances as some bias does. With `--sampled K`, first:
+K answers sampled at the preset's temperature to each of the 24 instances seed 0 of `bench_learning` trains on,
+their mean length in tokens by verdict (which answers a GRPO group scores higher, and how long they are).
 """
 
 from __future__ import annotations
@@ -44,11 +47,42 @@ def agreement(flips: list[int], runs: list[list[int]]) -> dict:
             "bias_flips_shared": same / (mine * len(runs)) if mine and runs else float("nan")}
 
 
+def sampled_lengths(model, tok, cfg, k: int) -> dict:
+    """`k` answers sampled at `cfg.temperature` (no top-k, no top-p, as GRPO samples) to each of bench_learning's
+    seed-0 training instances: {verdict ("valid", a failure, or "truncated" at the token limit): {n, tokens}}."""
+    import torch
+
+    from env import SIZES, EnvConfig, generate, verify
+    from env.library import prompt_messages
+
+    grpo_cfg = EnvConfig.model_validate({"sizes": {  # bench_learning's draw for seed 0
+        s: {"data_ratio": 1 / 3 if s in (3, 4, 5) else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in SIZES}})
+    insts = generate(grpo_cfg, 24, seed=2000).instances
+    torch.manual_seed(0)
+    tok.padding_side = "left"
+    by: dict[str, list[int]] = {}
+    for i in range(0, len(insts), 4):
+        chunk = insts[i : i + 4]
+        texts = [tok.apply_chat_template(prompt_messages(x, cfg.prompt_style), add_generation_prompt=True,
+                                         tokenize=False) for x in chunk for _ in range(k)]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            gen = model.generate(**enc, max_new_tokens=cfg.max_completion_length, do_sample=True, top_k=0, top_p=1.0,
+                                 temperature=cfg.temperature, pad_token_id=tok.pad_token_id)
+        for j, ids in enumerate(gen[:, enc["input_ids"].shape[1] :]):
+            n = int((ids != tok.pad_token_id).sum())
+            v = verify(chunk[j // k], tok.decode(ids, skip_special_tokens=True))
+            by.setdefault("truncated" if n >= cfg.max_completion_length else (v.failure or "valid"), []).append(n)
+    return {key: {"n": len(v), "tokens": statistics.fmean(v)} for key, v in sorted(by.items(), key=lambda t: -len(t[1]))}
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bias", default="0.5,1,2", help="line-end logit biases to try (comma list; 0 is always run)")
     p.add_argument("--runs", type=Path, nargs="*", default=[], metavar="JSON",
                    help="bench_learning files whose seeds' per-instance flips to compare with")
+    p.add_argument("--sampled", type=int, default=0, metavar="K",
+                   help="first sample K answers per training instance and print their length by verdict (0: off)")
     p.add_argument("--warm-seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     a = p.parse_args(argv)
@@ -84,13 +118,18 @@ def main(argv: list[str] | None = None) -> dict:
         return {"bias": bias, "valid_rate": r["valid_rate"], "failures": r["failures"],
                 "answer_tokens": statistics.fmean(tokens), "valid": r["valid"]}
 
+    if a.sampled:
+        out_sampled = sampled_lengths(model, tok, cfg, a.sampled)
+        print(f"sampled at T {cfg.temperature}: " + ", ".join(
+            f"{k} {v['n']} ({v['tokens']:.1f} tokens)" for k, v in out_sampled.items()), flush=True)
     base = score(0.0)
     print(f"bias 0: valid {base['valid_rate']:.3f}, {base['answer_tokens']:.1f} tokens, {base['failures']}", flush=True)
     if runs:
         seeds = [sum(d) / 150 for d in runs]
         print(f"{len(runs)} trained seeds: mean gain {100 * statistics.fmean(seeds):+.1f} points, "
               f"{statistics.fmean(sum(1 for x in d if x) for d in runs):.1f} instances flipped per seed", flush=True)
-    out = {"warm_start": ws["key"], "seeds_compared": len(runs), "biases": [base]}
+    out = {"warm_start": ws["key"], "seeds_compared": len(runs), "biases": [base],
+           **({"sampled": out_sampled} if a.sampled else {})}
     for b in biases:
         r = score(b)
         flips = [int(x) - int(y) for x, y in zip(r["valid"], base["valid"], strict=True)]
