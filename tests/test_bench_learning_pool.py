@@ -131,7 +131,8 @@ def test_every_finished_seed_is_kept_and_resumed(embedded_model_path, tmp_path, 
     monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr("llm_backends.models.resolve_model", lambda name, cache_dir=None: embedded_model_path)
     out, answers = tmp_path / "bench.json", tmp_path / "answers.jsonl"
-    args = ["--preset", "smoke", "--quick", "--per-size", "1", "--json", str(out), "--answers", str(answers)]
+    args = ["--preset", "smoke", "--quick", "--per-size", "1", "--json", str(out), "--answers", str(answers),
+            "--keep-checkpoints", str(tmp_path / "kept")]
 
     def stopped(summary):  # the bench dies after its last seed, before its final summary
         raise KeyboardInterrupt
@@ -160,6 +161,12 @@ def test_every_finished_seed_is_kept_and_resumed(embedded_model_path, tmp_path, 
     seed1 = [x["failure"] is None for x in lines[9:]]
     start = [x["failure"] is None for x in lines[6:9]]
     assert [int(a) - int(b) for a, b in zip(seed1, start, strict=True)] == final["seeds"][1]["diffs"]
+    # --keep-checkpoints: each trained seed's weights, whole and loadable, after the stage's temporary folder is gone
+    from llm_backends.checkpoints import check_checkpoint
+
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["seed_0", "seed_1"]
+    for p in (tmp_path / "kept").iterdir():
+        check_checkpoint(p)
 
 
 def test_stop_bias_raises_the_line_end_only_after_a_closed_cell(embedded_model_path):

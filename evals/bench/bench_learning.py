@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import time
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--answers", type=Path, default=None, metavar="JSONL",
                    help="also append every greedy answer to this file, one line each: {who: 'warm start' or the "
                    "GRPO seed, id, answer, failure}")
+    p.add_argument("--keep-checkpoints", type=Path, default=None, metavar="DIR",
+                   help="also keep each seed's trained checkpoint as DIR/seed_N (to answer with it again later)")
     p.add_argument("--pool", type=Path, nargs="+", default=None, metavar="JSON",
                    help="no training: pool the seeds of earlier --json files (same warm start, split and settings) "
                    "into one summary with intervals over all their seeds")
@@ -194,6 +197,10 @@ def main(argv: list[str] | None = None) -> dict:
             write_jsonl(train, generate(grpo_cfg, cfg.instances_per_stage, seed=2000 + seed).instances)
             res = run_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=Path(tmp) / "stage_0", cfg=cfg,
                             seed=seed, reward_state=None, progress=False, warm_start=False)
+            if a.keep_checkpoints:
+                kept = a.keep_checkpoints / f"seed_{seed}"
+                shutil.rmtree(kept, ignore_errors=True)
+                shutil.copytree(res["checkpoint"], kept)
             model, tok = load_checkpoint(res["checkpoint"])
             after = score(model, tok)
             keep_answers(seed, after)

@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--sampled", type=int, default=0, metavar="K",
                    help="first sample K answers per training instance and print their length by verdict (0: off)")
     p.add_argument("--warm-seed", type=int, default=0)
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="answer with this checkpoint (e.g. a seed kept by bench_learning --keep-checkpoints) instead "
+                   "of the warm start; --runs are still matched against the warm start")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     a = p.parse_args(argv)
     try:
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
             p.error(f"--runs {f}: not a 150-answer bench from this warm start's weights ({ws['path']})")
         runs += [s["diffs"] for s in d["seeds"] if len(s.get("diffs") or []) == 150]
     val = [i for s in (3, 4, 5) for i in load_split("val-small") if i.size == s]
-    model, tok = load_checkpoint(ws["path"])
+    model, tok = load_checkpoint(a.checkpoint or ws["path"])
 
     def score(bias: float) -> dict:
         extra = {"logits_processor": LogitsProcessorList([StopBias(tok, bias)])} if bias else {}
@@ -128,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
         seeds = [sum(d) / 150 for d in runs]
         print(f"{len(runs)} trained seeds: mean gain {100 * statistics.fmean(seeds):+.1f} points, "
               f"{statistics.fmean(sum(1 for x in d if x) for d in runs):.1f} instances flipped per seed", flush=True)
-    out = {"warm_start": ws["key"], "seeds_compared": len(runs), "biases": [base],
+    out = {"warm_start": ws["key"], "checkpoint": str(a.checkpoint) if a.checkpoint else None,
+           "seeds_compared": len(runs), "biases": [base],
            **({"sampled": out_sampled} if a.sampled else {})}
     for b in biases:
         r = score(b)
