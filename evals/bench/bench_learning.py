@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> dict:
                    "missing ones")
     p.add_argument("--answers", type=Path, default=None, metavar="JSONL",
                    help="also append every greedy answer to this file, one line each: {who: 'warm start' or the "
-                   "GRPO seed, id, answer, failure}")
+                   "GRPO seed, id, answer, failure} (appended: a --resume adds the start's answers again, then its "
+                   "new seeds')")
     p.add_argument("--keep-checkpoints", type=Path, default=None, metavar="DIR",
                    help="also keep each seed's trained checkpoint as DIR/seed_N (to answer with it again later)")
     p.add_argument("--pool", type=Path, nargs="+", default=None, metavar="JSON",
