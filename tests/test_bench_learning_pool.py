@@ -200,9 +200,19 @@ def test_stop_bias_agreement_counts_same_direction_flips_only():
     assert math.isnan(agreement([0] * 5, seeds)["bias_flips_shared"])  # a bias that flips nothing shares nothing
 
 
-def test_stop_bias_cli_names_a_bad_bias(capsys):
+def test_stop_bias_cli_names_a_bad_bias(capsys, tmp_path):
     from evals.bench.probe_stop_bias import main
 
     with pytest.raises(SystemExit):
         main(["--bias", "0.5,high"])
     assert "--bias '0.5,high'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--sampled", "-2"])
+    assert "--sampled -2: expected 0 (off)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--runs", str(tmp_path / "a.json"), "--checkpoint", str(tmp_path)])
+    assert "--runs with --checkpoint" in capsys.readouterr().err
+    (tmp_path / "half.json").write_text('{"seeds": ')
+    with pytest.raises(SystemExit):  # stops before any model work
+        main(["--runs", str(tmp_path / "half.json")])
+    assert f"--runs {tmp_path / 'half.json'}: not a readable bench_learning JSON file" in capsys.readouterr().err

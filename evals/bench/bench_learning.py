@@ -39,6 +39,15 @@ from pathlib import Path
 QUICK = {"sft_steps": 2, "sft_instances": 8, "max_steps": 1, "instances_per_stage": 8, "max_completion_length": 32}
 
 
+def training_draw(sizes: set[int], n: int, seed: int) -> list:
+    """The `n` fresh 2-agent instances a GRPO seed trains on: spread evenly over `sizes`, hole 0.2, wait 0.5."""
+    from env import SIZES, EnvConfig, generate
+
+    cfg = EnvConfig.model_validate({"sizes": {
+        s: {"data_ratio": 1 / len(sizes) if s in sizes else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in SIZES}})
+    return generate(cfg, n, seed=2000 + seed).instances
+
+
 def paired_bootstrap(diffs: list[list[int]], n: int = 4000, seed: int = 0) -> tuple[float, float]:
     """95 % interval of the mean gain: resample seeds, then instances within each seed (paired differences)."""
     rng = random.Random(seed)
@@ -110,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
             a.json.write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
-    from env import SIZES, EnvConfig, generate, load_split, write_jsonl
+    from env import load_split, write_jsonl
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
     from nodes.sft import build_warm_start, greedy_valid_rate
@@ -188,14 +197,12 @@ def main(argv: list[str] | None = None) -> dict:
         seeds += [r["seed"] for r in runs if r["seed"] not in seeds]
         print(f"resumed from {a.json}: seeds {[r['seed'] for r in runs]} kept, "
               f"{[s for s in seeds if s not in {r['seed'] for r in runs}]} to train", flush=True)
-    grpo_cfg = EnvConfig.model_validate({"sizes": {
-        s: {"data_ratio": 1 / len(sizes) if s in sizes else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in SIZES}})
     for seed in seeds:
         if any(r["seed"] == seed for r in runs):
             continue
         with tempfile.TemporaryDirectory() as tmp:
             train = Path(tmp) / "train.jsonl"
-            write_jsonl(train, generate(grpo_cfg, cfg.instances_per_stage, seed=2000 + seed).instances)
+            write_jsonl(train, training_draw(sizes, cfg.instances_per_stage, seed))
             res = run_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=Path(tmp) / "stage_0", cfg=cfg,
                             seed=seed, reward_state=None, progress=False, warm_start=False)
             if a.keep_checkpoints:

@@ -52,12 +52,11 @@ def sampled_lengths(model, tok, cfg, k: int) -> dict:
     seed-0 training instances: {verdict ("valid", a failure, or "truncated" at the token limit): {n, tokens}}."""
     import torch
 
-    from env import SIZES, EnvConfig, generate, verify
+    from env import verify
     from env.library import prompt_messages
+    from evals.bench.bench_learning import training_draw
 
-    grpo_cfg = EnvConfig.model_validate({"sizes": {  # bench_learning's draw for seed 0
-        s: {"data_ratio": 1 / 3 if s in (3, 4, 5) else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in SIZES}})
-    insts = generate(grpo_cfg, 24, seed=2000).instances
+    insts = training_draw({3, 4, 5}, 24, seed=0)  # what bench_learning's seed 0 trains on
     torch.manual_seed(0)
     tok.padding_side = "left"
     by: dict[str, list[int]] = {}
@@ -86,13 +85,23 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warm-seed", type=int, default=0)
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="answer with this checkpoint (e.g. a seed kept by bench_learning --keep-checkpoints) instead "
-                   "of the warm start; --runs are still matched against the warm start")
+                   "of the warm start (not with --runs)")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     a = p.parse_args(argv)
     try:
         biases = [float(x) for x in a.bias.split(",") if x.strip()]
     except ValueError:
         p.error(f"--bias {a.bias!r}: expected a comma list of numbers, e.g. 0.5,1,2")
+    if a.sampled < 0:
+        p.error(f"--sampled {a.sampled}: expected 0 (off) or a number of answers per instance")
+    if a.runs and a.checkpoint:
+        p.error("--runs with --checkpoint: the seeds' flips are against the warm start, this checkpoint's would not be")
+    files = {}
+    for f in a.runs:  # read before any model work: a bad file stops the probe at once
+        try:
+            files[f] = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            p.error(f"--runs {f}: not a readable bench_learning JSON file ({e})")
 
     from transformers import LogitsProcessorList
 
@@ -105,9 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = TrainConfig.model_validate(TRAIN_PRESETS["cpu"])
     ws = build_warm_start(resolve_model("smollm2-135m"), cfg, a.warm_seed)
     runs = []
-    for f in a.runs:
-        d = json.loads(f.read_text())
-        if d.get("warm_start", {}).get("weights") != ws["weights"] or d.get("instances") != 150:
+    for f, d in files.items():
+        if not isinstance(d, dict) or d.get("warm_start", {}).get("weights") != ws["weights"] or d.get("instances") != 150:
             p.error(f"--runs {f}: not a 150-answer bench from this warm start's weights ({ws['path']})")
         runs += [s["diffs"] for s in d["seeds"] if len(s.get("diffs") or []) == 150]
     val = [i for s in (3, 4, 5) for i in load_split("val-small") if i.size == s]
@@ -134,6 +142,11 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"warm_start": ws["key"], "checkpoint": str(a.checkpoint) if a.checkpoint else None,
            "seeds_compared": len(runs), "biases": [base],
            **({"sampled": out_sampled} if a.sampled else {})}
+    def save() -> None:  # after every evaluation: a stopped probe keeps what it measured
+        if a.json:
+            a.json.write_text(json.dumps(out, indent=1) + "\n")
+
+    save()
     for b in biases:
         r = score(b)
         flips = [int(x) - int(y) for x, y in zip(r["valid"], base["valid"], strict=True)]
@@ -145,8 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"+{r['gained']} -{r['lost']}, {r['failures']}"
               + (f"; of the seeds' flips {100 * r['seed_flips_matched']:.0f} % are the bias's too, of the bias's "
                  f"{100 * r['bias_flips_shared']:.0f} % are a seed's" if runs else ""), flush=True)
-        if a.json:
-            a.json.write_text(json.dumps(out, indent=1) + "\n")
+        save()
     return out
 
 
