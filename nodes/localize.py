@@ -96,3 +96,12 @@ class LocalizedCredit:
 
     def metrics(self) -> dict[str, float]:
         return localize_metrics(self.counts)
+
+
+def weigh_negatives(batch: dict, weight: float) -> dict:
+    """`batch` with every negative advantage (an answer scored below its group) times `weight`, the positive ones as
+    they were (`train.negative_weight`; 1: unchanged, 0: positive-sample reinforcement only)."""
+    if weight == 1.0:
+        return batch
+    adv = batch["advantages"]
+    return {**batch, "advantages": adv.where(adv >= 0, adv * weight)}

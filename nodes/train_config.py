@@ -141,6 +141,16 @@ class TrainConfig(BaseModel):
         "the tokens before it are pushed up. Not in the paper "
         "(off: every token of an answer shares its advantage; nodes.localize)",
     )
+    negative_weight: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="scale every negative GRPO advantage by this (answers scored below their group); positive ones "
+        "are kept. 1: GRPO as published; 0: only answers above their group are taught (positive-sample "
+        "reinforcement, which raises pass@1, i.e. greedy answers: Zhu et al. 2025, arXiv 2506.01347). Not in the "
+        "paper. The idea here: the longer, invalid answers of a group push the tokens that continue a path down, "
+        "and so shorten every answer (evals/results/learning_cpu, stop 46; nodes.localize.weigh_negatives)",
+    )
     sft_mix: float = Field(
         0.0,
         ge=0,

@@ -111,6 +111,30 @@ def test_loss_keeps_the_error_side_its_advantage_speaks_for(embedded_policy):
         localize_credit(batch, rows[:4], tok)
 
 
+def test_negative_advantages_are_scaled_and_positive_ones_kept():
+    import torch
+
+    from nodes.localize import weigh_negatives
+
+    batch = {"advantages": torch.tensor([1.5, -2.0, 0.0, -0.5]), "completion_ids": torch.zeros(4, 3)}
+    assert weigh_negatives(batch, 1.0) is batch
+    out = weigh_negatives(batch, 0.25)
+    assert out["advantages"].tolist() == [1.5, -0.5, 0.0, -0.125] and out["completion_ids"] is batch["completion_ids"]
+    assert weigh_negatives(batch, 0.0)["advantages"].tolist() == [1.5, 0.0, 0.0, 0.0]
+    assert batch["advantages"].tolist() == [1.5, -2.0, 0.0, -0.5]  # the input batch is left as it was
+
+
+def test_negative_weight_is_one_by_default_and_checked():
+    from pydantic import ValidationError
+
+    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+
+    assert TrainConfig().negative_weight == 1.0
+    assert all(p.get("negative_weight", 1.0) == 1.0 for p in TRAIN_PRESETS.values())
+    with pytest.raises(ValidationError, match="negative_weight"):
+        TrainConfig(negative_weight=1.5)
+
+
 def test_setting_is_off_by_default_and_in_no_preset():
     from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
@@ -128,6 +152,7 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
 
     from env import write_jsonl
     from llm_backends.models import resolve_model
+    from nodes import grpo_sampling
     from nodes import localize as localize_module
     from nodes.train_config import TRAIN_PRESETS, TrainConfig
     from nodes.train_data import MapfReward
@@ -138,7 +163,7 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
     write_jsonl(train, three_by_three(6, seed=11))
     cfg = TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "max_steps": 2, "sft_warm_start": False,
                                       "partial_credit": 0.25, "partial_credit_kind": "progress",
-                                      "localize_credit": True})
+                                      "localize_credit": True, "negative_weight": 0.0})
     scored: list[list[str]] = []
     credit: set[tuple[float, str]] = set()
     localized: list[tuple[list[str], object]] = []
@@ -149,7 +174,8 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
     def reward(self, prompts=None, completions=None, completion_ids=None, instance=None, **kw):
         scored.append([json.loads(raw)["id"] for raw in instance])
         credit.add((self.partial_credit, self.partial_credit_kind))
-        return real_reward(self, prompts, completions, completion_ids, instance, **kw)
+        out = real_reward(self, prompts, completions, completion_ids, instance, **kw)
+        return [r + 0.01 * (i % 2) for i, r in enumerate(out)]  # smoke answers all score alike: give groups a spread
 
     def localize(batch, rows, tok, counts=None):
         out = real_localize(batch, rows, tok, counts)
@@ -157,11 +183,18 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
         return out
 
     def loss(self, model, inputs):
-        losses.append("tool_mask" in inputs)
+        losses.append("tool_mask" in inputs and bool((inputs["advantages"] >= 0).all()))  # negative_weight 0
         return real_loss(self, model, inputs)
+
+    weighed: list[bool] = []
+
+    def weigh(batch, weight):
+        weighed.append(weight == 0.0 and bool((batch["advantages"] < 0).any()))  # there were negatives to scale
+        return localize_module.weigh_negatives(batch, weight)
 
     monkeypatch.setattr(MapfReward, "__call__", reward)
     monkeypatch.setattr(localize_module, "localize_credit", localize)
+    monkeypatch.setattr(grpo_sampling, "weigh_negatives", weigh)
     monkeypatch.setattr(GRPOTrainer, "_compute_loss", loss)
     res = run_stage(train_path=train, init_checkpoint=resolve_model("smollm2-135m"), out_dir=tmp_path / "stage",
                     cfg=cfg, seed=3, reward_state=None, progress=False)
@@ -169,7 +202,7 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
     assert m["train/steps"] == 2 and len(localized) == 2
     assert [ids for ids, _ in localized] == scored  # the rows of each batch, as the reward scored them
     assert all(mask.shape[0] == cfg.per_device_train_batch_size for _, mask in localized)
-    assert losses and all(losses)
+    assert losses and all(losses) and len(weighed) == 2 and all(weighed)
     assert credit == {(0.25, "progress")}  # the stage's reward scores with the stage's partial credit
     assert 0.0 <= m["train/localized_rows"] <= 1.0 and 0.0 <= m["train/localized_tokens_masked"] <= 1.0
 
