@@ -38,7 +38,7 @@ import logging
 import random
 from typing import Any
 
-from nodes.localize import LocalizedCredit, weigh_negatives
+from nodes.localize import LocalizedCredit, weigh_advantages
 from nodes.rollout_attention import use_gqa_sdpa
 
 log = logging.getLogger(__name__)
@@ -356,9 +356,9 @@ def make_trainer_class():
         """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""
 
         def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, group_key=None, rollout_dtype=None,
-                     share_prompt: bool = False, sft_mix=None, localize_credit=False, negative_weight=1.0, **kwargs):
+                     share_prompt: bool = False, sft_mix=None, localize_credit=False, weights=(1.0, 1.0), **kwargs):
             super().__init__(*args, **kwargs)
-            self.negative_weight = float(negative_weight)  # nodes.localize.weigh_negatives
+            self.weights = tuple(map(float, weights))  # (positive, negative): nodes.localize.weigh_advantages
             self.localizer = LocalizedCredit() if localize_credit else None  # nodes.localize, or None
             self.sft_mix = sft_mix  # nodes.sft_mix.SftMix: an SFT term on solver answers in every loss, or None
             self.share_prompt = bool(share_prompt)
@@ -482,7 +482,7 @@ def make_trainer_class():
             self.stats["rounds"] += rounds
             self.stats["trained_groups"] += batch["advantages"].numel() // g
             self.stats["trained_zero_groups"] += len(zero)
-            batch = weigh_negatives(batch, self.negative_weight)
+            batch = weigh_advantages(batch, *self.weights)
             return batch if self.localizer is None else self.localizer(batch, rows, self.processing_class)
 
     return DynamicSamplingGRPOTrainer

@@ -98,10 +98,11 @@ class LocalizedCredit:
         return localize_metrics(self.counts)
 
 
-def weigh_negatives(batch: dict, weight: float) -> dict:
-    """`batch` with every negative advantage (an answer scored below its group) times `weight`, the positive ones as
-    they were (`train.negative_weight`; 1: unchanged, 0: positive-sample reinforcement only)."""
-    if weight == 1.0:
+
+def weigh_advantages(batch: dict, positive: float, negative: float) -> dict:
+    """`batch` with every positive advantage (an answer scored above its group) times `positive` and every negative
+    one times `negative` (`train.positive_weight`, `train.negative_weight`; 1 and 1: unchanged)."""
+    if positive == 1.0 and negative == 1.0:
         return batch
     adv = batch["advantages"]
-    return {**batch, "advantages": adv.where(adv >= 0, adv * weight)}
+    return {**batch, "advantages": adv.where(adv >= 0, adv * negative).where(adv <= 0, adv * positive)}

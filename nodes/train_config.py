@@ -141,15 +141,23 @@ class TrainConfig(BaseModel):
         "the tokens before it are pushed up. Not in the paper "
         "(off: every token of an answer shares its advantage; nodes.localize)",
     )
+    positive_weight: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="scale every positive GRPO advantage by this (answers scored above their group); 1: GRPO as "
+        "published; 0.1 with negative_weight 1: Weighted-REINFORCE (Zhu et al. 2025, arXiv 2506.01347), which "
+        "teaches mostly by pushing down what went wrong. Not in the paper. Measured here because the valid answers "
+        "a stage reinforces are its shortest, and every stage from the cpu start shortens its answers "
+        "(evals/results/learning_cpu, stops 46-47; nodes.localize.weigh_advantages)",
+    )
     negative_weight: float = Field(
         1.0,
         ge=0,
         le=1,
-        description="scale every negative GRPO advantage by this (answers scored below their group); positive ones "
-        "are kept. 1: GRPO as published; 0: only answers above their group are taught (positive-sample "
-        "reinforcement, which raises pass@1, i.e. greedy answers: Zhu et al. 2025, arXiv 2506.01347). Not in the "
-        "paper. The idea here: the longer, invalid answers of a group push the tokens that continue a path down, "
-        "and so shorten every answer (evals/results/learning_cpu, stop 46; nodes.localize.weigh_negatives)",
+        description="scale every negative GRPO advantage by this (answers scored below their group); 1: GRPO as "
+        "published; 0: positive-sample reinforcement only, which raises pass@1 in Zhu et al. 2025 (here it did not, "
+        "and shortened the answers more: evals/results/learning_cpu, stop 47). Not in the paper",
     )
     sft_mix: float = Field(
         0.0,

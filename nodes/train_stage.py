@@ -272,7 +272,7 @@ def run_stage(
         share_prompt=cfg.share_prompt,
         sft_mix=mix,
         localize_credit=cfg.localize_credit,
-        negative_weight=cfg.negative_weight,
+        weights=(cfg.positive_weight, cfg.negative_weight),
     )
     if cfg.screen_samples:
         _screen(trainer, dataset, cfg, key, out_dir, reward_state, tok, metrics, progress)

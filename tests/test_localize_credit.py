@@ -111,28 +111,33 @@ def test_loss_keeps_the_error_side_its_advantage_speaks_for(embedded_policy):
         localize_credit(batch, rows[:4], tok)
 
 
-def test_negative_advantages_are_scaled_and_positive_ones_kept():
+def test_each_sign_of_advantage_is_scaled_by_its_own_weight():
     import torch
 
-    from nodes.localize import weigh_negatives
+    from nodes.localize import weigh_advantages
 
     batch = {"advantages": torch.tensor([1.5, -2.0, 0.0, -0.5]), "completion_ids": torch.zeros(4, 3)}
-    assert weigh_negatives(batch, 1.0) is batch
-    out = weigh_negatives(batch, 0.25)
+    assert weigh_advantages(batch, 1.0, 1.0) is batch
+    out = weigh_advantages(batch, 1.0, 0.25)
     assert out["advantages"].tolist() == [1.5, -0.5, 0.0, -0.125] and out["completion_ids"] is batch["completion_ids"]
-    assert weigh_negatives(batch, 0.0)["advantages"].tolist() == [1.5, 0.0, 0.0, 0.0]
+    assert weigh_advantages(batch, 1.0, 0.0)["advantages"].tolist() == [1.5, 0.0, 0.0, 0.0]
+    assert weigh_advantages(batch, 0.5, 1.0)["advantages"].tolist() == [0.75, -2.0, 0.0, -0.5]
+    assert weigh_advantages(batch, 0.0, 0.5)["advantages"].tolist() == [0.0, -1.0, 0.0, -0.25]
     assert batch["advantages"].tolist() == [1.5, -2.0, 0.0, -0.5]  # the input batch is left as it was
 
 
-def test_negative_weight_is_one_by_default_and_checked():
+@pytest.mark.parametrize("field", ["positive_weight", "negative_weight"])
+def test_advantage_weights_are_one_by_default_and_checked(field):
     from pydantic import ValidationError
 
     from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
-    assert TrainConfig().negative_weight == 1.0
-    assert all(p.get("negative_weight", 1.0) == 1.0 for p in TRAIN_PRESETS.values())
-    with pytest.raises(ValidationError, match="negative_weight"):
-        TrainConfig(negative_weight=1.5)
+    assert getattr(TrainConfig(), field) == 1.0
+    assert all(p.get(field, 1.0) == 1.0 for p in TRAIN_PRESETS.values())
+    with pytest.raises(ValidationError, match=field):
+        TrainConfig(**{field: 1.5})
+    with pytest.raises(ValidationError, match=field):
+        TrainConfig(**{field: -0.1})
 
 
 def test_setting_is_off_by_default_and_in_no_preset():
@@ -188,13 +193,13 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
 
     weighed: list[bool] = []
 
-    def weigh(batch, weight):
-        weighed.append(weight == 0.0 and bool((batch["advantages"] < 0).any()))  # there were negatives to scale
-        return localize_module.weigh_negatives(batch, weight)
+    def weigh(batch, positive, negative):
+        weighed.append((positive, negative) == (1.0, 0.0) and bool((batch["advantages"] < 0).any()))  # negatives
+        return localize_module.weigh_advantages(batch, positive, negative)
 
     monkeypatch.setattr(MapfReward, "__call__", reward)
     monkeypatch.setattr(localize_module, "localize_credit", localize)
-    monkeypatch.setattr(grpo_sampling, "weigh_negatives", weigh)
+    monkeypatch.setattr(grpo_sampling, "weigh_advantages", weigh)
     monkeypatch.setattr(GRPOTrainer, "_compute_loss", loss)
     res = run_stage(train_path=train, init_checkpoint=resolve_model("smollm2-135m"), out_dir=tmp_path / "stage",
                     cfg=cfg, seed=3, reward_state=None, progress=False)
