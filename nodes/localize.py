@@ -1,7 +1,7 @@
 """Credit localized by the verifier (`train.localize_credit`): restrict each invalid GRPO answer's loss by where it
 first went wrong (`env.verify.first_error`), through TRL's per-token `tool_mask`. Not in the paper; off by default.
 Measured in evals/results/learning_cpu (stop 44): it stops the answers shortening, without raising the greedy valid
-rate."""
+rate. Also each sign of advantage weighed on its own (`train.positive_weight`, `train.negative_weight`, stop 47)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,6 @@ class LocalizedCredit:
 
     def metrics(self) -> dict[str, float]:
         return localize_metrics(self.counts)
-
 
 
 def weigh_advantages(batch: dict, positive: float, negative: float) -> dict:

@@ -147,9 +147,9 @@ class TrainConfig(BaseModel):
         le=1,
         description="scale every positive GRPO advantage by this (answers scored above their group); 1: GRPO as "
         "published; 0.1 with negative_weight 1: Weighted-REINFORCE (Zhu et al. 2025, arXiv 2506.01347), which "
-        "teaches mostly by pushing down what went wrong. Not in the paper. Measured here because the valid answers "
-        "a stage reinforces are its shortest, and every stage from the cpu start shortens its answers "
-        "(evals/results/learning_cpu, stops 46-47; nodes.localize.weigh_advantages)",
+        "teaches mostly by pushing down what went wrong. Not in the paper. From the cpu start the positive side is "
+        "what shortens the answers (0: they keep their length), but no weighting gained more than 1 and 1 "
+        "(evals/results/learning_cpu, stop 47; nodes.localize.weigh_advantages)",
     )
     negative_weight: float = Field(
         1.0,

@@ -149,8 +149,9 @@ def test_setting_is_off_by_default_and_in_no_preset():
 
 @pytest.mark.slow
 def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
-    """A real smoke stage with `localize_credit` on: every generation batch goes through `localize_credit` with
-    the rows whose answers were scored, in order, and the loss of every step is computed with its mask."""
+    """A real smoke stage with `localize_credit` on and `negative_weight` 0: every generation batch goes through
+    `localize_credit` with the rows whose answers were scored, in order, and the loss of every step is computed with
+    its mask and without the negative advantages the batch had."""
     import json
 
     from trl import GRPOTrainer
