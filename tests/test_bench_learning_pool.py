@@ -216,3 +216,17 @@ def test_stop_bias_cli_names_a_bad_bias(capsys, tmp_path):
     with pytest.raises(SystemExit):  # stops before any model work
         main(["--runs", str(tmp_path / "half.json")])
     assert f"--runs {tmp_path / 'half.json'}: not a readable bench_learning JSON file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("item, says", [
+    ("positive_weight=2", "--set positive_weight=2: Input should be less than or equal to 1"),
+    ("negative_weight=-0.5", "--set negative_weight=-0.5: Input should be greater than or equal to 0"),
+    ("learning_rate=fast", "--set learning_rate='fast': Input should be a valid number"),
+])
+def test_bench_set_names_a_bad_value_in_one_line(capsys, item, says):
+    from evals.bench.bench_learning import main
+
+    with pytest.raises(SystemExit):
+        main(["--set", item])
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err

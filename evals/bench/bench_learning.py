@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
             a.json.write_text(json.dumps(summary, indent=2) + "\n")
         return summary
 
+    from pydantic import ValidationError
+
     from env import load_split, write_jsonl
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
@@ -139,7 +141,11 @@ def main(argv: list[str] | None = None) -> dict:
             raw[key] = json.loads(value)
         except json.JSONDecodeError:
             raw[key] = value
-    cfg = TrainConfig.model_validate(raw)
+    try:
+        cfg = TrainConfig.model_validate(raw)
+    except ValidationError as e:  # one line: the first bad field, its value and the rule
+        err = e.errors()[0]
+        p.error(f"--set {err['loc'][0]}={err['input']!r}: {err['msg']}")
     seeds = [int(s) for s in a.seeds.split(",")]
     per_size = a.per_size if a.per_size is not None else (2 if a.quick else None)
     max_new = a.max_new_tokens or (48 if a.quick else cfg.max_completion_length)
