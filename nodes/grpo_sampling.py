@@ -28,7 +28,7 @@ leaves the batch as TRL made it.
 
 The trainer also carries three stage options of `nodes.train_stage`: `restrict_dataset` (prompt screening,
 `nodes.screen`), `sft_mix` (an SFT term on the solver's answers in every micro-batch's loss, `nodes.sft_mix`) and
-`localizer` (each invalid answer's loss restricted by where it first went wrong, `nodes.localize`).
+`credit` (advantages weighed, localized or credited per step once sampled, `nodes.localize.Credit`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import logging
 import random
 from typing import Any
 
-from nodes.localize import LocalizedCredit, weigh_advantages
+from nodes.localize import Credit
 from nodes.rollout_attention import use_gqa_sdpa
 
 log = logging.getLogger(__name__)
@@ -356,10 +356,9 @@ def make_trainer_class():
         """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""
 
         def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, group_key=None, rollout_dtype=None,
-                     share_prompt: bool = False, sft_mix=None, localize_credit=False, weights=(1.0, 1.0), **kwargs):
+                     share_prompt: bool = False, sft_mix=None, credit=None, **kwargs):
             super().__init__(*args, **kwargs)
-            self.weights = tuple(map(float, weights))  # (positive, negative): nodes.localize.weigh_advantages
-            self.localizer = LocalizedCredit() if localize_credit else None  # nodes.localize, or None
+            self.credit = credit or Credit()  # nodes.localize.Credit: weights, localized or step credit
             self.sft_mix = sft_mix  # nodes.sft_mix.SftMix: an SFT term on solver answers in every loss, or None
             self.share_prompt = bool(share_prompt)
             self.shared_prompt_batches = 0  # scoring calls that ran their rows' common prompt once
@@ -482,8 +481,7 @@ def make_trainer_class():
             self.stats["rounds"] += rounds
             self.stats["trained_groups"] += batch["advantages"].numel() // g
             self.stats["trained_zero_groups"] += len(zero)
-            batch = weigh_advantages(batch, *self.weights)
-            return batch if self.localizer is None else self.localizer(batch, rows, self.processing_class)
+            return self.credit(batch, rows, self.processing_class)
 
     return DynamicSamplingGRPOTrainer
 

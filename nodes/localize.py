@@ -1,7 +1,8 @@
 """Credit localized by the verifier (`train.localize_credit`): restrict each invalid GRPO answer's loss by where it
 first went wrong (`env.verify.first_error`), through TRL's per-token `tool_mask`. Not in the paper; off by default.
 Measured in evals/results/learning_cpu (stop 44): it stops the answers shortening, without raising the greedy valid
-rate. Also each sign of advantage weighed on its own (`train.positive_weight`, `train.negative_weight`, stop 47)."""
+rate. Also each sign of advantage weighed on its own (`train.positive_weight`, `train.negative_weight`, stop 47), and
+`Credit`: everything the trainer does to a batch's credit once it is sampled (these two and `nodes.step_credit`)."""
 
 from __future__ import annotations
 
@@ -105,3 +106,37 @@ def weigh_advantages(batch: dict, positive: float, negative: float) -> dict:
         return batch
     adv = batch["advantages"]
     return {**batch, "advantages": adv.where(adv >= 0, adv * negative).where(adv <= 0, adv * positive)}
+
+
+class Credit:
+    """What `DynamicSamplingGRPOTrainer` does to the credit of every batch it trains on, after dynamic sampling:
+    each sign of advantage weighed (`weigh_advantages`), then each invalid answer's loss localized
+    (`LocalizedCredit`) or each step credited (`nodes.step_credit`); with the defaults, nothing."""
+
+    def __init__(self, weights=(1.0, 1.0), localize: bool = False, step: float = 0.0, group_size: int = 1):
+        if localize and step:
+            raise ValueError("localize_credit and step_credit both place credit inside an answer: choose one")
+        self.weights = tuple(map(float, weights))
+        self.localizer = LocalizedCredit() if localize else None
+        self.step, self.group_size = float(step), int(group_size)
+        self.step_counts: dict = {"answers": 0, "steps": 0, "bad_steps": 0, "tokens": 0}
+
+    @classmethod
+    def from_config(cls, cfg) -> Credit:
+        return cls((cfg.positive_weight, cfg.negative_weight), cfg.localize_credit, cfg.step_credit, cfg.num_generations)
+
+    def __call__(self, batch: dict, rows: list[dict], tok) -> dict:
+        batch = weigh_advantages(batch, *self.weights)
+        if self.localizer is not None:
+            batch = self.localizer(batch, rows, tok)
+        if self.step:
+            from nodes.step_credit import step_credit
+
+            batch = step_credit(batch, rows, tok, self.step, self.group_size, self.step_counts)
+        return batch
+
+    def metrics(self) -> dict[str, float]:
+        from nodes.step_credit import step_credit_metrics
+
+        return {**(self.localizer.metrics() if self.localizer is not None else {}),
+                **(step_credit_metrics(self.step_counts) if self.step else {})}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LORA_AUTO_PARAMS = 1e9  # `lora="auto"` turns LoRA on above this many parameters
 
@@ -159,6 +159,16 @@ class TrainConfig(BaseModel):
         "published; 0: positive-sample reinforcement only, which raises pass@1 in Zhu et al. 2025 (here it did not, "
         "and shortened the answers more: evals/results/learning_cpu, stop 47). Not in the paper",
     )
+    step_credit: float = Field(
+        0.0,
+        ge=0,
+        le=4,
+        description="GRPO with process supervision (DeepSeekMath, Shao et al. 2024) judged by the map: each cell "
+        "of each agent's path is a step, +1 for a sound move nearer the goal, 0 for one that is not, -1 for a hole, "
+        "a jump, leaving the map or a collision; the group's step rewards are centred and this weight times them is "
+        "added to the advantage of the tokens that wrote each cell. Not in the paper (0: off; nodes.step_credit); "
+        "not with localize_credit",
+    )
     sft_mix: float = Field(
         0.0,
         ge=0,
@@ -262,6 +272,13 @@ class TrainConfig(BaseModel):
         if not parts or any(p not in ("tensorboard", "wandb") for p in parts):
             raise ValueError(f"report_to={v!r}: allowed: tensorboard, wandb, tensorboard,wandb, none")
         return ",".join(p for p in ("tensorboard", "wandb") if p in parts)
+
+    @model_validator(mode="after")
+    def _one_credit_placement(self) -> TrainConfig:
+        if self.localize_credit and self.step_credit:
+            raise ValueError(f"localize_credit=true with step_credit={self.step_credit}: both place credit inside an "
+                             "answer; allowed: one of them (step_credit=0 or localize_credit=false)")
+        return self
 
     @field_validator("sft_sizes", mode="before")
     @classmethod

@@ -64,6 +64,7 @@ from typing import Any
 
 from llm_backends.checkpoints import CheckpointError, check_checkpoint, save_checkpoint
 from llm_backends.policy import template_kwargs
+from nodes.localize import Credit
 from nodes.train_config import TRAIN_PRESETS, TrainConfig
 from nodes.train_data import MapfReward, build_dataset, reward_summary, row_size
 from nodes.trl_setup import (
@@ -271,8 +272,7 @@ def run_stage(
         rollout_dtype=sampler_dtype,
         share_prompt=cfg.share_prompt,
         sft_mix=mix,
-        localize_credit=cfg.localize_credit,
-        weights=(cfg.positive_weight, cfg.negative_weight),
+        credit=Credit.from_config(cfg),
     )
     if cfg.screen_samples:
         _screen(trainer, dataset, cfg, key, out_dir, reward_state, tok, metrics, progress)
@@ -284,8 +284,7 @@ def run_stage(
     raise_if_stopped(f"GRPO of {out_dir.name}")
     steps = int(trainer.state.global_step)
     metrics.update(sampling_metrics(trainer.stats))
-    if trainer.localizer is not None:
-        metrics.update(trainer.localizer.metrics())
+    metrics.update(trainer.credit.metrics())
     metrics["train/shared_prompt_batches"] = trainer.shared_prompt_batches
     if mix is not None:
         metrics.update(mix.metrics())

@@ -158,7 +158,6 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
 
     from env import write_jsonl
     from llm_backends.models import resolve_model
-    from nodes import grpo_sampling
     from nodes import localize as localize_module
     from nodes.train_config import TRAIN_PRESETS, TrainConfig
     from nodes.train_data import MapfReward
@@ -175,6 +174,7 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
     localized: list[tuple[list[str], object]] = []
     losses: list[bool] = []
     real_reward, real_localize = MapfReward.__call__, localize_module.localize_credit
+    real_weigh = localize_module.weigh_advantages
     real_loss = GRPOTrainer._compute_loss
 
     def reward(self, prompts=None, completions=None, completion_ids=None, instance=None, **kw):
@@ -196,11 +196,11 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
 
     def weigh(batch, positive, negative):
         weighed.append((positive, negative) == (1.0, 0.0) and bool((batch["advantages"] < 0).any()))  # negatives
-        return localize_module.weigh_advantages(batch, positive, negative)
+        return real_weigh(batch, positive, negative)
 
     monkeypatch.setattr(MapfReward, "__call__", reward)
     monkeypatch.setattr(localize_module, "localize_credit", localize)
-    monkeypatch.setattr(grpo_sampling, "weigh_advantages", weigh)
+    monkeypatch.setattr(localize_module, "weigh_advantages", weigh)
     monkeypatch.setattr(GRPOTrainer, "_compute_loss", loss)
     res = run_stage(train_path=train, init_checkpoint=resolve_model("smollm2-135m"), out_dir=tmp_path / "stage",
                     cfg=cfg, seed=3, reward_state=None, progress=False)

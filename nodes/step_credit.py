@@ -1,0 +1,140 @@
+"""Step credit from the verifier (`train.step_credit`): GRPO with process supervision, the rewards of its steps
+given by the map instead of a learned reward model.
+
+GRPO's outcome reward gives every token of an answer one advantage, so a group of 16 answers teaches about one
+bit per answer. DeepSeekMath (Shao et al. 2024, section 4.1.3) also trains GRPO on a reward per reasoning step:
+each step's reward is normalized within its group, and the tokens of a step get it on top of their outcome
+advantage. Here a step is one cell of one agent's path, and its reward needs no model: the map tells whether the
+cell was a sound move and whether it got nearer the agent's goal.
+
+- +1: a sound move that gets nearer the goal (by the shortest distance over the ice), or a wait on the goal;
+- 0: a sound move that does not (a wait off the goal, a step aside or back);
+- -1: a wrong start, a step off the map, into a hole or a jump; or a cell that collides with the other agent
+  (the cell written later of the two, as `env.verify.first_error` places a conflict). A path is judged up to its
+  first unsound step: what it writes once off course has no place to be judged from.
+
+The rewards of a group's judged steps are centred on their mean (not divided by their spread, so one bad step
+among many sound ones does not get an unbounded weight), and `step_credit` times the centred reward is added
+to the advantage of the tokens that wrote the cell's row and column (`" ("`, which opens any next cell, and the
+line break are left to the outcome alone: pushing them down teaches stopping, stop 44). TRL's loss takes
+advantages of shape (B, T) as they are (trl 1.16, `GRPOTrainer._compute_loss`).
+
+Not in the paper; off by default, in no preset. Measured in evals/results/learning_cpu (stop 48)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# One judged step: (character offset where the cell's row number starts, where the cell ends, reward).
+Step = tuple[int, int, float]
+
+
+def step_rewards(instance, text: object) -> list[list[Step]]:
+    """The judged steps of each agent's path in `text` (see the module docstring), one list per agent in the
+    order `env.parse_plan` returns them; [] when the answer does not parse or names the wrong number of agents.
+
+    >>> from env import load_split, plan_text
+    >>> inst = load_split("val-mini")[0]
+    >>> [[r for _, _, r in steps] for steps in step_rewards(inst, plan_text(inst.plan))] == [
+    ...     [1.0] * (len(p) - 1) for p in inst.plan]  # the solver's plan: every step nearer the goal, or on it
+    True
+    """
+    from env.prompt import ParseFailure, parse_plan_spans
+    from env.solver import GridMap
+    from env.verify import _first_conflict_2
+
+    parsed = parse_plan_spans(text, instance.num_agents)
+    if isinstance(parsed, ParseFailure) or len(parsed[0]) != instance.num_agents:
+        return []
+    paths, spans = parsed
+    n, grid = instance.size, instance.grid
+    gm = GridMap(list(grid))
+    judged: list[dict[int, Step]] = []
+    for path, at, start, goal in zip(paths, spans, instance.starts, instance.goals, strict=True):
+        dist = gm.bfs(goal[0] * n + goal[1])
+        steps: dict[int, Step] = {}
+        if path[0] != start:
+            steps[0] = (at[0][2], at[0][1], -1.0)
+        else:
+            for t in range(1, len(path)):
+                (pr, pc), (r, c) = path[t - 1], path[t]
+                if not (0 <= r < n and 0 <= c < n) or grid[r][c] == "H" or abs(r - pr) + abs(c - pc) > 1:
+                    steps[t] = (at[t][2], at[t][1], -1.0)
+                    break
+                if (r, c) == (pr, pc):
+                    good = (r, c) == goal
+                else:
+                    d, d0 = dist[r * n + c], dist[pr * n + pc]
+                    good = 0 <= d < d0
+                steps[t] = (at[t][2], at[t][1], 1.0 if good else 0.0)
+        judged.append(steps)
+    for i in range(len(paths)):
+        for j in range(i + 1, len(paths)):
+            conflict = _first_conflict_2(paths[i], paths[j])
+            if conflict is None:
+                continue
+            t = conflict["step"]
+            a = max((x for x in (i, j) if t < len(paths[x])), key=lambda x: spans[x][t][0])  # written later
+            if t in judged[a]:
+                judged[a][t] = (*judged[a][t][:2], -1.0)
+    return [[steps[t] for t in sorted(steps)] for steps in judged]
+
+
+def _token_ends(tok, tokens: list[int]) -> list[int]:
+    """ends[k]: the length of the decoded text of tokens[:k + 1] (token k writes characters ends[k-1]..ends[k])."""
+    return [len(tok.decode(tokens[: k + 1], skip_special_tokens=True)) for k in range(len(tokens))]
+
+
+def step_credit(batch: dict, rows: list[dict], tok, weight: float, group_size: int,
+                counts: dict | None = None) -> dict:
+    """`batch` with per-token advantages (B, T): each row's outcome advantage, plus `weight` times the centred
+    reward of the step (`step_rewards`) whose row and column each token wrote. Centred within each group of
+    `group_size` consecutive rows (a GRPO group). `rows`: the batch's dataset rows in order (their `instance`
+    column); `counts`: running totals (answers, steps, bad steps, credited tokens), updated in place."""
+
+    from env import Instance
+
+    ids, mask, adv = batch["completion_ids"], batch["completion_mask"], batch["advantages"]
+    if len(rows) != ids.shape[0] or ids.shape[0] % group_size:
+        raise ValueError(f"step_credit: {len(rows)} rows for a batch of {ids.shape[0]} completions "
+                         f"in groups of {group_size}")
+    if adv.dim() != 1:
+        raise ValueError(f"step_credit: advantages of shape {tuple(adv.shape)}; expected one per answer")
+    out = adv[:, None].expand(ids.shape).clone()
+    instances: dict[str, Any] = {}
+    for g0 in range(0, ids.shape[0], group_size):
+        placed: list[tuple[int, list[int], float]] = []  # (row, its tokens, reward)
+        for b in range(g0, g0 + group_size):
+            raw = rows[b]["instance"]
+            inst = instances.get(raw) or instances.setdefault(raw, Instance.from_json(raw))
+            tokens = ids[b, : int(mask[b].sum())].tolist()
+            steps = [s for agent in step_rewards(inst, tok.decode(tokens, skip_special_tokens=True)) for s in agent]
+            if not steps:
+                continue
+            ends = _token_ends(tok, tokens)
+            for lo, hi, r in steps:
+                ks = [k for k in range(len(tokens)) if ends[k] > lo and (ends[k - 1] if k else 0) < hi]
+                placed.append((b, ks, r))
+        if counts is not None:
+            counts["answers"] = counts.get("answers", 0) + group_size
+            counts["steps"] = counts.get("steps", 0) + len(placed)
+            counts["bad_steps"] = counts.get("bad_steps", 0) + sum(r < 0 for _, _, r in placed)
+        if len(placed) < 2:
+            continue
+        mean = sum(r for _, _, r in placed) / len(placed)
+        for b, ks, r in placed:
+            out[b, ks] += weight * (r - mean)
+            if counts is not None:
+                counts["tokens"] = counts.get("tokens", 0) + len(ks)
+    return {**batch, "advantages": out}
+
+
+def step_credit_metrics(counts: dict) -> dict[str, float]:
+    """`train/step_credit_*` figures of a stage (`StepCredit.counts`): judged steps per answer, the share of them
+    that went wrong, and the tokens credited per answer."""
+    answers, steps = counts.get("answers", 0), counts.get("steps", 0)
+    return {
+        "train/step_credit_steps_per_answer": steps / answers if answers else float("nan"),
+        "train/step_credit_bad_steps": counts.get("bad_steps", 0) / steps if steps else float("nan"),
+        "train/step_credit_tokens_per_answer": counts.get("tokens", 0) / answers if answers else float("nan"),
+    }
