@@ -11,12 +11,15 @@ cell was a sound move and whether it got nearer the agent's goal.
 - 0: a sound move that does not (a wait off the goal, a step aside or back);
 - -1: a wrong start, a step off the map, into a hole or a jump; or a cell that collides with the other agent
   (the cell written later of the two, as `env.verify.first_error` places a conflict). A path is judged up to its
-  first unsound step: what it writes once off course has no place to be judged from.
+  first unsound step: what it writes once off course has no place to be judged from;
+- the stop: a path sound to its end is also judged where it ends, on the character after its last cell (the line
+  break): +1 on its goal, -1 short of it. Without it, an answer that stops early has fewer steps to be judged
+  wrong, and a 24-step stage shortened the answers more than with outcome credit alone (stop 48).
 
 The rewards of a group's judged steps are centred on their mean (not divided by their spread, so one bad step
 among many sound ones does not get an unbounded weight), and `step_credit` times the centred reward is added
-to the advantage of the tokens that wrote the cell's row and column (`" ("`, which opens any next cell, and the
-line break are left to the outcome alone: pushing them down teaches stopping, stop 44). TRL's loss takes
+to the advantage of the tokens that wrote the cell's row and column (`" ("`, which opens any next cell, is left
+to the outcome alone: pushing it down teaches stopping, stop 44), or the stop. TRL's loss takes
 advantages of shape (B, T) as they are (trl 1.16, `GRPOTrainer._compute_loss`).
 
 Not in the paper; off by default, in no preset. Measured in evals/results/learning_cpu (stop 48)."""
@@ -36,7 +39,7 @@ def step_rewards(instance, text: object) -> list[list[Step]]:
     >>> from env import load_split, plan_text
     >>> inst = load_split("val-mini")[0]
     >>> [[r for _, _, r in steps] for steps in step_rewards(inst, plan_text(inst.plan))] == [
-    ...     [1.0] * (len(p) - 1) for p in inst.plan]  # the solver's plan: every step nearer the goal, or on it
+    ...     [1.0] * len(p) for p in inst.plan]  # the solver's plan: every step nearer the goal, and it stops there
     True
     """
     from env.prompt import ParseFailure, parse_plan_spans
@@ -67,6 +70,8 @@ def step_rewards(instance, text: object) -> list[list[Step]]:
                     d, d0 = dist[r * n + c], dist[pr * n + pc]
                     good = 0 <= d < d0
                 steps[t] = (at[t][2], at[t][1], 1.0 if good else 0.0)
+            else:  # sound to its end: where it stops is a step too, right on the goal, wrong short of it
+                steps[len(path)] = (at[-1][1], at[-1][1] + 1, 1.0 if path[-1] == goal else -1.0)
         judged.append(steps)
     for i in range(len(paths)):
         for j in range(i + 1, len(paths)):

@@ -20,22 +20,23 @@ def _rewards(paths) -> list[list[float]]:
 
 
 def test_each_cell_is_judged_by_the_map():
-    assert _rewards(INST.plan) == [[1.0, 1.0], [1.0]]  # the solver's plan: every step nearer the goal
-    assert _rewards([A0 + [(0, 2)], [(1, 1), (1, 1), (1, 2)]]) == [[1.0, 1.0, 1.0], [0.0, 1.0]]  # waits: on/off goal
-    assert _rewards([[(0, 0), (1, 0), (2, 0)], INST.plan[1]]) == [[0.0, 0.0], [1.0]]  # away from the goal, twice
+    # every step of the solver's plan gets nearer the goal, and each path stops on its goal
+    assert _rewards(INST.plan) == [[1.0, 1.0, 1.0], [1.0, 1.0]]
+    assert _rewards([A0 + [(0, 2)], [(1, 1), (1, 1), (1, 2)]]) == [[1.0] * 4, [0.0, 1.0, 1.0]]  # waits: on/off goal
+    assert _rewards([[(0, 0), (1, 0), (2, 0)], INST.plan[1]]) == [[0.0, 0.0, -1.0], [1.0, 1.0]]  # away; stops short
     # into the hole at its first step: judged -1 there, and nothing after it
-    assert _rewards([A0, [(1, 1), (2, 1), (2, 2), (1, 2)]]) == [[1.0, 1.0], [-1.0]]
+    assert _rewards([A0, [(1, 1), (2, 1), (2, 2), (1, 2)]]) == [[1.0, 1.0, 1.0], [-1.0]]
     assert _rewards([[(0, 0), (0, 2)], [(1, 1), (1, 3)]]) == [[-1.0], [-1.0]]  # a jump, off the map
-    assert _rewards([[(1, 0), (0, 0)], INST.plan[1]]) == [[-1.0], [1.0]]  # a wrong start: its first cell
+    assert _rewards([[(1, 0), (0, 0)], INST.plan[1]]) == [[-1.0], [1.0, 1.0]]  # a wrong start: its first cell
     # both at (0,1) at step 1: agent 1's cell, written later, is the collision
-    assert _rewards([A0, [(1, 1), (0, 1), (1, 1), (1, 2)]]) == [[1.0, 1.0], [-1.0, 1.0, 1.0]]
+    assert _rewards([A0, [(1, 1), (0, 1), (1, 1), (1, 2)]]) == [[1.0, 1.0, 1.0], [-1.0, 1.0, 1.0, 1.0]]
     assert step_rewards(INST, "no answer") == [] and step_rewards(INST, plan_text([A0])) == []
 
 
 def test_a_step_points_at_its_row_and_column():
     text = plan_text([A0, [(1, 1), (2, 1), (2, 2)]])
     cells = [text[lo:hi] for agent in step_rewards(INST, text) for lo, hi, _ in agent]
-    assert cells == ["0,1)", "0,2)", "2,1)"]  # from the row digit to the closing bracket, " (" left out
+    assert cells == ["0,1)", "0,2)", "\n", "2,1)"]  # the row digit to the closing bracket (" (" left out); the stop
 
 
 def _batch(tok, texts, advantages):
@@ -60,8 +61,8 @@ def test_tokens_get_their_steps_centred_reward_on_top_of_the_outcome(embedded_po
     counts: dict = {}
     out = step_credit(batch, rows, tok, 0.5, group_size=4, counts=counts)["advantages"]
     assert out.shape == batch["completion_ids"].shape
-    # group 0: steps 1, 1, 1 (valid) and 1, 1, -1 twice (holes): mean 5/9
-    mean = (3 + 2 * 1) / 9
+    # group 0: steps 1 x 5 (valid, two stops included) and 1, 1, 1, -1 twice (holes): mean 9/13
+    mean = (5 + 2 * 2) / 13
     for b in range(4):
         steps = [s for agent in step_rewards(INST, texts[b]) for s in agent]
         ends = [len(tok.decode(ids[b][: k + 1])) for k in range(len(ids[b]))]
@@ -73,11 +74,13 @@ def test_tokens_get_their_steps_centred_reward_on_top_of_the_outcome(embedded_po
     k = next(k for k in range(len(ids[1])) if tok.decode(ids[1][: k + 1]).endswith("(2"))
     assert float(out[1, k]) == pytest.approx(-0.25 + 0.5 * (-1 - mean))  # the hole's row digit, pushed down
     assert float(out[1, k - 1]) == pytest.approx(-0.25)  # its " (": the outcome only
+    k = next(k for k in range(len(ids[0])) if tok.decode(ids[0][: k + 1]).endswith("(0,2)\n"))
+    assert float(out[0, k]) == pytest.approx(0.75 + 0.5 * (1 - mean))  # agent 0 stops on its goal
     # group 1: every judged step +1, so centred to 0: the outcome advantages, unchanged
     assert bool((out[4:] == batch["advantages"][4:, None]).all())
-    assert counts["answers"] == 8 and counts["steps"] == 9 + 9 and counts["bad_steps"] == 2
+    assert counts["answers"] == 8 and counts["steps"] == 13 + 15 and counts["bad_steps"] == 2
     m = step_credit_metrics(counts)
-    assert m["train/step_credit_steps_per_answer"] == 18 / 8 and m["train/step_credit_bad_steps"] == 2 / 18
+    assert m["train/step_credit_steps_per_answer"] == 28 / 8 and m["train/step_credit_bad_steps"] == 2 / 28
     with pytest.raises(ValueError, match="7 rows for a batch of 8 completions in groups of 4"):
         step_credit(batch, rows[:7], tok, 0.5, group_size=4)
 
