@@ -230,8 +230,9 @@ def main(argv: list[str] | None = None) -> dict:
             **{k: m.get(k) for k in ("train/steps", "train/seconds_per_step", "train/reward_mean", "train/valid_rate",
                                      "train/zero_std_groups", "train/zero_std_groups_trained",
                                      "train/resample_zero_std_generated", "train/resample_replaced")},
-            # when the stage was screened, had an SFT term, or localized its credit
-            **{k: v for k, v in m.items() if k.startswith(("train/screen_", "train/sft_mix_", "train/localized_"))},
+            # when the stage was screened, had an SFT term, or localized or credited per step
+            **{k: v for k, v in m.items()
+               if k.startswith(("train/screen_", "train/sft_mix_", "train/localized_", "train/step_credit_"))},
         }
         runs.append(run)
         runs.sort(key=lambda r: seeds.index(r["seed"]))
