@@ -259,16 +259,23 @@ def first_error(instance: Instance, text: object) -> tuple[int, str] | None:
             errors.append((decisive(path[t], at[t], sound_moves(path, t, start)), _unsound_kind(path, t, start, n, grid)))
         elif path[-1] != goal:
             errors.append((at[-1][1], "goal_not_reached"))
+    for a, t in conflict_cells(paths, spans):
+        cell = paths[a][t]  # the other agent's cell at t (vertex) or before it (swap): not a sound move here
+        errors.append((decisive(cell, spans[a][t], sound_moves(paths[a], t, instance.starts[a], cell)), "conflict"))
+    return min(errors) if errors else None
+
+
+def conflict_cells(paths: list[list[Cell]], spans: list[list[tuple]]) -> list[tuple[int, int]]:
+    """For each pair of agents whose paths collide, where the collision is placed in the text: (agent, step) of the
+    cell at the pair's first conflict that was written later (`spans` as `parse_plan_spans` gives them)."""
+    cells = []
     for i in range(len(paths)):
         for j in range(i + 1, len(paths)):
             conflict = _first_conflict_2(paths[i], paths[j])
-            if conflict is None:
-                continue
-            t = conflict["step"]
-            a = max((x for x in (i, j) if t < len(paths[x])), key=lambda x: spans[x][t][0])  # written later
-            cell = paths[a][t]  # the other agent's cell at t (vertex) or before it (swap): not a sound move here
-            errors.append((decisive(cell, spans[a][t], sound_moves(paths[a], t, instance.starts[a], cell)), "conflict"))
-    return min(errors) if errors else None
+            if conflict is not None:
+                t = conflict["step"]
+                cells.append((max((x for x in (i, j) if t < len(paths[x])), key=lambda x: spans[x][t][0]), t))
+    return cells
 
 
 def _unsound_kind(path: list[Cell], t: int, start: Cell, n: int, grid) -> str:

@@ -44,7 +44,7 @@ def step_rewards(instance, text: object) -> list[list[Step]]:
     """
     from env.prompt import ParseFailure, parse_plan_spans
     from env.solver import GridMap
-    from env.verify import _first_conflict_2
+    from env.verify import conflict_cells, first_unsound_step
 
     parsed = parse_plan_spans(text, instance.num_agents)
     if isinstance(parsed, ParseFailure) or len(parsed[0]) != instance.num_agents:
@@ -55,33 +55,20 @@ def step_rewards(instance, text: object) -> list[list[Step]]:
     judged: list[dict[int, Step]] = []
     for path, at, start, goal in zip(paths, spans, instance.starts, instance.goals, strict=True):
         dist = gm.bfs(goal[0] * n + goal[1])
+        bad = first_unsound_step(path, start, n, grid)  # 0: a wrong start
         steps: dict[int, Step] = {}
-        if path[0] != start:
-            steps[0] = (at[0][2], at[0][1], -1.0)
-        else:
-            for t in range(1, len(path)):
-                (pr, pc), (r, c) = path[t - 1], path[t]
-                if not (0 <= r < n and 0 <= c < n) or grid[r][c] == "H" or abs(r - pr) + abs(c - pc) > 1:
-                    steps[t] = (at[t][2], at[t][1], -1.0)
-                    break
-                if (r, c) == (pr, pc):
-                    good = (r, c) == goal
-                else:
-                    d, d0 = dist[r * n + c], dist[pr * n + pc]
-                    good = 0 <= d < d0
-                steps[t] = (at[t][2], at[t][1], 1.0 if good else 0.0)
-            else:  # sound to its end: where it stops is a step too, right on the goal, wrong short of it
-                steps[len(path)] = (at[-1][1], at[-1][1] + 1, 1.0 if path[-1] == goal else -1.0)
+        for t in range(1, len(path) if bad is None else bad):
+            (pr, pc), (r, c) = path[t - 1], path[t]
+            good = (r, c) == goal if (r, c) == (pr, pc) else 0 <= dist[r * n + c] < dist[pr * n + pc]
+            steps[t] = (at[t][2], at[t][1], 1.0 if good else 0.0)
+        if bad is not None:
+            steps[bad] = (at[bad][2], at[bad][1], -1.0)
+        else:  # sound to its end: where it stops is a step too, right on the goal, wrong short of it
+            steps[len(path)] = (at[-1][1], at[-1][1] + 1, 1.0 if path[-1] == goal else -1.0)
         judged.append(steps)
-    for i in range(len(paths)):
-        for j in range(i + 1, len(paths)):
-            conflict = _first_conflict_2(paths[i], paths[j])
-            if conflict is None:
-                continue
-            t = conflict["step"]
-            a = max((x for x in (i, j) if t < len(paths[x])), key=lambda x: spans[x][t][0])  # written later
-            if t in judged[a]:
-                judged[a][t] = (*judged[a][t][:2], -1.0)
+    for a, t in conflict_cells(paths, spans):
+        if t in judged[a]:
+            judged[a][t] = (*judged[a][t][:2], -1.0)
     return [[steps[t] for t in sorted(steps)] for steps in judged]
 
 

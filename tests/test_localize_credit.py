@@ -8,6 +8,7 @@ import pytest
 from env import Instance, parse_plan, plan_text, verify
 from env.prompt import parse_plan_spans
 from env.verify import first_error
+from tests.support.batches import completion_batch
 
 # 3x3, one hole at (2,1); agent 0 (0,0) -> (0,2), agent 1 (1,1) -> (1,2)
 INST = Instance(id="t", size=3, grid=["FFF", "FFF", "FHF"], starts=[(0, 0), (1, 1)], goals=[(0, 2), (1, 2)],
@@ -65,19 +66,6 @@ def test_first_error_follows_the_text_not_the_agent_numbers():
     assert first_error(INST, text)[1] == "hole" and text[first_error(INST, text)[0]:].startswith("2,1)")  # agent 1's hole is written first
 
 
-def _batch(tok, texts, advantages):
-    import torch
-
-    ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
-    width = max(map(len, ids))
-    return ids, {
-        "completion_ids": torch.tensor([row + [tok.pad_token_id] * (width - len(row)) for row in ids]),
-        "completion_mask": torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids]),
-        "advantages": torch.tensor(advantages, dtype=torch.float32),
-        "num_items_in_batch": torch.tensor(sum(map(len, ids))),
-    }
-
-
 def test_loss_keeps_the_error_side_its_advantage_speaks_for(embedded_policy):
     from nodes.localize import localize_credit, localize_metrics
 
@@ -85,7 +73,7 @@ def test_loss_keeps_the_error_side_its_advantage_speaks_for(embedded_policy):
     hole = plan_text([A0, [(1, 1), (2, 1), (2, 2), (1, 2)]])
     short = plan_text([A0[:2], INST.plan[1]])
     texts = [hole, hole, plan_text(INST.plan), "no answer here", hole, short]
-    ids, batch = _batch(tok, texts, [-1.0, 0.5, -0.3, -1.0, 0.0, -0.5])
+    ids, batch = completion_batch(tok, texts, [-1.0, 0.5, -0.3, -1.0, 0.0, -0.5])
     rows = [{"instance": INST.to_json()}] * len(texts)
     counts: dict = {}
     out = localize_credit(batch, rows, tok, counts)

@@ -7,6 +7,7 @@ import pytest
 
 from env import Instance, plan_text
 from nodes.step_credit import step_credit, step_credit_metrics, step_rewards
+from tests.support.batches import completion_batch
 
 # 3x3, one hole at (2,1); agent 0 (0,0) -> (0,2), agent 1 (1,1) -> (1,2)
 INST = Instance(id="t", size=3, grid=["FFF", "FFF", "FHF"], starts=[(0, 0), (1, 1)], goals=[(0, 2), (1, 2)],
@@ -39,24 +40,12 @@ def test_a_step_points_at_its_row_and_column():
     assert cells == ["0,1)", "0,2)", "\n", "2,1)"]  # the row digit to the closing bracket (" (" left out); the stop
 
 
-def _batch(tok, texts, advantages):
-    import torch
-
-    ids = [tok(t, add_special_tokens=False).input_ids for t in texts]
-    width = max(map(len, ids))
-    return ids, {
-        "completion_ids": torch.tensor([row + [tok.pad_token_id] * (width - len(row)) for row in ids]),
-        "completion_mask": torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids]),
-        "advantages": torch.tensor(advantages, dtype=torch.float32),
-    }
-
-
 def test_tokens_get_their_steps_centred_reward_on_top_of_the_outcome(embedded_policy):
     _, tok = embedded_policy
     hole = plan_text([A0, [(1, 1), (2, 1), (2, 2), (1, 2)]])
     valid = plan_text(INST.plan)
     texts = [valid, hole, "no answer here", hole, valid, valid, "no answer here", valid]
-    ids, batch = _batch(tok, texts, [0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 0.0, 0.0])
+    ids, batch = completion_batch(tok, texts, [0.75, -0.25, -0.25, -0.25, 0.0, 0.0, 0.0, 0.0])
     rows = [{"instance": INST.to_json()}] * len(texts)
     counts: dict = {}
     out = step_credit(batch, rows, tok, 0.5, group_size=4, counts=counts)["advantages"]
