@@ -166,8 +166,10 @@ class TrainConfig(BaseModel):
         description="GRPO with process supervision (DeepSeekMath, Shao et al. 2024) judged by the map: each cell "
         "of each agent's path is a step, +1 for a sound move nearer the goal, 0 for one that is not, -1 for a hole, "
         "a jump, leaving the map or a collision; the group's step rewards are centred and this weight times them is "
-        "added to the advantage of the tokens that wrote each cell. Not in the paper (0: off; nodes.step_credit); "
-        "not with localize_credit",
+        "added to the advantage of the tokens that wrote each cell, and a sound path's stop is judged (+1 on its goal, "
+        "-1 short of it). Not in the paper (0: off; nodes.step_credit); not with localize_credit. At 1 on the cpu "
+        "stage the answers keep their length and gained +3.3 and +1.3 points (outcome credit alone: +2.7 and +1.3); "
+        "with every block trained, +0.7 over 4 seeds, two losing the answer format (evals/results/learning_cpu, stop 48)",
     )
     sft_mix: float = Field(
         0.0,
