@@ -82,8 +82,8 @@ def step_credit(batch: dict, rows: list[dict], tok, weight: float, group_size: i
     """`batch` with per-token advantages (B, T): each row's outcome advantage, plus `weight` times the centred
     reward of the step (`step_rewards`) whose row and column each token wrote. Centred within each group of
     `group_size` consecutive rows (a GRPO group). `rows`: the batch's dataset rows in order (their `instance`
-    column); `counts`: running totals (answers, steps, bad steps, credited tokens), updated in place."""
-
+    column); `counts`: running totals (answers, steps, bad steps, credited tokens), updated in place. A step no
+    token wrote (the stop of an answer cut off at the length limit) is not judged."""
     from env import Instance
 
     ids, mask, adv = batch["completion_ids"], batch["completion_mask"], batch["advantages"]
@@ -106,7 +106,8 @@ def step_credit(batch: dict, rows: list[dict], tok, weight: float, group_size: i
             ends = _token_ends(tok, tokens)
             for lo, hi, r in steps:
                 ks = [k for k in range(len(tokens)) if ends[k] > lo and (ends[k - 1] if k else 0) < hi]
-                placed.append((b, ks, r))
+                if ks:
+                    placed.append((b, ks, r))
         if counts is not None:
             counts["answers"] = counts.get("answers", 0) + group_size
             counts["steps"] = counts.get("steps", 0) + len(placed)
@@ -122,7 +123,7 @@ def step_credit(batch: dict, rows: list[dict], tok, weight: float, group_size: i
 
 
 def step_credit_metrics(counts: dict) -> dict[str, float]:
-    """`train/step_credit_*` figures of a stage (`StepCredit.counts`): judged steps per answer, the share of them
+    """`train/step_credit_*` figures of a stage (`nodes.localize.Credit.step_counts`): judged steps per answer, the share of them
     that went wrong, and the tokens credited per answer."""
     answers, steps = counts.get("answers", 0), counts.get("steps", 0)
     return {

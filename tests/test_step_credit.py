@@ -70,6 +70,12 @@ def test_tokens_get_their_steps_centred_reward_on_top_of_the_outcome(embedded_po
     assert counts["answers"] == 8 and counts["steps"] == 13 + 15 and counts["bad_steps"] == 2
     m = step_credit_metrics(counts)
     assert m["train/step_credit_steps_per_answer"] == 28 / 8 and m["train/step_credit_bad_steps"] == 2 / 28
+    cut = plan_text(INST.plan).split("\n</answer>")[0]  # cut off after its last cell: that stop was not written
+    _, short = completion_batch(tok, [cut, cut], [0.0, 0.0])
+    assert _rewards(INST.plan)[1][-1] == 1.0 and step_rewards(INST, cut)[1][-1][0] == len(cut)
+    counts = {}
+    step_credit(short, [{"instance": INST.to_json()}] * 2, tok, 1.0, group_size=2, counts=counts)
+    assert counts["steps"] == 2 * 4  # agent 0: two cells and a stop; agent 1: one cell, its stop unwritten
     with pytest.raises(ValueError, match="7 rows for a batch of 8 completions in groups of 4"):
         step_credit(batch, rows[:7], tok, 0.5, group_size=4)
 
