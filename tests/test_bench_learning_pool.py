@@ -222,11 +222,12 @@ def test_stop_bias_cli_names_a_bad_bias(capsys, tmp_path):
     ("positive_weight=2", "--set positive_weight=2: Input should be less than or equal to 1"),
     ("negative_weight=-0.5", "--set negative_weight=-0.5: Input should be greater than or equal to 0"),
     ("learning_rate=fast", "--set learning_rate='fast': Input should be a valid number"),
+    ("step_credit=1 localize_credit=true", "--set: Value error, localize_credit=true with step_credit=1.0: both"),
 ])
 def test_bench_set_names_a_bad_value_in_one_line(capsys, item, says):
     from evals.bench.bench_learning import main
 
     with pytest.raises(SystemExit):
-        main(["--set", item])
+        main([arg for one in item.split() for arg in ("--set", one)])
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err

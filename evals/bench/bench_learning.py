@@ -143,9 +143,9 @@ def main(argv: list[str] | None = None) -> dict:
             raw[key] = value
     try:
         cfg = TrainConfig.model_validate(raw)
-    except ValidationError as e:  # one line: the first bad field, its value and the rule
+    except ValidationError as e:  # one line: the first bad field, its value and the rule (or settings that clash)
         err = e.errors()[0]
-        p.error(f"--set {err['loc'][0]}={err['input']!r}: {err['msg']}")
+        p.error(f"--set {err['loc'][0]}={err['input']!r}: {err['msg']}" if err["loc"] else f"--set: {err['msg']}")
     seeds = [int(s) for s in a.seeds.split(",")]
     per_size = a.per_size if a.per_size is not None else (2 if a.quick else None)
     max_new = a.max_new_tokens or (48 if a.quick else cfg.max_completion_length)
