@@ -7,8 +7,10 @@ each step's reward is normalized within its group, and the tokens of a step get 
 advantage. Here a step is one cell of one agent's path, and its reward needs no model: the map tells whether the
 cell was a sound move and whether it got nearer the agent's goal.
 
-- +1: a sound move that gets nearer the goal (by the shortest distance over the ice), or a wait on the goal;
-- 0: a sound move that does not (a wait off the goal, a step aside or back);
+- +1: a sound move to a cell nearer the goal (by the shortest distance over the ice) than any cell the path
+  has been on before, so a path earns at most its start's distance in +1 steps however long it runs;
+- 0: any other sound move (a wait, on the goal or off it, a step aside, back, or back again). These steps are
+  not credited at all: their tokens keep their outcome advantage;
 - -1: a wrong start, a step off the map, into a hole or a jump; or a cell that collides with the other agent
   (the cell written later of the two, as `env.verify.first_error` places a conflict). A path is judged up to its
   first unsound step: what it writes once off course has no place to be judged from;
@@ -16,13 +18,20 @@ cell was a sound move and whether it got nearer the agent's goal.
   break): +1 on its goal, -1 short of it. Without it, an answer that stops early has fewer steps to be judged
   wrong, and a 24-step stage shortened the answers more than with outcome credit alone (stop 48).
 
-The rewards of a group's judged steps are centred on their mean (not divided by their spread, so one bad step
-among many sound ones does not get an unbounded weight), and `step_credit` times the centred reward is added
-to the advantage of the tokens that wrote the cell's row and column (`" ("`, which opens any next cell, is left
-to the outcome alone: pushing it down teaches stopping, stop 44), or the stop. TRL's loss takes
+Why 0 is not credited, and +1 is only for a new best (stop 49): in stop 48's first version a wait on the goal
+scored +1 and every move nearer the goal did, even back toward a cell already reached, and the neutral steps were
+centred with the rest. Every step then had a price, and a step that merely repeats could be worth more than
+stopping: a wait on the goal always, any wait in a group whose mean was below 0. The seeds that trained harder
+(weight 2, or every block) learned to write the same cell over and over until the 128-token limit cut the second
+agent off (trailing waits on the goal in 150 greedy answers: 34 at the start, 203-776 after those stages).
+
+The rewards of a group's credited steps (+1 and -1) are centred on their mean (not divided by their spread, so
+one bad step among many sound ones does not get an unbounded weight), and `step_credit` times the centred reward
+is added to the advantage of the tokens that wrote the cell's row and column (`" ("`, which opens any next cell,
+is left to the outcome alone: pushing it down teaches stopping, stop 44), or the stop. TRL's loss takes
 advantages of shape (B, T) as they are (trl 1.16, `GRPOTrainer._compute_loss`).
 
-Not in the paper; off by default, in no preset. Measured in evals/results/learning_cpu (stop 48)."""
+Not in the paper; off by default, in no preset. Measured in evals/results/learning_cpu (stops 48-49)."""
 
 from __future__ import annotations
 
@@ -57,9 +66,11 @@ def step_rewards(instance, text: object) -> list[list[Step]]:
         dist = gm.bfs(goal[0] * n + goal[1])
         bad = first_unsound_step(path, start, n, grid)  # 0: a wrong start
         steps: dict[int, Step] = {}
+        best = dist[start[0] * n + start[1]]  # the nearest to the goal the path has been so far
         for t in range(1, len(path) if bad is None else bad):
-            (pr, pc), (r, c) = path[t - 1], path[t]
-            good = (r, c) == goal if (r, c) == (pr, pc) else 0 <= dist[r * n + c] < dist[pr * n + pc]
+            d = dist[path[t][0] * n + path[t][1]]
+            good = 0 <= d < best
+            best = d if good else best
             steps[t] = (at[t][2], at[t][1], 1.0 if good else 0.0)
         if bad is not None:
             steps[bad] = (at[bad][2], at[bad][1], -1.0)
@@ -80,9 +91,9 @@ def _token_ends(tok, tokens: list[int]) -> list[int]:
 def step_credit(batch: dict, rows: list[dict], tok, weight: float, group_size: int,
                 counts: dict | None = None) -> dict:
     """`batch` with per-token advantages (B, T): each row's outcome advantage, plus `weight` times the centred
-    reward of the step (`step_rewards`) whose row and column each token wrote. Centred within each group of
+    reward of the credited step (`step_rewards`, +1 or -1) whose row and column each token wrote. Centred within each group of
     `group_size` consecutive rows (a GRPO group). `rows`: the batch's dataset rows in order (their `instance`
-    column); `counts`: running totals (answers, steps, bad steps, credited tokens), updated in place. A step no
+    column); `counts`: running totals (answers, credited steps, bad steps, credited tokens), updated in place. A step no
     token wrote (the stop of an answer cut off at the length limit) is not judged."""
     from env import Instance
 
@@ -105,6 +116,8 @@ def step_credit(batch: dict, rows: list[dict], tok, weight: float, group_size: i
                 continue
             ends = _token_ends(tok, tokens)
             for lo, hi, r in steps:
+                if not r:  # a neutral step is not credited (module docstring)
+                    continue
                 ks = [k for k in range(len(tokens)) if ends[k] > lo and (ends[k - 1] if k else 0) < hi]
                 if ks:
                     placed.append((b, ks, r))
@@ -123,7 +136,7 @@ def step_credit(batch: dict, rows: list[dict], tok, weight: float, group_size: i
 
 
 def step_credit_metrics(counts: dict) -> dict[str, float]:
-    """`train/step_credit_*` figures of a stage (`nodes.localize.Credit.step_counts`): judged steps per answer, the share of them
+    """`train/step_credit_*` figures of a stage (`nodes.localize.Credit.step_counts`): credited steps per answer, the share of them
     that went wrong, and the tokens credited per answer."""
     answers, steps = counts.get("answers", 0), counts.get("steps", 0)
     return {

@@ -23,14 +23,17 @@ def _rewards(paths) -> list[list[float]]:
 def test_each_cell_is_judged_by_the_map():
     # every step of the solver's plan gets nearer the goal, and each path stops on its goal
     assert _rewards(INST.plan) == [[1.0, 1.0, 1.0], [1.0, 1.0]]
-    assert _rewards([A0 + [(0, 2)], [(1, 1), (1, 1), (1, 2)]]) == [[1.0] * 4, [0.0, 1.0, 1.0]]  # waits: on/off goal
+    assert _rewards([A0 + [(0, 2)], [(1, 1), (1, 1), (1, 2)]]) == [[1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]  # waits
+    # only a cell nearer than any before is +1: waits on the goal or going back and forth earn nothing
+    assert _rewards([A0 + [(0, 2)] * 5, INST.plan[1]])[0] == [1.0, 1.0] + [0.0] * 5 + [1.0]
+    assert _rewards([[(0, 0), (0, 1), (0, 0), (0, 1), (0, 2)], INST.plan[1]])[0] == [1.0, 0.0, 0.0, 1.0, 1.0]
     assert _rewards([[(0, 0), (1, 0), (2, 0)], INST.plan[1]]) == [[0.0, 0.0, -1.0], [1.0, 1.0]]  # away; stops short
     # into the hole at its first step: judged -1 there, and nothing after it
     assert _rewards([A0, [(1, 1), (2, 1), (2, 2), (1, 2)]]) == [[1.0, 1.0, 1.0], [-1.0]]
     assert _rewards([[(0, 0), (0, 2)], [(1, 1), (1, 3)]]) == [[-1.0], [-1.0]]  # a jump, off the map
     assert _rewards([[(1, 0), (0, 0)], INST.plan[1]]) == [[-1.0], [1.0, 1.0]]  # a wrong start: its first cell
     # both at (0,1) at step 1: agent 1's cell, written later, is the collision
-    assert _rewards([A0, [(1, 1), (0, 1), (1, 1), (1, 2)]]) == [[1.0, 1.0, 1.0], [-1.0, 1.0, 1.0, 1.0]]
+    assert _rewards([A0, [(1, 1), (0, 1), (1, 1), (1, 2)]]) == [[1.0, 1.0, 1.0], [-1.0, 0.0, 1.0, 1.0]]
     assert step_rewards(INST, "no answer") == [] and step_rewards(INST, plan_text([A0])) == []
 
 
@@ -76,6 +79,16 @@ def test_tokens_get_their_steps_centred_reward_on_top_of_the_outcome(embedded_po
     counts = {}
     step_credit(short, [{"instance": INST.to_json()}] * 2, tok, 1.0, group_size=2, counts=counts)
     assert counts["steps"] == 2 * 4  # agent 0: two cells and a stop; agent 1: one cell, its stop unwritten
+    # a neutral step (here a wait on the goal) is not credited: its tokens keep the outcome advantage, and the
+    # group's mean is over the credited steps only (1 x 5 and 1, 1, 1, -1: mean 7/9)
+    waits = plan_text([A0 + [(0, 2)] * 3, INST.plan[1]])
+    w_ids, w_batch = completion_batch(tok, [waits, hole], [0.5, -0.5])
+    w_out = step_credit(w_batch, [{"instance": INST.to_json()}] * 2, tok, 1.0, group_size=2)["advantages"]
+    first = next(k for k in range(len(w_ids[0])) if tok.decode(w_ids[0][: k + 1]).endswith("(0,2) (0"))
+    last = next(k for k in range(len(w_ids[0])) if tok.decode(w_ids[0][: k + 1]).endswith("(0,2) (0,2) (0,2) (0,2)"))
+    assert [float(x) for x in w_out[0, first:last + 1]] == pytest.approx([0.5] * (last + 1 - first))
+    k = next(k for k in range(len(w_ids[0])) if tok.decode(w_ids[0][: k + 1]).endswith("(0,2)\n"))
+    assert float(w_out[0, k]) == pytest.approx(0.5 + 1 - 7 / 9)  # the stop on the goal, centred on 7/9
     with pytest.raises(ValueError, match="7 rows for a batch of 8 completions in groups of 4"):
         step_credit(batch, rows[:7], tok, 0.5, group_size=4)
 
