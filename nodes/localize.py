@@ -113,17 +113,19 @@ class Credit:
     each sign of advantage weighed (`weigh_advantages`), then each invalid answer's loss localized
     (`LocalizedCredit`) or each step credited (`nodes.step_credit`); with the defaults, nothing."""
 
-    def __init__(self, weights=(1.0, 1.0), localize: bool = False, step: float = 0.0, group_size: int = 1):
+    def __init__(self, weights=(1.0, 1.0), localize: bool = False, step: float = 0.0, group_size: int = 1,
+                 idle: float = 0.0):
         if localize and step:
             raise ValueError("localize_credit and step_credit both place credit inside an answer: choose one")
         self.weights = tuple(map(float, weights))
         self.localizer = LocalizedCredit() if localize else None
-        self.step, self.group_size = float(step), int(group_size)
+        self.step, self.group_size, self.idle = float(step), int(group_size), float(idle)
         self.step_counts: dict = {"answers": 0, "steps": 0, "bad_steps": 0, "tokens": 0}
 
     @classmethod
     def from_config(cls, cfg) -> Credit:
-        return cls((cfg.positive_weight, cfg.negative_weight), cfg.localize_credit, cfg.step_credit, cfg.num_generations)
+        return cls((cfg.positive_weight, cfg.negative_weight), cfg.localize_credit, cfg.step_credit, cfg.num_generations,
+                   cfg.step_credit_idle)
 
     def __call__(self, batch: dict, rows: list[dict], tok) -> dict:
         batch = weigh_advantages(batch, *self.weights)
@@ -132,7 +134,7 @@ class Credit:
         if self.step:
             from nodes.step_credit import step_credit
 
-            batch = step_credit(batch, rows, tok, self.step, self.group_size, self.step_counts)
+            batch = step_credit(batch, rows, tok, self.step, self.group_size, self.step_counts, idle=self.idle)
         return batch
 
     def metrics(self) -> dict[str, float]:

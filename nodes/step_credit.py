@@ -10,7 +10,8 @@ cell was a sound move and whether it got nearer the agent's goal.
 - +1: a sound move to a cell nearer the goal (by the shortest distance over the ice) than any cell the path
   has been on before, so a path earns at most its start's distance in +1 steps however long it runs;
 - 0: any other sound move (a wait, on the goal or off it, a step aside, back, or back again). These steps are
-  not credited at all: their tokens keep their outcome advantage;
+  not credited at all: their tokens keep their outcome advantage; or, with `train.step_credit_idle` below 0,
+  judged at that value like the others;
 - -1: a wrong start, a step off the map, into a hole or a jump; or a cell that collides with the other agent
   (the cell written later of the two, as `env.verify.first_error` places a conflict). A path is judged up to its
   first unsound step: what it writes once off course has no place to be judged from;
@@ -41,9 +42,10 @@ from typing import Any
 Step = tuple[int, int, float]
 
 
-def step_rewards(instance, text: object) -> list[list[Step]]:
+def step_rewards(instance, text: object, idle: float = 0.0) -> list[list[Step]]:
     """The judged steps of each agent's path in `text` (see the module docstring), one list per agent in the
     order `env.parse_plan` returns them; [] when the answer does not parse or names the wrong number of agents.
+    `idle`: the reward of a sound step that makes no progress.
 
     >>> from env import load_split, plan_text
     >>> inst = load_split("val-mini")[0]
@@ -71,7 +73,7 @@ def step_rewards(instance, text: object) -> list[list[Step]]:
             d = dist[path[t][0] * n + path[t][1]]
             good = 0 <= d < best
             best = d if good else best
-            steps[t] = (at[t][2], at[t][1], 1.0 if good else 0.0)
+            steps[t] = (at[t][2], at[t][1], 1.0 if good else float(idle))
         if bad is not None:
             steps[bad] = (at[bad][2], at[bad][1], -1.0)
         else:  # sound to its end: where it stops is a step too, right on the goal, wrong short of it
@@ -89,11 +91,12 @@ def _token_ends(tok, tokens: list[int]) -> list[int]:
 
 
 def step_credit(batch: dict, rows: list[dict], tok, weight: float, group_size: int,
-                counts: dict | None = None) -> dict:
+                counts: dict | None = None, idle: float = 0.0) -> dict:
     """`batch` with per-token advantages (B, T): each row's outcome advantage, plus `weight` times the centred
     reward of the credited step (`step_rewards`, +1 or -1) whose row and column each token wrote. Centred within each group of
     `group_size` consecutive rows (a GRPO group). `rows`: the batch's dataset rows in order (their `instance`
-    column); `counts`: running totals (answers, credited steps, bad steps, credited tokens), updated in place. A step no
+    column); `counts`: running totals (answers, credited steps, bad steps, credited tokens); `idle`: as in
+    `step_rewards`, updated in place. A step no
     token wrote (the stop of an answer cut off at the length limit) is not judged."""
     from env import Instance
 
@@ -111,7 +114,7 @@ def step_credit(batch: dict, rows: list[dict], tok, weight: float, group_size: i
             raw = rows[b]["instance"]
             inst = instances.get(raw) or instances.setdefault(raw, Instance.from_json(raw))
             tokens = ids[b, : int(mask[b].sum())].tolist()
-            steps = [s for agent in step_rewards(inst, tok.decode(tokens, skip_special_tokens=True)) for s in agent]
+            steps = [s for agent in step_rewards(inst, tok.decode(tokens, skip_special_tokens=True), idle) for s in agent]
             if not steps:
                 continue
             ends = _token_ends(tok, tokens)
@@ -124,7 +127,7 @@ def step_credit(batch: dict, rows: list[dict], tok, weight: float, group_size: i
         if counts is not None:
             counts["answers"] = counts.get("answers", 0) + group_size
             counts["steps"] = counts.get("steps", 0) + len(placed)
-            counts["bad_steps"] = counts.get("bad_steps", 0) + sum(r < 0 for _, _, r in placed)
+            counts["bad_steps"] = counts.get("bad_steps", 0) + sum(r <= -1 for _, _, r in placed)
         if len(placed) < 2:
             continue
         mean = sum(r for _, _, r in placed) / len(placed)

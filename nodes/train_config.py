@@ -164,12 +164,21 @@ class TrainConfig(BaseModel):
         ge=0,
         le=4,
         description="GRPO with process supervision (DeepSeekMath, Shao et al. 2024) judged by the map: each cell "
-        "of each agent's path is a step, +1 for a sound move nearer the goal, 0 for one that is not, -1 for a hole, "
+        "of each agent's path is a step, +1 for a sound move nearer the goal than the path has been, "
+        "step_credit_idle for one that is not, -1 for a hole, "
         "a jump, leaving the map or a collision; the group's step rewards are centred and this weight times them is "
         "added to the advantage of the tokens that wrote each cell, and a sound path's stop is judged (+1 on its goal, "
         "-1 short of it). Not in the paper (0: off; nodes.step_credit); not with localize_credit. At 1 on the cpu "
         "stage the answers keep their length and gained +3.3 and +1.3 points (outcome credit alone: +2.7 and +1.3); "
         "with every block trained, +0.7 over 4 seeds, two losing the answer format (evals/results/learning_cpu, stop 48)",
+    )
+    step_credit_idle: float = Field(
+        0.0,
+        ge=-1,
+        le=0,
+        description="with step_credit: the reward of a sound step that gets no nearer the goal than its path has "
+        "been (a wait, on the goal or off it, a step aside or back). 0: not credited, left to the outcome; below 0: "
+        "such a step is judged like the others, between a hole (-1) and progress (+1). Not in the paper",
     )
     sft_mix: float = Field(
         0.0,
@@ -277,6 +286,9 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_credit_placement(self) -> TrainConfig:
+        if self.step_credit_idle and not self.step_credit:
+            raise ValueError(f"step_credit_idle={self.step_credit_idle} with step_credit=0: it judges steps only "
+                             "when step credit is on; allowed: step_credit > 0, or step_credit_idle=0")
         if self.localize_credit and self.step_credit:
             raise ValueError(f"localize_credit=true with step_credit={self.step_credit}: both place credit inside an "
                              "answer; allowed: one of them (step_credit=0 or localize_credit=false)")

@@ -35,6 +35,9 @@ def test_each_cell_is_judged_by_the_map():
     # both at (0,1) at step 1: agent 1's cell, written later, is the collision
     assert _rewards([A0, [(1, 1), (0, 1), (1, 1), (1, 2)]]) == [[1.0, 1.0, 1.0], [-1.0, 0.0, 1.0, 1.0]]
     assert step_rewards(INST, "no answer") == [] and step_rewards(INST, plan_text([A0])) == []
+    # with `idle` below 0, a step that makes no progress is judged at that value
+    judged = step_rewards(INST, plan_text([A0 + [(0, 2)] * 2, [(1, 1), (0, 1), (1, 1), (1, 2)]]), idle=-0.5)
+    assert [[r for _, _, r in a] for a in judged] == [[1.0, 1.0, -0.5, -0.5, 1.0], [-1.0, -0.5, 1.0, 1.0]]
 
 
 def test_a_step_points_at_its_row_and_column():
@@ -103,6 +106,12 @@ def test_setting_is_off_by_default_checked_and_not_with_localized_credit():
     assert all(not p.get("step_credit", 0.0) for p in TRAIN_PRESETS.values())
     with pytest.raises(ValidationError, match="step_credit"):
         TrainConfig(step_credit=-1)
+    assert TrainConfig().step_credit_idle == 0.0 and Credit.from_config(TrainConfig(step_credit=1,
+                                                                                    step_credit_idle=-0.5)).idle == -0.5
+    with pytest.raises(ValidationError, match="step_credit_idle=-0.5 with step_credit=0"):
+        TrainConfig(step_credit_idle=-0.5)
+    with pytest.raises(ValidationError, match="step_credit_idle"):
+        TrainConfig(step_credit=1, step_credit_idle=0.5)
     with pytest.raises(ValidationError, match="localize_credit=true with step_credit=1.0"):
         TrainConfig(step_credit=1, localize_credit=True)
     with pytest.raises(ValueError, match="choose one"):
