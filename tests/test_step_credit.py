@@ -92,6 +92,11 @@ def test_tokens_get_their_steps_centred_reward_on_top_of_the_outcome(embedded_po
     assert [float(x) for x in w_out[0, first:last + 1]] == pytest.approx([0.5] * (last + 1 - first))
     k = next(k for k in range(len(w_ids[0])) if tok.decode(w_ids[0][: k + 1]).endswith("(0,2)\n"))
     assert float(w_out[0, k]) == pytest.approx(0.5 + 1 - 7 / 9)  # the stop on the goal, centred on 7/9
+    # with `idle` -0.5 the three waits are judged too: mean (5 - 1.5 + 3 - 1) / 12, and each wait's row digit is
+    # pushed down by its centred reward
+    w_out = step_credit(w_batch, [{"instance": INST.to_json()}] * 2, tok, 1.0, group_size=2, idle=-0.5)["advantages"]
+    row = first + next(j for j in range(last - first) if tok.decode(w_ids[0][: first + j + 1]).endswith("(0"))
+    assert float(w_out[0, row]) == pytest.approx(0.5 - 0.5 - 5.5 / 12)
     with pytest.raises(ValueError, match="7 rows for a batch of 8 completions in groups of 4"):
         step_credit(batch, rows[:7], tok, 0.5, group_size=4)
 
