@@ -93,11 +93,11 @@ def _token_ends(tok, tokens: list[int]) -> list[int]:
 def step_credit(batch: dict, rows: list[dict], tok, weight: float, group_size: int,
                 counts: dict | None = None, idle: float = 0.0) -> dict:
     """`batch` with per-token advantages (B, T): each row's outcome advantage, plus `weight` times the centred
-    reward of the credited step (`step_rewards`, +1 or -1) whose row and column each token wrote. Centred within each group of
-    `group_size` consecutive rows (a GRPO group). `rows`: the batch's dataset rows in order (their `instance`
-    column); `counts`: running totals (answers, credited steps, bad steps, credited tokens); `idle`: as in
-    `step_rewards`, updated in place. A step no
-    token wrote (the stop of an answer cut off at the length limit) is not judged."""
+    reward of the credited step (`step_rewards`; a step judged 0 is not credited) whose row and column each token
+    wrote. Centred within each group of `group_size` consecutive rows (a GRPO group). `rows`: the batch's dataset
+    rows in order (their `instance` column); `counts`: running totals (answers, credited steps, bad steps, credited
+    tokens), updated in place; `idle`: as in `step_rewards`. A step no token wrote (the stop of an answer cut off
+    at the length limit) is not judged."""
     from env import Instance
 
     ids, mask, adv = batch["completion_ids"], batch["completion_mask"], batch["advantages"]
