@@ -129,7 +129,7 @@ def test_setting_is_off_by_default_checked_and_not_with_localized_credit():
 def test_stage_trains_on_per_token_advantages(tmp_path, monkeypatch):
     """A real smoke stage with `step_credit`: every batch reaching the loss carries advantages of the completions'
     shape, and where a step was placed they differ from the row's outcome advantage. The smoke model's answers
-    rarely parse, so every judged answer also gets one step on its first characters (reward by row parity): the
+    rarely parse, so every judged answer also gets one step on its first characters (+1 or -1 by call parity): the
     wiring from the trainer to the loss is what is under test here; the judging is tested above."""
     from trl import GRPOTrainer
 
@@ -143,13 +143,16 @@ def test_stage_trains_on_per_token_advantages(tmp_path, monkeypatch):
     train = tmp_path / "train.jsonl"
     write_jsonl(train, three_by_three(6, seed=11))
     cfg = TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "max_steps": 2, "sft_warm_start": False,
-                                      "step_credit": 1.0})
+                                      "step_credit": 1.0, "step_credit_idle": -0.5})
     real_rewards, real_loss = step_module.step_rewards, GRPOTrainer._compute_loss
     calls = [0]
 
-    def rewards(instance, text):
+    idles: set = set()
+
+    def rewards(instance, text, idle=0.0):
         calls[0] += 1
-        return real_rewards(instance, text) + [[(0, 3, float(calls[0] % 2))]]
+        idles.add(idle)
+        return real_rewards(instance, text, idle) + [[(0, 3, 1.0 if calls[0] % 2 else -1.0)]]
 
     seen: list[bool] = []
 
@@ -164,5 +167,5 @@ def test_stage_trains_on_per_token_advantages(tmp_path, monkeypatch):
     res = run_stage(train_path=train, init_checkpoint=resolve_model("smollm2-135m"), out_dir=tmp_path / "stage",
                     cfg=cfg, seed=3, reward_state=None, progress=False)
     m = res["metrics"]
-    assert m["train/steps"] == 2 and seen and all(seen)
+    assert m["train/steps"] == 2 and seen and all(seen) and idles == {-0.5}
     assert m["train/step_credit_steps_per_answer"] >= 1 and m["train/step_credit_tokens_per_answer"] > 0
