@@ -169,7 +169,7 @@ class TrainConfig(BaseModel):
         "a jump, leaving the map or a collision; the group's step rewards are centred and this weight times them is "
         "added to the advantage of the tokens that wrote each cell, and a sound path's stop is judged (+1 on its goal, "
         "-1 short of it). Not in the paper (0: off; nodes.step_credit); not with localize_credit. At 1 with "
-        "step_credit_idle=-0.5 and every block trained, the cpu stage gained +2.7 points [-1.8, +7.2] over 4 seeds "
+        "step_credit_idle=-0.5 and every block trained, the cpu stage gained 0.0 points [-5.0, +4.9] over 6 seeds "
         "(evals/results/learning_cpu, stops 48-49)",
     )
     step_credit_idle: float = Field(
