@@ -180,6 +180,18 @@ class TrainConfig(BaseModel):
         "been (a wait, on the goal or off it, a step aside or back). 0: not credited, left to the outcome; below 0: "
         "such a step is judged like the others, between a hole (-1) and progress (+1). Not in the paper",
     )
+    select_instances: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="checkpoint selection (nodes.select_best): hold this many of the stage's instances out of "
+        "training (every size in proportion; the loop generates instances_per_stage + this many), answer them "
+        "greedily at the stage's start and every select_every steps, and end the stage on the weights that answered "
+        "most of them validly (the earliest best, the start included: a stage that only made the policy worse "
+        "leaves it as it was). Not in the paper (0: off, the stage ends on its last step). Single process only",
+    )
+    select_every: int = Field(8, ge=1, description="with select_instances: optimiser steps between checks "
+                              "(the start and the last step are always checked)")
     sft_mix: float = Field(
         0.0,
         ge=0,

@@ -149,6 +149,7 @@ def run_stage(
     reward_state: dict | None,
     progress: bool = True,
     warm_start: bool | None = None,
+    keep_last: bool = False,
 ) -> dict:
     """Train one stage and write `out_dir/checkpoint/`, `out_dir/metrics.json`, `out_dir/tb/`.
 
@@ -164,9 +165,11 @@ def run_stage(
         progress: log progress lines (INFO) while training.
         warm_start: run the SFT warm start; None: when `cfg.sft_warm_start` and `init_checkpoint` is a
             base model (not a checkpoint of this module), i.e. at the first stage.
+        keep_last: with checkpoint selection (`cfg.select_instances`) choosing an earlier step, also return the
+            last step's trainable weights as `last_weights` (name -> tensor), to evaluate both side by side.
 
     Returns:
-        {"checkpoint": str, "reward_state": dict, "metrics": dict}
+        {"checkpoint": str, "reward_state": dict, "metrics": dict} (+ "last_weights", see keep_last)
     """
     t_start = time.perf_counter()
     loop_s = 0.0
@@ -194,6 +197,11 @@ def run_stage(
     instances = read_jsonl(train_path)
     if not instances:
         raise ValueError(f"training set {train_path} holds no instances")
+    held: list = []
+    if cfg.select_instances:  # nodes.select_best: instances to choose the stage's best weights with, not trained on
+        from nodes.select_best import hold_out
+
+        instances, held = hold_out(instances, cfg.select_instances, seed)
     score_labelled_positions_only()  # TRL's fused LM head: only answer positions on CPU too (nodes.trl_cpu)
     if cfg.use_vllm:  # LoRA syncs into vLLM merge into copies: the bf16 base never drifts (nodes.lora_sync)
         from nodes.lora_sync import install_exact_lora_sync
@@ -276,6 +284,7 @@ def run_stage(
     )
     if cfg.screen_samples:
         _screen(trainer, dataset, cfg, key, out_dir, reward_state, tok, metrics, progress)
+    select = _selector(trainer, held, cfg, tok, metrics, keep_last) if held else None
     quiet_trainer(trainer, progress, label=f"GRPO {out_dir.name}")
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=str(resume[0]) if resume is not None else None)
@@ -286,6 +295,10 @@ def run_stage(
     metrics.update(sampling_metrics(trainer.stats))
     metrics.update(trainer.credit.metrics())
     metrics["train/shared_prompt_batches"] = trainer.shared_prompt_batches
+    select_s = 0.0
+    if select is not None:
+        metrics.update(select.metrics())
+        select_s = select.seconds
     if mix is not None:
         metrics.update(mix.metrics())
 
@@ -297,6 +310,7 @@ def run_stage(
         "train_path": str(train_path),
         "seed": seed,
         "grpo_steps": steps,
+        "selected_step": select.best_step if select is not None else None,  # nodes.select_best: the weights kept
         "sft_warm_start": bool(do_sft),
         "warm_start_cache": warm_info,
         "prompt_style": cfg.prompt_style,
@@ -322,7 +336,8 @@ def run_stage(
             "train/w_acc": reward.state.weights()[0],
             "train/w_len": reward.state.weights()[1],
             "train/grpo_seconds": grpo_s,
-            "train/seconds_per_step": grpo_s / steps if steps else None,
+            # the selection's greedy answering (train/select_seconds) runs inside TRL's loop: not a step's cost
+            "train/seconds_per_step": (grpo_s - select_s) / steps if steps else None,
             "train/seconds": wall,
             "train/outside_loop_seconds": wall - loop_s,
             "train/outside_loop_share": (wall - loop_s) / wall,
@@ -346,7 +361,10 @@ def run_stage(
             ckpt,
         )
     del trainer, model
-    return {"checkpoint": str(ckpt), "reward_state": meta["reward_state"], "metrics": metrics}
+    out = {"checkpoint": str(ckpt), "reward_state": meta["reward_state"], "metrics": metrics}
+    if keep_last and select is not None and select.last_weights is not None:
+        out["last_weights"] = select.last_weights
+    return out
 
 
 def _screen(trainer, dataset, cfg: TrainConfig, key: str, out_dir: Path, reward_state, tok, metrics: dict,
@@ -375,6 +393,23 @@ def _screen(trainer, dataset, cfg: TrainConfig, key: str, out_dir: Path, reward_
         keep, stats = found
     trainer.restrict_dataset(keep)
     metrics.update(screen.screen_metrics(stats))
+
+
+def _selector(trainer, held: list, cfg: TrainConfig, tok, metrics: dict, keep_last: bool):
+    """The `nodes.select_best.SelectBest` callback on the held-out instances, added to `trainer` (None, with a
+    warning, where it cannot run: several processes or vLLM generation)."""
+    from nodes.select_best import SelectBest, greedy_scorer
+
+    if cfg.use_vllm or trainer.accelerator.num_processes > 1:
+        log.warning("train.select_instances=%d ignored: checkpoint selection runs in a single process without vLLM "
+                    "(CPU runs); this stage ends on its last step", cfg.select_instances)
+        metrics["train/select_skipped"] = True
+        return None
+    select = SelectBest(greedy_scorer(held, tok, max_new_tokens=cfg.max_completion_length,
+                                      prompt_style=cfg.prompt_style), cfg.select_every, keep_last=keep_last)
+    trainer.add_callback(select)
+    metrics["train/select_instances"] = len(held)
+    return select
 
 
 def init_from_arg(text: str) -> Path:

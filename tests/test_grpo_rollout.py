@@ -172,7 +172,10 @@ def test_gqa_attention_of_the_copy_answers_as_sdpa_without_repeating_kv_heads(em
         out = fast.generate(**enc, max_new_tokens=24, do_sample=False)
     assert torch.equal(out, ref)
     assert calls["repeat_kv"] == 0 and calls["gqa"] >= len(model.model.layers) * 2  # prefill and decode steps
-    assert calls["cat"] == len(model.model.layers) * 24  # transformers' own cache, one cat per layer and token
+    # transformers' own cache, one cat per layer and generated token: 24, or fewer where every row ended early (on a
+    # CPU without bf16 hardware the bf16 answers differ, and both end after 21 tokens on an AMD EPYC Zen 3)
+    generated = out.shape[1] - enc["input_ids"].shape[1]
+    assert 8 <= generated <= 24 and calls["cat"] == len(model.model.layers) * generated
     assert with_growing_cache(fast) is fast
     calls["cat"] = 0
     with torch.no_grad():
