@@ -138,3 +138,25 @@ def test_stage_ends_on_the_selected_weights(tmp_path, monkeypatch):
     assert float(top.double().sum()) != pytest.approx(marks[2][1], rel=0, abs=1e-9)
     assert float(res["last_weights"][[n for n in res["last_weights"]][-1]].double().sum()) == pytest.approx(
         marks[2][1], rel=0, abs=1e-9)
+
+
+def test_the_apply_line_says_how_many_are_held_out():
+    from graph.progress import describe_start
+    from graph.settings import Settings
+
+    held = Settings(train=TrainConfig(instances_per_stage=64, select_instances=48))
+    assert describe_start("apply", {"stage": 0}, held) == \
+        "[stage 0] apply: generating 64 training instances + 48 held out ..."
+    assert "held out" not in describe_start("apply", {"stage": 0}, Settings())
+
+
+def test_the_loop_generates_the_held_out_instances_on_top(tmp_path):
+    from env import read_jsonl
+    from nodes.apply import apply
+    from tests.support.node_helpers import make_settings, runtime
+
+    out = apply({}, runtime(make_settings(seed=5, train={"select_instances": 4}), tmp_path))
+    instances = read_jsonl(tmp_path / "stage_0" / "train.jsonl")
+    assert len(instances) == 12 + 4
+    train, held = hold_out(instances, 4, seed=0)
+    assert len(train) == 12 and out["config"]["num_instances"] == 16
