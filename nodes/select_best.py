@@ -85,7 +85,10 @@ class SelectBest(TrainerCallback):
         return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
 
     def check(self, model, step: int) -> None:
-        if self.history and self.history[-1]["step"] == step:
+        from nodes.stop import stop_requested
+
+        # checked already, or a stop was asked for (the stage ends unsaved and resumes later: no minute of answers)
+        if (self.history and self.history[-1]["step"] == step) or stop_requested():
             return
         t = time.perf_counter()
         rate = float(self.score(model))
@@ -107,8 +110,9 @@ class SelectBest(TrainerCallback):
     def on_train_end(self, args, state, control, model=None, **kwargs):
         import torch
 
-        self.check(model, state.global_step)  # a stage stopped between checks: its last weights are a candidate
-        if self.best is None or self.best_step == state.global_step:
+        self.check(model, state.global_step)  # a stage ended between checks: its last weights are a candidate
+        if self.best is None or self.best_step == state.global_step or not self.history \
+                or self.history[-1]["step"] != state.global_step:  # (a stop: no restoring, the stage is not saved)
             return
         if self.keep_last:
             self.last_weights = self._trainable(model)

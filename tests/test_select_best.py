@@ -88,6 +88,33 @@ def test_a_stage_that_only_got_worse_leaves_the_start():
     assert sel.best_step == 0 and torch.equal(model[1].weight, seen[0])
 
 
+def test_a_stop_request_neither_answers_nor_restores():
+    from nodes import stop
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    scores = iter([0.5, 0.1])
+    sel = SelectBest(lambda m: next(scores), 1)
+    state = SimpleNamespace(global_step=0, max_steps=4)
+    sel.on_train_begin(None, state, None, model=model)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    state.global_step = 1
+    sel.on_step_end(None, state, None, model=model)
+    moved = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    state.global_step = 2
+    stop.request_stop("test")
+    try:
+        sel.on_step_end(None, state, None, model=model)  # a check step, skipped
+        sel.on_train_end(None, state, None, model=model)
+    finally:
+        stop.reset()
+    assert [h["step"] for h in sel.history] == [0, 1] and sel.best_step == 0
+    assert torch.equal(model.weight, moved + 1.0)  # the stage is not saved after a stop: nothing restored
+
+
 def test_the_last_step_kept_when_it_is_best():
     sel, model, _, last = _drive([0.1, 0.2, 0.3], every=1, max_steps=2)
     assert sel.best_step == 2 and torch.equal(model[1].weight, last) and sel.last_weights is None
