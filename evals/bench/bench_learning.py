@@ -21,7 +21,8 @@ Printed: the valid rate per size before and after each seed's stage, the gain pe
 95 % intervals (a paired bootstrap over seeds and instances, and Student's t over the seeds' gains), GRPO's
 reward-variance figures (share of zero-variance groups generated and trained on, groups replaced by dynamic
 sampling), and seconds per step. The gain is measured on answers re-verified by `env.verify`, never on training
-rewards.
+rewards. With checkpoint selection (`--set select_instances=N`, `nodes.select_best`) a stage that ended on an earlier
+check's weights is also scored on its last step's: `gain_last` per seed and `mean_gain_last`, the same stages unguarded.
 """
 
 from __future__ import annotations
