@@ -187,3 +187,19 @@ def test_the_loop_generates_the_held_out_instances_on_top(tmp_path):
     assert len(instances) == 12 + 4
     train, held = hold_out(instances, 4, seed=0)
     assert len(train) == 12 and out["config"]["num_instances"] == 16
+
+
+def test_the_report_says_which_step_a_stage_ended_on(tmp_path):
+    import json
+
+    from nodes.report import collect, render
+
+    for k, extra in ((0, {"train/select_step": 16, "train/select_valid_rate": 0.25, "train/select_instances": 48,
+                          "train/select_start_valid_rate": 0.125, "train/select_last_valid_rate": 0.1875}), (1, {})):
+        d = tmp_path / f"stage_{k}"
+        d.mkdir()
+        (d / "metrics.json").write_text(json.dumps({"train/steps": 24, "train/seconds": 60.0, **extra}))
+    text = render(collect(tmp_path), [], "r")
+    assert ("Stage 0 ended on step 16's weights of 24 (held-out greedy valid: start 12.5 %, kept 25.0 %, last step "
+            "18.8 %, on 48 instances held out of training).") in text
+    assert "Stage 1 ended" not in text
