@@ -110,9 +110,12 @@ class SelectBest(TrainerCallback):
     def on_train_end(self, args, state, control, model=None, **kwargs):
         import torch
 
+        from nodes.stop import stop_requested
+
+        if stop_requested():  # the stage ends unsaved and resumes later: nothing to choose or restore
+            return
         self.check(model, state.global_step)  # a stage ended between checks: its last weights are a candidate
-        if self.best is None or self.best_step == state.global_step or not self.history \
-                or self.history[-1]["step"] != state.global_step:  # (a stop: no restoring, the stage is not saved)
+        if self.best_step == state.global_step:
             return
         if self.keep_last:
             self.last_weights = self._trainable(model)

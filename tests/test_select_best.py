@@ -203,3 +203,15 @@ def test_the_report_says_which_step_a_stage_ended_on(tmp_path):
     assert ("Stage 0 ended on step 16's weights of 24 (held-out greedy valid: start 12.5 %, kept 25.0 %, last step "
             "18.8 %, on 48 instances held out of training).") in text
     assert "Stage 1 ended" not in text
+
+
+def test_several_processes_skip_selection_with_a_warning(caplog):
+    """Selection runs in one process only; a trainer of several (a stand-in: no second process here) trains on
+    without it, said in the log and the metrics."""
+    from nodes.train_stage import _selector
+
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(num_processes=2), add_callback=lambda cb: 1 / 0)
+    metrics: dict = {}
+    with caplog.at_level("WARNING"):
+        assert _selector(trainer, mixed(8)[:4], TrainConfig(select_instances=4), None, metrics, False) is None
+    assert metrics == {"train/select_skipped": True} and "select_instances=4 ignored" in caplog.text
