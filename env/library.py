@@ -63,7 +63,7 @@ def prompt_messages(instance: Instance, style: str = "full") -> list[dict]:
     """The chat messages the policy sees for `instance` (the same messages the project trains on)."""
     _check_style(style)
     user = [{"role": "user", "content": render_prompt(instance, style)}]
-    return [{"role": "system", "content": ""}, *user] if style == "compact" else user
+    return [{"role": "system", "content": ""}, *user] if style in ("compact", "moves") else user
 
 
 def metadata(instance: Instance) -> dict[str, Any]:

@@ -46,7 +46,7 @@ _MAX_AGENTS_PARSED = 64
 CellSpan = tuple[int, int, int, int]  # a cell's (start, end, row number, column number) offsets in an answer
 
 
-PROMPT_STYLES = ("full", "compact")
+PROMPT_STYLES = ("full", "compact", "moves")
 
 
 def render_prompt(instance: Instance, style: str = "full") -> str:
@@ -54,10 +54,13 @@ def render_prompt(instance: Instance, style: str = "full") -> str:
 
     `style="full"` (the paper's prompt, the default): the map with its legend, the tasks, the rules, the cost
     convention and the answer format. `style="compact"` (`render_compact_prompt`): the same instance in a
-    few lines for small models. Any other style raises `ValueError` naming the allowed ones.
+    few lines for small models. `style="moves"` (`render_moves_prompt`): the compact prompt with every ice
+    cell's legal moves listed. Any other style raises `ValueError` naming the allowed ones.
     """
     if style == "compact":
         return render_compact_prompt(instance)
+    if style == "moves":
+        return render_moves_prompt(instance)
     if style != "full":
         raise ValueError(f"prompt style {style!r}: allowed: {', '.join(PROMPT_STYLES)}")
     k = instance.num_agents
@@ -129,6 +132,38 @@ def render_compact_prompt(instance: Instance) -> str:
         "no two agents in one cell or swapping cells. Fewest total steps.\n"
         f"Answer with each agent's cell at every step:\n<answer>\n{example}\n</answer>"
     )
+
+
+def legal_moves(instance: Instance) -> dict[Cell, list[Cell]]:
+    """Every ice cell and the ice cells one move away from it (up, left, right, down: on the map, not a hole),
+    in reading order. A wait (staying on the cell) is always legal and is not listed."""
+    n = instance.size
+    grid = instance.grid
+    moves: dict[Cell, list[Cell]] = {}
+    for r in range(n):
+        for c in range(n):
+            if grid[r][c] == "H":
+                continue
+            moves[(r, c)] = [(r + dr, c + dc) for dr, dc in ((-1, 0), (0, -1), (0, 1), (1, 0))
+                             if 0 <= r + dr < n and 0 <= c + dc < n and grid[r + dr][c + dc] != "H"]
+    return moves
+
+
+def render_moves_prompt(instance: Instance) -> str:
+    """The compact prompt with the map's graph beside it: one line per ice cell, ``(r,c): (r,c) (r,c) ...``,
+    the cells one legal move away. The same information as the grid, in a form a small model reads by looking
+    up the line of the cell it is on (an induction-style copy) instead of working out from the grid where the
+    holes are. The instance, the answer format and the verifier are unchanged.
+
+    >>> # ... Holes: (1,1)
+    >>> # Moves from each ice cell:
+    >>> # (0,0): (0,1) (1,0)
+    >>> # (0,1): (0,0) (0,2)
+    """
+    lines = "\n".join(f"({r},{c}): " + (" ".join(f"({a},{b})" for a, b in nxt) or "none")
+                      for (r, c), nxt in legal_moves(instance).items())
+    head, sep, tail = render_compact_prompt(instance).partition("\nAgent 0: ")
+    return f"{head}\nMoves from each ice cell:\n{lines}{sep}{tail}"
 
 
 def parse_plan(text: object, n_agents: int) -> list[list[Cell]] | ParseFailure:

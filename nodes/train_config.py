@@ -26,7 +26,7 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # --- data
-    prompt_style: Literal["full", "compact"] = Field(
+    prompt_style: Literal["full", "compact", "moves"] = Field(
         "compact",
         description="the policy's prompt at training and evaluation: full (the paper's, with the rules text) or "
         "compact (map, hole list, agents and answer format only, no default system prompt: 2.3x fewer tokens, "
