@@ -62,7 +62,7 @@ def test_row_carries_prompt_answer_instance_and_metadata(insts):
     assert r["metadata"]["size"] == inst.size and r["metadata"]["optimal_cost"] == inst.optimal_cost
     compact = row(inst, "compact")["prompt"]
     assert compact == [{"role": "system", "content": ""}, {"role": "user", "content": render_compact_prompt(inst)}]
-    with pytest.raises(ValueError, match="prompt style 'tiny': allowed: full, compact"):
+    with pytest.raises(ValueError, match="prompt style 'tiny': allowed: full, compact, moves"):
         row(inst, "tiny")
 
 
@@ -238,7 +238,7 @@ def test_export_rows_carry_the_prompt_and_load_as_a_dataset(tmp_path, capsys):
     assert f"{len(rows)} answers: valid 1.000, optimal (soc) 1.000" in capsys.readouterr().out
     capsys.readouterr()
     assert main(["export", "--split", "val-mini", "--style", "tiny", "--out", str(tmp_path / "x")]) == 2
-    assert "--style 'tiny': allowed: full, compact" in capsys.readouterr().err
+    assert "--style 'tiny': allowed: full, compact, moves" in capsys.readouterr().err
     assert main(["export", "--out", str(tmp_path / "x")]) == 2
     assert "exactly one of --split" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

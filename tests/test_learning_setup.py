@@ -54,6 +54,34 @@ def test_compact_prompt_carries_the_instance_and_takes_the_solver_plan(split):
         assert len(prompt) < len(render_prompt(inst)) * 0.6
 
 
+@pytest.mark.parametrize("split", ["val", "test-mini"])
+def test_moves_prompt_lists_exactly_the_legal_moves_and_keeps_the_compact_prompt(split):
+    """Each ice cell's line holds exactly the cells the verifier accepts as one move from it; the rest of the prompt
+    is the compact one, so the solver's plan still parses back."""
+    from env.prompt import render_moves_prompt
+    from env.verify import path_sound
+
+    for inst in load_split(split):
+        prompt = render_moves_prompt(inst)
+        lines = re.findall(r"^\((\d+),(\d+)\): (.*)$", prompt, re.M)
+        listed = {(int(r), int(c)): ([] if rest == "none" else
+                                     [tuple(map(int, x)) for x in re.findall(r"\((\d+),(\d+)\)", rest)])
+                  for r, c, rest in lines}
+        ice = {(r, c) for r, row in enumerate(inst.grid) for c, ch in enumerate(row) if ch != "H"}
+        assert set(listed) == ice
+        every = [(r, c) for r in range(inst.size) for c in range(inst.size)]
+        for cell, nxt in listed.items():
+            # the verifier's own test of a path: listed iff one step from `cell` to `other` is sound (no wait)
+            sound = [o for o in every if o != cell and path_sound([cell, o], cell, inst.size, inst.grid)]
+            assert sorted(nxt) == sorted(sound), (inst.id, cell)
+        compact_lines = render_compact_prompt(inst).split("\n")
+        assert [x for x in prompt.split("\n") if not re.match(r"^\(\d+,\d+\): ", x) and x != "Moves from each ice cell:"] \
+            == compact_lines
+        plan = parse_plan(prompt.split("<answer>")[0] + plan_text(inst.plan), inst.num_agents)
+        assert plan == [[tuple(c) for c in path] for path in inst.plan]
+        assert prompt_messages(inst, "moves") == [{"role": "system", "content": ""}, {"role": "user", "content": prompt}]
+
+
 def test_prompt_style_is_a_setting_full_for_paper_compact_for_cpu():
     assert TrainConfig.model_validate(TRAIN_PRESETS["paper"]).prompt_style == "full"
     assert TrainConfig.model_validate(TRAIN_PRESETS["cpu"]).prompt_style == "compact"
@@ -63,7 +91,7 @@ def test_prompt_style_is_a_setting_full_for_paper_compact_for_cpu():
     assert "Rules:" in full[0]["content"]  # the paper preset renders the whole rules text
     compact = prompt_messages(inst, "compact")
     assert compact[0] == {"role": "system", "content": ""} and compact[1]["content"] == render_compact_prompt(inst)
-    with pytest.raises(ValueError, match="prompt style 'tiny': allowed: full, compact"):
+    with pytest.raises(ValueError, match="prompt style 'tiny': allowed: full, compact, moves"):
         render_prompt(inst, "tiny")
     with pytest.raises(ValueError, match="prompt_style"):
         TrainConfig(prompt_style="tiny")
