@@ -22,7 +22,11 @@ Observation (prompt)
     map with K agents:", the map with one symbol per cell (``F`` ice, ``H`` hole, starts ``S s A B C``
     and goals ``G g a b c`` for agents 0..4; where a start and another agent's goal share a cell the
     start is shown), 0-indexed ``(row, col)`` coordinates, "Agent i needs to go from (r, c) to (r, c)."
-    per agent, the rules above and the answer format.
+    per agent, the rules above and the answer format. For small models, `render_prompt(instance, "compact")`:
+    the map as rows of ``.`` and ``H``, the holes as a coordinate list, each agent's start and goal and the
+    answer format, no rules text; and `"moves"`: the compact prompt with one line per ice cell listing the
+    cells one legal move away (`env.prompt.legal_moves`), so a plan can be written by looking up the line of the cell an
+    agent is on. The same instance and verifier in every style.
 
 Answer format
     Anything first (reasoning), then the last ``<answer>`` ... ``</answer>`` block with one line per

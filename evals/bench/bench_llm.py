@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from env.prompt import PROMPT_STYLES
+
 
 def validation_prompts(n: int, style: str = "full") -> tuple[list[str], str]:
     """``n`` policy prompts and where they came from."""
@@ -119,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", type=Path, default=Path("runs/bench"), help="vLLM server log goes here")
     p.add_argument("--only", choices=("vllm", "local"), help="bench one backend")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--prompt-style", default="compact", choices=("full", "compact"),
-                   help="policy prompt (the cpu preset's is compact; the paper's is full)")
+    p.add_argument("--prompt-style", default="compact", choices=PROMPT_STYLES,
+                   help="policy prompt (the cpu preset's is compact; the paper's is full; moves: compact + legal moves)")
     p.add_argument("--vllm-dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                    help="vLLM weights dtype; auto: what the cpu preset serves here (Settings.policy_dtype: bfloat16 "
                         "on a CPU with bf16 hardware (AMX or AVX-512 BF16), else float32; float32 matches transformers' greedy answers)")
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         args.vllm_dtype = resolve_serving_dtype("auto")
     model = resolve_model(args.model)
     prompts, source = validation_prompts(args.n, args.prompt_style)
-    system = [{"role": "system", "content": ""}] if args.prompt_style == "compact" else []
+    system = [{"role": "system", "content": ""}] if args.prompt_style != "full" else []
     batch = [[*system, {"role": "user", "content": text}] for text in prompts]
     print(f"{len(batch)} {args.prompt_style} prompts from {source}; model {model.name}; max_tokens {args.max_tokens}; "
           f"greedy; vLLM {args.vllm_dtype}, {'compiled' if args.compiled else 'eager'}, {args.concurrency} in flight")
