@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from evals.bench.bench_learning import main, paired_bootstrap, pool, summarize
+from evals.bench.bench_learning import main, paired_bootstrap, parse_holes, pool, summarize, training_draw
 
 
 def _run(seed: int, gain_bias: float) -> dict:
@@ -41,12 +41,38 @@ def test_pooled_interval_is_the_bootstrap_over_every_seed(tmp_path):
 @pytest.mark.parametrize("over,msg", [
     ({"warm_start": {"key": "other"}}, "warm start other differs"),
     ({"grpo_sizes": [3, 4, 5]}, "grpo_sizes differs"),
+    ({"grpo_holes": [0.1, 0.3]}, r"grpo_holes \[0.1, 0.3\] differs from \[0.2\]"),
     ({"train_config": {"max_steps": 24}}, "train_config differs"),
 ])
 def test_different_experiments_are_refused_by_name(tmp_path, over, msg):
     a, b = _file(tmp_path, "a.json", [0]), _file(tmp_path, "b.json", [1], **over)
     with pytest.raises(ValueError, match=msg):
         pool([a, b])
+
+
+def test_a_file_from_before_grpo_holes_pools_with_the_hole_ratio_it_trained_on(tmp_path):
+    a = _file(tmp_path, "a.json", [0])  # no grpo_holes: trained on hole 0.2
+    b = _file(tmp_path, "b.json", [1], grpo_holes=[0.2])
+    assert [r["seed"] for r in pool([a, b])["seeds"]] == [0, 1]
+
+
+def test_training_draw_spreads_hole_ratios_as_asked_and_one_ratio_is_the_old_draw():
+    from env import EnvConfig, SIZES, generate
+
+    old = generate(EnvConfig.model_validate({"sizes": {
+        s: {"data_ratio": 1 / 3 if s in (3, 4, 5) else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in SIZES}}),
+        12, seed=2000 + 1).instances
+    assert [x.to_json() for x in training_draw({3, 4, 5}, 12, 1)] == [x.to_json() for x in old]
+    mixed = training_draw({3, 4, 5}, 11, 1, (0.1, 0.3, 0.5))
+    assert len(mixed) == 11 and len({x.id for x in mixed}) == 11
+    holes = [sum(row.count("H") for row in x.grid) / x.size ** 2 for x in mixed]
+    # shares 4 / 4 / 3, interleaved: 0.1, 0.3, 0.5, 0.1, ...; 0.5 is capped at 0.33 on 3x3 (env.max_hole_ratio)
+    low, mid, high = holes[0::3], holes[1::3], holes[2::3]
+    assert max(low) < min(high) and sum(low) / len(low) < sum(mid) / len(mid) < sum(high) / len(high)
+    assert training_draw({3, 4, 5}, 11, 1, (0.1, 0.3, 0.5)) == mixed  # seeded
+    for bad in ("0.7", "x", ""):
+        with pytest.raises(ValueError, match=f"--grpo-holes {bad!r}: allowed: hole ratios in \\[0, 0.5\\]"):
+            parse_holes(bad)
 
 
 def test_a_setting_added_since_a_file_was_written_counts_at_its_default(tmp_path):

@@ -28,6 +28,7 @@ check's weights is also scored on its last step's: `gain_last` per seed and `mea
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -40,13 +41,37 @@ from pathlib import Path
 QUICK = {"sft_steps": 2, "sft_instances": 8, "max_steps": 1, "instances_per_stage": 8, "max_completion_length": 32}
 
 
-def training_draw(sizes: set[int], n: int, seed: int) -> list:
-    """The `n` fresh 2-agent instances a GRPO seed trains on: spread evenly over `sizes`, hole 0.2, wait 0.5."""
-    from env import SIZES, EnvConfig, generate
+def training_draw(sizes: set[int], n: int, seed: int, holes: tuple[float, ...] = (0.2,)) -> list:
+    """The `n` fresh 2-agent instances a GRPO seed trains on: spread evenly over `sizes`, wait 0.5, hole ratio 0.2;
+    with several `holes`, an even share of `n` per hole ratio (each capped by `env.max_hole_ratio`, as the
+    validation splits cap theirs; largest remainders to the first ratios), interleaved. One ratio keeps the draw of
+    stop 25 on, instance for instance."""
+    from env import SIZES, EnvConfig, generate, max_hole_ratio
 
-    cfg = EnvConfig.model_validate({"sizes": {
-        s: {"data_ratio": 1 / len(sizes) if s in sizes else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in SIZES}})
-    return generate(cfg, n, seed=2000 + seed).instances
+    def draw(hole: float, k: int, s_: int) -> list:
+        cfg = EnvConfig.model_validate({"sizes": {
+            s: {"data_ratio": 1 / len(sizes) if s in sizes else 0.0, "hole_ratio": min(hole, max_hole_ratio(s)),
+                "wait_ratio": 0.5} for s in SIZES}})
+        return generate(cfg, k, seed=s_).instances
+
+    if len(holes) == 1:
+        return draw(holes[0], n, 2000 + seed)
+    shares = [n // len(holes) + (j < n % len(holes)) for j in range(len(holes))]
+    parts = [draw(h, k, 2000 + seed + 100_000 * (j + 1)) for j, (h, k) in enumerate(zip(holes, shares, strict=True))
+             if k]
+    return [x for group in itertools.zip_longest(*parts) for x in group if x is not None]
+
+
+def parse_holes(text: str) -> tuple[float, ...]:
+    """`0.1,0.3` -> (0.1, 0.3); ValueError naming the value unless each is a hole ratio in [0, 0.5]."""
+    try:
+        holes = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        holes = ()
+    if not holes or any(not 0 <= h <= 0.5 for h in holes):
+        raise ValueError(f"--grpo-holes {text!r}: allowed: hole ratios in [0, 0.5] as a comma list, e.g. 0.2 or "
+                         "0.1,0.2,0.3,0.4,0.5 (val-small's cycle)")
+    return holes
 
 
 def paired_bootstrap(diffs: list[list[int]], n: int = 4000, seed: int = 0) -> tuple[float, float]:
@@ -89,6 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--per-size", type=int, default=None, help="evaluate only the first N instances of each size")
     p.add_argument("--grpo-steps", type=int, default=None, help="override the preset's GRPO steps")
     p.add_argument("--grpo-sizes", default="3,4,5", help="grid sizes of the GRPO instances (comma list)")
+    p.add_argument("--grpo-holes", default="0.2", help="hole ratios of the GRPO instances (comma list, an even share "
+                   "each; 0.1,0.2,0.3,0.4,0.5 is val-small's cycle)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="greedy answer limit (default: the preset's)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override any TrainConfig field (JSON value), e.g. --set learning_rate=1e-4")
@@ -154,8 +181,12 @@ def main(argv: list[str] | None = None) -> dict:
     if not val or any(i.num_agents != 2 for i in val):
         p.error(f"--split {a.split}: needs 2-agent instances of sizes 3-5")
     sizes = {int(x) for x in a.grpo_sizes.split(",")}
+    try:
+        holes = parse_holes(a.grpo_holes)
+    except ValueError as e:
+        p.error(str(e))
     head = {"preset": a.preset, "split": a.split, "instances": len(val), "grpo_sizes": sorted(sizes),
-            "train_config": cfg.model_dump(mode="json")}
+            "grpo_holes": list(holes), "train_config": cfg.model_dump(mode="json")}
     done = None
     if a.resume and a.json.exists():
         try:
@@ -210,7 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             train = Path(tmp) / "train.jsonl"
             # with checkpoint selection the stage holds select_instances of them out (nodes.select_best)
-            write_jsonl(train, training_draw(sizes, cfg.instances_per_stage + cfg.select_instances, seed))
+            write_jsonl(train, training_draw(sizes, cfg.instances_per_stage + cfg.select_instances, seed, holes))
             res = run_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=Path(tmp) / "stage_0", cfg=cfg,
                             seed=seed, reward_state=None, progress=False, warm_start=False, keep_last=True)
             if a.keep_checkpoints:
@@ -288,7 +319,7 @@ def summarize(head: dict, runs: list[dict]) -> dict:
     }
 
 
-POOL_SAME = ("preset", "split", "instances", "grpo_sizes", "train_config")
+POOL_SAME = ("preset", "split", "instances", "grpo_sizes", "grpo_holes", "train_config")
 
 
 def _short(weights: dict[str, str]) -> str:
@@ -298,6 +329,11 @@ def _short(weights: dict[str, str]) -> str:
 def same_setup(path: Path, f: dict, ref_path: Path, ref: dict) -> None:
     """ValueError unless the figures in `f` (read from `path`) come from the settings, split and sizes of `ref`."""
     for k in POOL_SAME:
+        if k == "grpo_holes":  # files from before stop 51 trained on hole ratio 0.2 alone
+            if f.get(k, [0.2]) != ref.get(k, [0.2]):
+                raise ValueError(f"{path}: grpo_holes {f.get(k, [0.2])} differs from {ref.get(k, [0.2])} ({ref_path}); "
+                                 "pool or resume only runs of the same experiment")
+            continue
         if k not in f:
             raise ValueError(f"{path}: no {k!r} (written before stop 26?); pool only files that record it")
         if k == "train_config":
