@@ -50,6 +50,19 @@ def test_different_experiments_are_refused_by_name(tmp_path, over, msg):
         pool([a, b])
 
 
+def test_the_table_gives_the_gain_within_each_hole_ratio_of_the_evaluation_maps():
+    from evals.bench.bench_learning import table
+
+    head = {"split": "val-small", "instances": 4, "eval_holes": [0.1, 0.2, 0.1, 0.2],
+            "warm_start": {"by_size": {"3": 0.5}, "valid_rate": 0.5}}
+    runs = [{"seed": 0, "gain": 0.0, "diffs": [1, 0, 1, -1], "by_size": {"3": 0.5}, "valid_rate": 0.5},
+            {"seed": 1, "gain": 0.0, "diffs": [0, -1, 1, 0], "by_size": {"3": 0.5}, "valid_rate": 0.5}]
+    text = table(summarize(head, runs))
+    # 0.1: diffs 1, 1, 0, 1 over both seeds -> +75.0; 0.2: 0, -1, -1, 0 -> -50.0
+    assert "mean gain by the evaluation maps' hole ratio: 0.1: +75.0 (2), 0.2: -50.0 (2)" in text
+    assert "hole ratio" not in table(summarize({**head, "eval_holes": None}, runs))
+
+
 def test_a_file_from_before_grpo_holes_pools_with_the_hole_ratio_it_trained_on(tmp_path):
     a = _file(tmp_path, "a.json", [0])  # no grpo_holes: trained on hole 0.2
     b = _file(tmp_path, "b.json", [1], grpo_holes=[0.2])
