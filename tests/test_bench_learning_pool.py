@@ -70,7 +70,7 @@ def test_a_file_from_before_grpo_holes_pools_with_the_hole_ratio_it_trained_on(t
 
 
 def test_training_draw_spreads_hole_ratios_as_asked_and_one_ratio_is_the_old_draw():
-    from env import EnvConfig, SIZES, generate
+    from env import SIZES, EnvConfig, generate
 
     old = generate(EnvConfig.model_validate({"sizes": {
         s: {"data_ratio": 1 / 3 if s in (3, 4, 5) else 0.0, "hole_ratio": 0.2, "wait_ratio": 0.5} for s in SIZES}}),
