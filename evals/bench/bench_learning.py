@@ -14,11 +14,12 @@ reads them back (refused if the file's settings, split or warm start differ) and
    `--warm-seed`): built once, reused by every later call, as a run's stage 0 reuses it.
 2. The warm-started policy answers the evaluation split greedily (in-process, every answer verified).
 3. For each GRPO seed: one cpu-preset GRPO stage from the warm start (`nodes.train_stage.run_stage`, exactly
-   as a run's stage 0 trains after its warm start) on fresh 2-agent instances of `--grpo-sizes`, then the
-   same evaluation.
+   as a run's stage 0 trains after its warm start) on fresh 2-agent instances of `--grpo-sizes` and
+   `--grpo-holes` (hole ratio 0.2 unless asked), then the same evaluation.
 
 Printed: the valid rate per size before and after each seed's stage, the gain per seed, the mean gain with two
-95 % intervals (a paired bootstrap over seeds and instances, and Student's t over the seeds' gains), GRPO's
+95 % intervals (a paired bootstrap over seeds and instances, and Student's t over the seeds' gains), the mean gain
+within each hole ratio of the evaluation maps, GRPO's
 reward-variance figures (share of zero-variance groups generated and trained on, groups replaced by dynamic
 sampling), and seconds per step. The gain is measured on answers re-verified by `env.verify`, never on training
 rewards. With checkpoint selection (`--set select_instances=N`, `nodes.select_best`) a stage that ended on an earlier
