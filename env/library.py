@@ -34,7 +34,7 @@ from typing import Any
 from .config import EnvConfig, format_validation_error, random_config
 from .generator import generate
 from .instance import Instance
-from .prompt import PROMPT_STYLES, render_prompt
+from .prompt import PROMPT_STYLES, SMALL_MODEL_STYLES, render_prompt
 from .reward import RewardState, accuracy_reward, total_reward
 from .verify import instance_optimal_makespan, plan_text, verify
 
@@ -63,7 +63,7 @@ def prompt_messages(instance: Instance, style: str = "full") -> list[dict]:
     """The chat messages the policy sees for `instance` (the same messages the project trains on)."""
     _check_style(style)
     user = [{"role": "user", "content": render_prompt(instance, style)}]
-    return [{"role": "system", "content": ""}, *user] if style in ("compact", "moves") else user
+    return [{"role": "system", "content": ""}, *user] if style in SMALL_MODEL_STYLES else user
 
 
 def metadata(instance: Instance) -> dict[str, Any]:

@@ -47,6 +47,7 @@ CellSpan = tuple[int, int, int, int]  # a cell's (start, end, row number, column
 
 
 PROMPT_STYLES = ("full", "compact", "moves")
+SMALL_MODEL_STYLES = ("compact", "moves")  # no rules text; chat templates get an empty system prompt (env.library)
 
 
 def render_prompt(instance: Instance, style: str = "full") -> str:
@@ -135,18 +136,14 @@ def render_compact_prompt(instance: Instance) -> str:
 
 
 def legal_moves(instance: Instance) -> dict[Cell, list[Cell]]:
-    """Every ice cell and the ice cells one move away from it (up, left, right, down: on the map, not a hole),
-    in reading order. A wait (staying on the cell) is always legal and is not listed."""
-    n = instance.size
-    grid = instance.grid
-    moves: dict[Cell, list[Cell]] = {}
-    for r in range(n):
-        for c in range(n):
-            if grid[r][c] == "H":
-                continue
-            moves[(r, c)] = [(r + dr, c + dc) for dr, dc in ((-1, 0), (0, -1), (0, 1), (1, 0))
-                             if 0 <= r + dr < n and 0 <= c + dc < n and grid[r + dr][c + dc] != "H"]
-    return moves
+    """Every ice cell and the ice cells one move away from it (on the map, not a hole), in reading order: the
+    solver's own move table (`env.solver.GridMap`). A wait (staying on the cell) is always legal and is not listed."""
+    from .solver import GridMap
+
+    grid = GridMap(instance.grid)
+    n = grid.size
+    return {divmod(i, n): sorted(divmod(j, n) for j in grid.moves[i] if j != i)
+            for i in range(n * n) if grid.free[i]}
 
 
 def render_moves_prompt(instance: Instance) -> str:

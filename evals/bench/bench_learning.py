@@ -63,6 +63,19 @@ def training_draw(sizes: set[int], n: int, seed: int, holes: tuple[float, ...] =
     return [x for group in itertools.zip_longest(*parts) for x in group if x is not None]
 
 
+def evaluation_set(split: str, per_size: int | None = None) -> list:
+    """The bench's evaluation instances: the split's sizes 3, 4, 5 in that order, the first `per_size` of each."""
+    from env import load_split
+
+    every = load_split(split)
+    return [x for s in (3, 4, 5) for x in [i for i in every if i.size == s][:per_size]]
+
+
+def eval_holes(val: list) -> list[float] | None:
+    """The evaluation maps' hole ratios in answer order (the by-hole line of `table`), None unless all are tagged."""
+    return [x.tags["hole"] for x in val] if all("hole" in (x.tags or {}) for x in val) else None
+
+
 def parse_holes(text: str) -> tuple[float, ...]:
     """`0.1,0.3` -> (0.1, 0.3); ValueError naming the value unless each is a hole ratio in [0, 0.5]."""
     try:
@@ -150,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from pydantic import ValidationError
 
-    from env import load_split, write_jsonl
+    from env import write_jsonl
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
     from nodes.sft import build_warm_start, greedy_valid_rate
@@ -178,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = [int(s) for s in a.seeds.split(",")]
     per_size = a.per_size if a.per_size is not None else (2 if a.quick else None)
     max_new = a.max_new_tokens or (48 if a.quick else cfg.max_completion_length)
-    val = [x for s in (3, 4, 5) for x in [i for i in load_split(a.split) if i.size == s][:per_size]]
+    val = evaluation_set(a.split, per_size)
     if not val or any(i.num_agents != 2 for i in val):
         p.error(f"--split {a.split}: needs 2-agent instances of sizes 3-5")
     sizes = {int(x) for x in a.grpo_sizes.split(",")}
@@ -188,8 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(str(e))
     head = {"preset": a.preset, "split": a.split, "instances": len(val), "grpo_sizes": sorted(sizes),
             "grpo_holes": list(holes), "train_config": cfg.model_dump(mode="json")}
-    if all("hole" in (i.tags or {}) for i in val):  # the evaluation maps' hole ratios, in answer order (table())
-        head["eval_holes"] = [i.tags["hole"] for i in val]
+    if (holes_of_val := eval_holes(val)) is not None:
+        head["eval_holes"] = holes_of_val
     done = None
     if a.resume and a.json.exists():
         try:
@@ -323,6 +336,7 @@ def summarize(head: dict, runs: list[dict]) -> dict:
 
 
 POOL_SAME = ("preset", "split", "instances", "grpo_sizes", "grpo_holes", "train_config")
+POOL_DEFAULTS = {"grpo_holes": [0.2]}  # what a file from before the field existed ran with
 
 
 def _short(weights: dict[str, str]) -> str:
@@ -331,12 +345,8 @@ def _short(weights: dict[str, str]) -> str:
 
 def same_setup(path: Path, f: dict, ref_path: Path, ref: dict) -> None:
     """ValueError unless the figures in `f` (read from `path`) come from the settings, split and sizes of `ref`."""
+    f, ref = {**POOL_DEFAULTS, **f}, {**POOL_DEFAULTS, **ref}
     for k in POOL_SAME:
-        if k == "grpo_holes":  # files from before stop 51 trained on hole ratio 0.2 alone
-            if f.get(k, [0.2]) != ref.get(k, [0.2]):
-                raise ValueError(f"{path}: grpo_holes {f.get(k, [0.2])} differs from {ref.get(k, [0.2])} ({ref_path}); "
-                                 "pool or resume only runs of the same experiment")
-            continue
         if k not in f:
             raise ValueError(f"{path}: no {k!r} (written before stop 26?); pool only files that record it")
         if k == "train_config":
@@ -347,7 +357,8 @@ def same_setup(path: Path, f: dict, ref_path: Path, ref: dict) -> None:
                 raise ValueError(f"{path}: train_config differs from {ref_path}'s ({diff}); pool or resume only runs "
                                  "of the same experiment")
         elif f[k] != ref[k]:
-            raise ValueError(f"{path}: {k} differs from {ref_path}'s; pool or resume only runs of the same experiment")
+            raise ValueError(f"{path}: {k} differs from {ref_path}'s ({f[k]} vs {ref[k]}); pool or resume only runs of "
+                             "the same experiment")
 
 
 def _with_defaults(cfg: dict) -> dict:
@@ -406,11 +417,9 @@ def pool(paths: list[Path]) -> dict:
                                                     "gain_interval_t_95", "zero_std_groups_trained_mean",
                                                     "mean_gain_last", "gain_last_interval_bootstrap_95")}
     if "eval_holes" not in head:  # a file from before stop 51: its answers are the split's sizes 3-5 in order
-        from env import load_split
-
-        val = [x for s in (3, 4, 5) for x in load_split(head["split"]) if x.size == s]
-        if len(val) == head["instances"] and all("hole" in (x.tags or {}) for x in val):
-            head["eval_holes"] = [x.tags["hole"] for x in val]
+        val = evaluation_set(head["split"])
+        if len(val) == head["instances"] and (holes_of_val := eval_holes(val)) is not None:
+            head["eval_holes"] = holes_of_val
     return {**summarize(head, runs), "pooled_from": [str(p) for p in paths]}
 
 

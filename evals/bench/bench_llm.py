@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from env.prompt import PROMPT_STYLES
+from env.prompt import PROMPT_STYLES, SMALL_MODEL_STYLES
 
 
 def validation_prompts(n: int, style: str = "full") -> tuple[list[str], str]:
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         args.vllm_dtype = resolve_serving_dtype("auto")
     model = resolve_model(args.model)
     prompts, source = validation_prompts(args.n, args.prompt_style)
-    system = [{"role": "system", "content": ""}] if args.prompt_style != "full" else []
+    system = [{"role": "system", "content": ""}] if args.prompt_style in SMALL_MODEL_STYLES else []
     batch = [[*system, {"role": "user", "content": text}] for text in prompts]
     print(f"{len(batch)} {args.prompt_style} prompts from {source}; model {model.name}; max_tokens {args.max_tokens}; "
           f"greedy; vLLM {args.vllm_dtype}, {'compiled' if args.compiled else 'eager'}, {args.concurrency} in flight")
