@@ -206,6 +206,63 @@ def _inverse_cdf_class():
     return InverseCdfSampling
 
 
+@functools.cache
+def _branch_class():
+    """`BranchSampling`, built on first use so that importing this module needs no transformers."""
+    from transformers import LogitsProcessor
+
+    class BranchSampling(LogitsProcessor):
+        """Rollouts that leave the greedy answer once (`train.rollout_branch`): the last processor of a sampled
+        generation, in place of `InverseCdfSampling`.
+
+        The first row of every distinct prompt answers greedily: the group's anchor, the answer the greedy
+        evaluation scores. Every other row follows the greedy answer too, until it leaves it: at each position where
+        the sampling distribution (the scores as they come in, temperature and warpers applied) puts less than
+        `confidence` on its top token, a row that has not left yet leaves with probability `rate`, on a token drawn
+        from that distribution without its top token; from there on it is greedy again. So a group of 16 holds
+        the greedy answer and up to 15 one-decision variants of it, and the group's advantages say which of the
+        policy's uncertain decisions turned the greedy answer's verdict, on the answer greedy evaluation sees
+        (sampled answers at T 0.7 are valid about half as often as greedy ones here, and a stage trained on them
+        mostly learns where they stop: evals/results/learning_cpu). Tokens before a row's branch are the anchor's,
+        so under the `dapo` loss they cancel across the rows that share them.
+
+        Off the policy's own distribution: the losses score the tokens with the trained model as TRL does, and
+        nothing corrects for the sampling (with one update per generation TRL's ratio is 1).
+        """
+
+        def __init__(self, rate: float, confidence: float):
+            self.rate, self.confidence = float(rate), float(confidence)
+            self.free = None  # rows that may still leave the greedy answer
+            self.branched = 0
+
+        def __call__(self, input_ids, scores):
+            import torch
+
+            rows = scores.shape[0]
+            if self.free is None:  # first call: the rows are their prompts
+                _, inverse = torch.unique(input_ids, dim=0, return_inverse=True)
+                first = torch.full((int(inverse.max()) + 1,), rows, dtype=torch.long).scatter_reduce_(
+                    0, inverse, torch.arange(rows), "amin")
+                self.free = torch.ones(rows, dtype=torch.bool)
+                self.free[first] = False
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+            top_p, top = probs.max(-1)
+            leave = self.free & (top_p < self.confidence) & (torch.rand(rows) < self.rate)
+            out = torch.full_like(scores, float("-inf")).scatter_(1, top[:, None], 0.0)
+            if leave.any():
+                idx = leave.nonzero().squeeze(1)
+                rest = probs.index_select(0, idx).scatter_(1, top[idx, None], 0.0)
+                cdf = rest.cumsum_(-1)
+                u = torch.rand(len(idx), 1, dtype=cdf.dtype).mul_(cdf[:, -1:])
+                drawn = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
+                out[idx] = torch.full_like(out[idx], float("-inf")).scatter_(1, drawn, 0.0)
+                self.free &= ~leave
+                self.branched += len(idx)
+            return out
+
+    return BranchSampling
+
+
 def _prefill_each_prompt_once(model, input_ids, model_kwargs) -> bool:
     """Fill the fresh `GrowingCache` of a generate call with the prompt, computed once per distinct prompt.
 
@@ -249,8 +306,9 @@ def _rollout_decode(model, input_ids, logits_processor, stopping_criteria, gener
 
     - Each distinct prompt is prefilled once (`_prefill_each_prompt_once`).
     - Sampled generation: `generate` has built the processors, warpers included, from the sampling config; the loop
-      runs with `InverseCdfSampling` appended and a copy of that config whose `do_sample` is off, so its token
-      selection is the argmax of the one-hot scores. Greedy generation runs the loop as it is.
+      runs with `InverseCdfSampling` appended (`BranchSampling` where the model carries a `rollout_branch`) and a
+      copy of that config whose `do_sample` is off, so its token selection is the argmax of the one-hot scores.
+      Greedy generation runs the loop as it is.
     """
     import copy
 
@@ -260,7 +318,15 @@ def _rollout_decode(model, input_ids, logits_processor, stopping_criteria, gener
     if generation_config.do_sample:
         generation_config = copy.copy(generation_config)
         generation_config.do_sample = False
-        logits_processor = LogitsProcessorList([*logits_processor, _inverse_cdf_class()()])
+        branch = getattr(model, "rollout_branch", None)  # (rate, confidence): set on RolloutCopy's model
+        last = _branch_class()(*branch) if branch else _inverse_cdf_class()()
+        logits_processor = LogitsProcessorList([*logits_processor, last])
+        out = type(model)._sample(model, input_ids, logits_processor=logits_processor,
+                                  stopping_criteria=stopping_criteria, generation_config=generation_config,
+                                  **model_kwargs)
+        if branch:  # rows that left the greedy answer, over the model's life (RolloutCopy: the stage's)
+            model.rollout_branched = getattr(model, "rollout_branched", 0) + last.branched
+        return out
     return type(model)._sample(model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                                generation_config=generation_config, **model_kwargs)
 
@@ -301,10 +367,11 @@ class RolloutCopy:
     with vLLM); with beta=0 and one update per generation (the cpu preset) the ratio TRL trains on is exactly 1.
     """
 
-    def __init__(self, dtype):
+    def __init__(self, dtype, branch: tuple[float, float] | None = None):
         import torch
 
         self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        self.branch = branch  # (rate, confidence) of BranchSampling, or None: plain sampling
         self.model = None
         self.step = None
         self.syncs = 0
@@ -336,6 +403,7 @@ class RolloutCopy:
             use_gqa_sdpa(self.model)  # the copy only: training keeps transformers' attention
             with_growing_cache(self.model)
             with_rollout_decoding(self.model)
+            self.model.rollout_branch = self.branch
             self._params = dict(self.model.named_parameters())
             self._train = [n for n, p in trained.named_parameters() if p.requires_grad]
         elif step != self.step:
@@ -356,13 +424,17 @@ def make_trainer_class():
         """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""
 
         def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, group_key=None, rollout_dtype=None,
-                     share_prompt: bool = False, sft_mix=None, credit=None, **kwargs):
+                     share_prompt: bool = False, sft_mix=None, credit=None, rollout_branch=None, **kwargs):
             super().__init__(*args, **kwargs)
             self.credit = credit or Credit()  # nodes.localize.Credit: weights, localized or step credit
             self.sft_mix = sft_mix  # nodes.sft_mix.SftMix: an SFT term on solver answers in every loss, or None
             self.share_prompt = bool(share_prompt)
             self.shared_prompt_batches = 0  # scoring calls that ran their rows' common prompt once
-            self.rollout = RolloutCopy(rollout_dtype) if rollout_dtype is not None and not self.use_vllm else None
+            self.rollout = (RolloutCopy(rollout_dtype, rollout_branch) if rollout_dtype is not None and not self.use_vllm
+                            else None)
+            if rollout_branch and self.rollout is None:
+                raise ValueError(f"rollout_branch={rollout_branch[0]}: branched rollouts are drawn by the rollout copy "
+                                 "(transformers on CPU, no LoRA, no vLLM); allowed here: rollout_branch=0")
             self.resample_rounds = int(resample_rounds)
             self._rng = random.Random(resample_seed)
             self.group_key = group_key
@@ -481,6 +553,8 @@ def make_trainer_class():
             self.stats["rounds"] += rounds
             self.stats["trained_groups"] += batch["advantages"].numel() // g
             self.stats["trained_zero_groups"] += len(zero)
+            if self.rollout is not None and self.rollout.branch:
+                self.stats["branched"] = getattr(self.rollout.model, "rollout_branched", 0)
             return self.credit(batch, rows, self.processing_class)
 
     return DynamicSamplingGRPOTrainer
@@ -495,4 +569,5 @@ def sampling_metrics(stats: dict) -> dict[str, float]:
         "train/resample_replaced": stats.get("replaced", 0),
         "train/resample_rounds": stats.get("rounds", 0),
         "train/zero_std_groups_trained": stats.get("trained_zero_groups", 0) / trained if trained else float("nan"),
+        **({"train/rollout_branched": stats["branched"]} if "branched" in stats else {}),
     }

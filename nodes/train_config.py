@@ -69,6 +69,20 @@ class TrainConfig(BaseModel):
     max_completion_length: int = Field(128, ge=8, description="token limit of one sampled answer")
     temperature: float = Field(0.7, gt=0, description="sampling temperature of GRPO completions")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of GRPO completions")
+    rollout_branch: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="branched rollouts (nodes.grpo_sampling.BranchSampling): the first completion of each group is "
+        "the greedy answer, and each other one follows it until it leaves it once, with this probability at each "
+        "position where the sampling distribution puts less than branch_confidence on its top token, for a token "
+        "drawn without the top one; greedy again after. Groups then contrast the greedy answer the evaluation scores "
+        "with its one-decision variants. Not in the paper; the rollout copy only (CPU, no LoRA, no vLLM; 0: off, "
+        "plain sampling)",
+    )
+    branch_confidence: float = Field(
+        0.9, gt=0, le=1, description="rollout_branch: the top-token probability below which a position is a decision"
+    )
     beta: float = Field(
         0.0, ge=0, description="KL coefficient to the reference model (0: no reference model)"
     )
@@ -300,6 +314,10 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _one_credit_placement(self) -> TrainConfig:
+        if self.rollout_branch and (self.use_vllm or self.lora is True):
+            raise ValueError(f"rollout_branch={self.rollout_branch} with {'use_vllm' if self.use_vllm else 'lora'}="
+                             "true: branched rollouts are drawn by the CPU rollout copy of a full fine-tune; allowed: "
+                             "rollout_branch=0, or use_vllm=false and lora=false")
         if self.step_credit_idle and not self.step_credit:
             raise ValueError(f"step_credit_idle={self.step_credit_idle} with step_credit=0: it judges steps only "
                              "when step credit is on; allowed: step_credit > 0, or step_credit_idle=0")

@@ -409,3 +409,82 @@ def test_bf16_copy_decodes_without_torch_sdpa_and_scores_as_the_policy(embedded_
     with torch.no_grad():
         copy.generate(**enc, generation_config=cfg)
     assert lengths.count(1) >= len(model.model.layers) * 11
+
+
+def test_branch_sampling_leaves_the_greedy_answer_once_at_an_uncertain_position():
+    """`BranchSampling` (train.rollout_branch): the first row of each prompt is greedy at every position; the
+    others are greedy where the top token is confident, leave it once at an uncertain position (rate 1: the first
+    one) for a token that is not the top one, drawn from the rest of the distribution, and are greedy after that,
+    uncertain or not. What goes out is one-hot, and `branched` counts the rows that left."""
+    from nodes.grpo_sampling import _branch_class
+
+    torch.manual_seed(0)
+    prompts = torch.tensor([[1, 2], [1, 2], [1, 2], [7, 8], [7, 8], [7, 8]])  # 2 prompts x 3 rows
+    sure = torch.tensor([[9.0, 0.0, 0.0, 0.0]]).repeat(6, 1)  # top token 0 at p ~ 0.9996
+    unsure = torch.tensor([[1.0, 0.9, 0.8, float("-inf")]]).repeat(6, 1)  # top token 0 at p ~ 0.37; 3 never drawn
+    drawn = {}
+    for _ in range(400):
+        sampler = _branch_class()(1.0, 0.9)
+        steps = [sampler(prompts, s) for s in (sure, unsure, unsure)]
+        for out in steps:
+            assert ((out == 0).sum(-1) == 1).all() and ((out == 0) | (out == float("-inf"))).all()
+        tokens = torch.stack([o.argmax(-1) for o in steps], 1)  # [6 rows, 3 positions]
+        assert (tokens[[0, 3]] == 0).all()  # the anchors: greedy throughout
+        assert (tokens[:, 0] == 0).all()  # a confident position: nobody leaves
+        left = [1, 2, 4, 5]
+        assert (tokens[left, 1] != 0).all() and (tokens[left, 1] != 3).all()  # left at the first uncertain one
+        assert (tokens[left, 2] == 0).all()  # ... and greedy after it
+        assert sampler.branched == 4
+        for t in tokens[left, 1].tolist():
+            drawn[t] = drawn.get(t, 0) + 1
+    # the draw without the top token: p(1) / p(2) = e^0.1 (1.105); over 1,600 draws, within sampling noise
+    assert 0.95 < drawn[1] / drawn[2] < 1.3, drawn
+    lazy = _branch_class()(0.0, 0.9)  # rate 0: everyone greedy
+    assert (lazy(prompts, unsure).argmax(-1) == 0).all() and lazy.branched == 0
+
+
+def test_branched_rollouts_of_the_copy_follow_the_greedy_answer_up_to_one_decision(embedded_model_path):
+    """The rollout copy with a branch setting, on the real embedded model: in each group the first completion is
+    the copy's greedy answer; every other is the greedy continuation of its own prefix up to and including the one
+    token where it left the greedy answer (checked by answering that prefix greedily), and some leave."""
+    from transformers import GenerationConfig
+
+    from llm_backends.checkpoints import load_checkpoint
+    from nodes.grpo_sampling import RolloutCopy
+
+    model, tok = load_checkpoint(embedded_model_path, trainable=True)
+    copy = RolloutCopy("bfloat16", (0.5, 0.9)).synced(model, 0)
+    text = tok.apply_chat_template([{"role": "user", "content": "Name three colours."}], tokenize=False,
+                                   add_generation_prompt=True)
+    enc = tok([text] * 6, return_tensors="pt")
+    n = enc["input_ids"].shape[1]
+    common = dict(max_new_tokens=16, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        greedy = copy.generate(**enc, generation_config=GenerationConfig(do_sample=False, **common))[0, n:]
+        rows = copy.generate(**enc, generation_config=GenerationConfig(do_sample=True, temperature=0.7, top_k=0,
+                                                                         **common))[:, n:]
+    assert torch.equal(rows[0], greedy)
+    left = 0
+    for row in rows[1:]:
+        differ = (row != greedy).nonzero()
+        if not len(differ):
+            continue
+        left += 1
+        d = int(differ[0])
+        prefix = torch.cat([enc["input_ids"][0], row[:d + 1]])[None]
+        with torch.no_grad():
+            rest = copy.generate(input_ids=prefix, attention_mask=torch.ones_like(prefix),
+                                 generation_config=GenerationConfig(do_sample=False, **{**common, "max_new_tokens":
+                                                                                        len(row) - d - 1}))
+        cont = rest[0, prefix.shape[1]:]
+        assert torch.equal(cont, row[d + 1:d + 1 + len(cont)]), (d, row, cont)
+    assert left >= 1 and copy.rollout_branched == left
+
+
+def test_branched_rollouts_refuse_vllm_and_lora():
+    with pytest.raises(ValueError, match="rollout_branch=0.3 with use_vllm=true"):
+        TrainConfig(rollout_branch=0.3, use_vllm=True)
+    with pytest.raises(ValueError, match="rollout_branch=0.3 with lora=true"):
+        TrainConfig(rollout_branch=0.3, lora=True)
+    assert TrainConfig(rollout_branch=0.3).branch_confidence == 0.9
