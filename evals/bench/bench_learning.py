@@ -15,7 +15,8 @@ reads them back (refused if the file's settings, split or warm start differ) and
 2. The warm-started policy answers the evaluation split greedily (in-process, every answer verified).
 3. For each GRPO seed: one cpu-preset GRPO stage from the warm start (`nodes.train_stage.run_stage`, exactly
    as a run's stage 0 trains after its warm start) on fresh 2-agent instances of `--grpo-sizes` and
-   `--grpo-holes` (hole ratio 0.2 unless asked), then the same evaluation.
+   `--grpo-holes` (hole ratio 0.2 unless asked; only those of optimal makespan `--grpo-min-makespan` or more if
+   asked), then the same evaluation.
 
 Printed: the valid rate per size before and after each seed's stage, the gain per seed, the mean gain with two
 95 % intervals (a paired bootstrap over seeds and instances, and Student's t over the seeds' gains), the mean gain
@@ -42,18 +43,31 @@ from pathlib import Path
 QUICK = {"sft_steps": 2, "sft_instances": 8, "max_steps": 1, "instances_per_stage": 8, "max_completion_length": 32}
 
 
-def training_draw(sizes: set[int], n: int, seed: int, holes: tuple[float, ...] = (0.2,)) -> list:
+def training_draw(sizes: set[int], n: int, seed: int, holes: tuple[float, ...] = (0.2,),
+                  min_makespan: int = 0) -> list:
     """The `n` fresh 2-agent instances a GRPO seed trains on: spread evenly over `sizes`, wait 0.5, hole ratio 0.2;
     with several `holes`, an even share of `n` per hole ratio (each capped by `env.max_hole_ratio`, as the
     validation splits cap theirs; largest remainders to the first ratios), interleaved. One ratio keeps the draw of
-    stop 25 on, instance for instance."""
+    stop 25 on, instance for instance. `min_makespan` > 0 keeps only instances whose optimal makespan is at least
+    that, in draw order, drawing further batches (seeds of their own) until each share is full."""
     from env import SIZES, EnvConfig, generate, max_hole_ratio
 
-    def draw(hole: float, k: int, s_: int) -> list:
+    def draw_all(hole: float, k: int, s_: int) -> list:
         cfg = EnvConfig.model_validate({"sizes": {
             s: {"data_ratio": 1 / len(sizes) if s in sizes else 0.0, "hole_ratio": min(hole, max_hole_ratio(s)),
                 "wait_ratio": 0.5} for s in SIZES}})
         return generate(cfg, k, seed=s_).instances
+
+    def draw(hole: float, k: int, s_: int) -> list:
+        if min_makespan <= 0:
+            return draw_all(hole, k, s_)
+        kept: list = []
+        for extra in range(64):
+            kept += [x for x in draw_all(hole, 4 * k, s_ + 7_919 * (extra + 1)) if x.optimal_makespan >= min_makespan]
+            if len(kept) >= k:
+                return kept[:k]
+        raise ValueError(f"--grpo-min-makespan {min_makespan}: found {len(kept)} of {k} instances with an optimal "
+                         f"makespan that long on sizes {sorted(sizes)} at hole ratio {hole}; allowed: a smaller value")
 
     if len(holes) == 1:
         return draw(holes[0], n, 2000 + seed)
@@ -130,6 +144,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--grpo-sizes", default="3,4,5", help="grid sizes of the GRPO instances (comma list)")
     p.add_argument("--grpo-holes", default="0.2", help="hole ratios of the GRPO instances (comma list, an even share "
                    "each; 0.1,0.2,0.3,0.4,0.5 is val-small's cycle)")
+    p.add_argument("--grpo-min-makespan", type=int, default=0, metavar="K",
+                   help="train only on instances whose optimal makespan is at least K (0: every instance; the "
+                   "start is valid on 50 %% of val-small's makespan-1 maps and on none of makespan 5 or more)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="greedy answer limit (default: the preset's)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override any TrainConfig field (JSON value), e.g. --set learning_rate=1e-4")
@@ -199,8 +216,11 @@ def main(argv: list[str] | None = None) -> dict:
         holes = parse_holes(a.grpo_holes)
     except ValueError as e:
         p.error(str(e))
+    if a.grpo_min_makespan < 0:
+        p.error(f"--grpo-min-makespan {a.grpo_min_makespan}: allowed: 0 (off) or a makespan of at least 1")
     head = {"preset": a.preset, "split": a.split, "instances": len(val), "grpo_sizes": sorted(sizes),
-            "grpo_holes": list(holes), "train_config": cfg.model_dump(mode="json")}
+            "grpo_holes": list(holes), "grpo_min_makespan": a.grpo_min_makespan,
+            "train_config": cfg.model_dump(mode="json")}
     if (holes_of_val := eval_holes(val)) is not None:
         head["eval_holes"] = holes_of_val
     done = None
@@ -257,7 +277,12 @@ def main(argv: list[str] | None = None) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             train = Path(tmp) / "train.jsonl"
             # with checkpoint selection the stage holds select_instances of them out (nodes.select_best)
-            write_jsonl(train, training_draw(sizes, cfg.instances_per_stage + cfg.select_instances, seed, holes))
+            try:
+                draw = training_draw(sizes, cfg.instances_per_stage + cfg.select_instances, seed, holes,
+                                     a.grpo_min_makespan)
+            except ValueError as e:
+                p.error(str(e))
+            write_jsonl(train, draw)
             res = run_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=Path(tmp) / "stage_0", cfg=cfg,
                             seed=seed, reward_state=None, progress=False, warm_start=False, keep_last=True)
             if a.keep_checkpoints:
@@ -335,8 +360,8 @@ def summarize(head: dict, runs: list[dict]) -> dict:
     }
 
 
-POOL_SAME = ("preset", "split", "instances", "grpo_sizes", "grpo_holes", "train_config")
-POOL_DEFAULTS = {"grpo_holes": [0.2]}  # what a file from before the field existed ran with
+POOL_SAME = ("preset", "split", "instances", "grpo_sizes", "grpo_holes", "grpo_min_makespan", "train_config")
+POOL_DEFAULTS = {"grpo_holes": [0.2], "grpo_min_makespan": 0}  # what a file from before the field existed ran with
 
 
 def _short(weights: dict[str, str]) -> str:
