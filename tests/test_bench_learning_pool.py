@@ -287,3 +287,12 @@ def test_training_draw_keeps_only_long_plans_when_asked_and_refuses_the_impossib
         [x.to_json() for x in training_draw({3}, 6, 1)]
     with pytest.raises(ValueError, match=r"--grpo-min-makespan 40: found 0 of 2 instances .* allowed: a smaller"):
         training_draw({3}, 2, 1, min_makespan=40)
+
+
+def test_probe_branch_reads_rate_confidence_pairs_and_names_a_bad_one():
+    from evals.bench.probe_branch import parse_branches
+
+    assert parse_branches("0.15:0.9,1:0.7") == [(0.15, 0.9), (1.0, 0.7)]
+    for bad in ("0.15", "2:0.9", "0.1:x"):
+        with pytest.raises(ValueError, match=f"--branch {bad!r}: allowed"):
+            parse_branches(bad)
