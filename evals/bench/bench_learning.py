@@ -38,6 +38,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 QUICK = {"sft_steps": 2, "sft_instances": 8, "max_steps": 1, "instances_per_stage": 8, "max_completion_length": 32}
@@ -49,7 +50,8 @@ def training_draw(sizes: set[int], n: int, seed: int, holes: tuple[float, ...] =
     with several `holes`, an even share of `n` per hole ratio (each capped by `env.max_hole_ratio`, as the
     validation splits cap theirs; largest remainders to the first ratios), interleaved. One ratio keeps the draw of
     stop 25 on, instance for instance. `min_makespan` > 0 keeps only instances whose optimal makespan is at least
-    that, in draw order, drawing further batches (seeds of their own) until each share is full."""
+    that, as many of each size as the plain draw holds, in its order of sizes (the generator lists its instances
+    by size), drawing further batches (seeds of their own) until each size's share is full."""
     from env import SIZES, EnvConfig, generate, max_hole_ratio
 
     def draw_all(hole: float, k: int, s_: int) -> list:
@@ -59,15 +61,20 @@ def training_draw(sizes: set[int], n: int, seed: int, holes: tuple[float, ...] =
         return generate(cfg, k, seed=s_).instances
 
     def draw(hole: float, k: int, s_: int) -> list:
+        plain = draw_all(hole, k, s_)
         if min_makespan <= 0:
-            return draw_all(hole, k, s_)
-        kept: list = []
+            return plain
+        need = Counter(x.size for x in plain)  # the plain draw's sizes, kept: each size's share filled on its own
+        found: dict[int, list] = {size: [] for size in need}
         for extra in range(64):
-            kept += [x for x in draw_all(hole, 4 * k, s_ + 7_919 * (extra + 1)) if x.optimal_makespan >= min_makespan]
-            if len(kept) >= k:
-                return kept[:k]
-        raise ValueError(f"--grpo-min-makespan {min_makespan}: found {len(kept)} of {k} instances with an optimal "
-                         f"makespan that long on sizes {sorted(sizes)} at hole ratio {hole}; allowed: a smaller value")
+            for x in draw_all(hole, 4 * k, s_ + 7_919 * (extra + 1)):
+                if x.optimal_makespan >= min_makespan and x.size in found:
+                    found[x.size].append(x)
+            if all(len(found[size]) >= n for size, n in need.items()):
+                return [found[x.size].pop(0) for x in plain]  # in the plain draw's order of sizes
+        short = {size: f"{len(found[size])} of {n}" for size, n in need.items() if len(found[size]) < n}
+        raise ValueError(f"--grpo-min-makespan {min_makespan}: found only {short} instances (by size) with an "
+                         f"optimal makespan that long at hole ratio {hole}; allowed: a smaller value")
 
     if len(holes) == 1:
         return draw(holes[0], n, 2000 + seed)
