@@ -215,7 +215,8 @@ def _branch_class():
         """Rollouts that leave the greedy answer once (`train.rollout_branch`): the last processor of a sampled
         generation, in place of `InverseCdfSampling`.
 
-        The first row of every distinct prompt answers greedily: the group's anchor, the answer the greedy
+        The first row of every group (of rows repeating one prompt, one after the other, as TRL and the screen lay
+        them out) answers greedily: the group's anchor, the answer the greedy
         evaluation scores. Every other row follows the greedy answer too, until it leaves it: at each position where
         the sampling distribution (the scores as they come in, temperature and warpers applied) puts less than
         `confidence` on its top token, a row that has not left yet leaves with probability `rate`, on a token drawn
@@ -230,21 +231,23 @@ def _branch_class():
         nothing corrects for the sampling (with one update per generation TRL's ratio is 1).
         """
 
-        def __init__(self, rate: float, confidence: float):
+        def __init__(self, rate: float, confidence: float, eos_token_id=None):
             self.rate, self.confidence = float(rate), float(confidence)
+            eos = eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id]
+            self.eos = [int(t) for t in eos if t is not None]
             self.free = None  # rows that may still leave the greedy answer
-            self.branched = 0
+            self.branched = 0  # rows that left it before their end of answer
 
         def __call__(self, input_ids, scores):
             import torch
 
             rows = scores.shape[0]
-            if self.free is None:  # first call: the rows are their prompts
-                _, inverse = torch.unique(input_ids, dim=0, return_inverse=True)
-                first = torch.full((int(inverse.max()) + 1,), rows, dtype=torch.long).scatter_reduce_(
-                    0, inverse, torch.arange(rows), "amin")
+            if self.free is None:  # first call: the rows are their prompts, each group's rows one after the other
                 self.free = torch.ones(rows, dtype=torch.bool)
-                self.free[first] = False
+                self.free[0] = False
+                self.free[1:] = (input_ids[1:] == input_ids[:-1]).all(-1)  # a row unlike the one before: an anchor
+            elif self.eos:  # transformers still scores a finished row (its token becomes padding): it cannot leave
+                self.free &= ~torch.isin(input_ids[:, -1], torch.tensor(self.eos, device=input_ids.device))
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
             top_p, top = probs.max(-1)
             leave = self.free & (top_p < self.confidence) & (torch.rand(rows) < self.rate)
@@ -319,12 +322,12 @@ def _rollout_decode(model, input_ids, logits_processor, stopping_criteria, gener
         generation_config = copy.copy(generation_config)
         generation_config.do_sample = False
         branch = getattr(model, "rollout_branch", None)  # (rate, confidence): set on RolloutCopy's model
-        last = _branch_class()(*branch) if branch else _inverse_cdf_class()()
+        last = _branch_class()(*branch, generation_config.eos_token_id) if branch else _inverse_cdf_class()()
         logits_processor = LogitsProcessorList([*logits_processor, last])
         out = type(model)._sample(model, input_ids, logits_processor=logits_processor,
                                   stopping_criteria=stopping_criteria, generation_config=generation_config,
                                   **model_kwargs)
-        if branch:  # rows that left the greedy answer, over the model's life (RolloutCopy: the stage's)
+        if branch:  # rows that left the greedy answer, over the model's life (RolloutCopy: the screen's and the stage's)
             model.rollout_branched = getattr(model, "rollout_branched", 0) + last.branched
         return out
     return type(model)._sample(model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,

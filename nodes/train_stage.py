@@ -259,8 +259,6 @@ def run_stage(
     from nodes.grpo_sampling import make_trainer_class, sampling_metrics
 
     sampler_dtype = rollout_dtype(cfg, model)  # resolved here ("auto" -> this machine's choice) and recorded
-    if cfg.rollout_branch and sampler_dtype is None and not hasattr(model, "peft_config"):
-        sampler_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")  # a copy in the model's dtype
     mix = None
     if cfg.sft_mix > 0:
         from nodes.sft_mix import SftMix, sft_examples

@@ -82,17 +82,25 @@ def rollout_dtype(cfg: TrainConfig, model) -> str | None:
     A copy only where transformers generates on CPU (no vLLM, no CUDA), for a plain float32 model (not a peft
     adapter, whose merge a copy would not follow) and when the copy's dtype differs. `auto`: bfloat16 on a CPU that
     multiplies bf16 in hardware (AMX or AVX-512 BF16: `llm_backends.vllm_server.cpu_has_bf16`), else none.
+    Branched rollouts (`train.rollout_branch`) are drawn by the copy: with them, a copy in the model's own dtype
+    where none would be made, and a ValueError on CUDA (the trainer's error names a peft adapter).
     """
     import torch
 
+    if cfg.rollout_branch and (cfg.use_vllm or torch.cuda.is_available()):
+        raise ValueError(f"train.rollout_branch={cfg.rollout_branch} with {'vLLM' if cfg.use_vllm else 'CUDA'}: "
+                         "branched rollouts are drawn by the CPU rollout copy; allowed there: rollout_branch=0")
+    own = str(next(model.parameters()).dtype).removeprefix("torch.") if cfg.rollout_branch else None
     if cfg.rollout_dtype == "model" or cfg.use_vllm or torch.cuda.is_available():
+        return own
+    if hasattr(model, "peft_config"):
         return None
-    if hasattr(model, "peft_config") or next(model.parameters()).dtype != torch.float32:
-        return None
+    if next(model.parameters()).dtype != torch.float32:
+        return own
     if cfg.rollout_dtype == "auto":
         from llm_backends.vllm_server import cpu_has_bf16
 
-        return "bfloat16" if cpu_has_bf16() else None
+        return "bfloat16" if cpu_has_bf16() else own
     return cfg.rollout_dtype
 
 

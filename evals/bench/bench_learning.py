@@ -250,6 +250,12 @@ def main(argv: list[str] | None = None) -> dict:
             with a.answers.open("a") as f:
                 f.writelines(json.dumps({"who": who, **x}) + "\n" for x in r["answers"])
 
+    try:  # every seed's GRPO instances (with checkpoint selection the stage holds select_instances of them out),
+        # drawn before the warm start so that a draw that cannot be made fails at once
+        draws = {seed: training_draw(sizes, cfg.instances_per_stage + cfg.select_instances, seed, holes,
+                                     a.grpo_min_makespan) for seed in seeds}
+    except ValueError as e:
+        p.error(str(e))
     base = resolve_model(a.model)
     t0 = time.perf_counter()
     ws = build_warm_start(base, cfg, a.warm_seed)
@@ -283,13 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
             continue
         with tempfile.TemporaryDirectory() as tmp:
             train = Path(tmp) / "train.jsonl"
-            # with checkpoint selection the stage holds select_instances of them out (nodes.select_best)
-            try:
-                draw = training_draw(sizes, cfg.instances_per_stage + cfg.select_instances, seed, holes,
-                                     a.grpo_min_makespan)
-            except ValueError as e:
-                p.error(str(e))
-            write_jsonl(train, draw)
+            write_jsonl(train, draws[seed])
             res = run_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=Path(tmp) / "stage_0", cfg=cfg,
                             seed=seed, reward_state=None, progress=False, warm_start=False, keep_last=True)
             if a.keep_checkpoints:

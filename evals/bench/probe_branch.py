@@ -1,8 +1,8 @@
 """What branched rollouts (`train.rollout_branch`) sample, against plain sampling, from one policy.
 
 `python -m evals.bench.probe_branch --instances 16 --branch 0.15:0.9,0.3:0.9,1:0.9`: the preset's cached warm start
-(`ENV_ENGINEER_CACHE`) answers the first N instances of a GRPO seed's training draw (`bench_learning.training_draw`)
-16 times each with the bf16 rollout copy at the preset's temperature, once with plain sampling and once per
+(`ENV_ENGINEER_CACHE`) answers a GRPO seed's training draw of N instances (`bench_learning.training_draw`) 16 times
+each with the bf16 rollout copy at the preset's temperature (no top-k, as TRL samples), once with plain sampling and once per
 RATE:CONFIDENCE pair with `nodes.grpo_sampling.BranchSampling`. Printed per sampler: the share of valid answers, the
 share of groups whose first answer is valid (with branching: the greedy answer), the groups with reward variance
 (the preset's reward with partial credit 0.25), the groups where some answer outscores the first, the distinct
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     model, tok = load_checkpoint(ws["path"])
     rows = list(build_dataset(training_draw({3, 4, 5}, a.instances, a.seed), tok, cfg.max_prompt_length,
                               cfg.prompt_style)[0])
-    gc = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p,
+    gc = GenerationConfig(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0,
                           max_new_tokens=cfg.max_completion_length, eos_token_id=tok.eos_token_id,
                           pad_token_id=tok.pad_token_id)
     g = a.samples
