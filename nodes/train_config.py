@@ -73,7 +73,7 @@ class TrainConfig(BaseModel):
         0.0,
         ge=0,
         le=1,
-        description="branched rollouts (nodes.grpo_sampling.BranchSampling): the first completion of each group is "
+        description="branched rollouts (nodes.rollout_sampling.BranchSampling): the first completion of each group is "
         "the greedy answer, and each other one follows it until it leaves it once, with this probability at each "
         "position where the sampling distribution puts less than branch_confidence on its top token, for a token "
         "drawn without the top one; greedy again after. Groups then contrast the greedy answer the evaluation scores "

@@ -218,7 +218,7 @@ def test_growing_cache_holds_what_concatenation_would_across_its_growth():
 def test_inverse_cdf_draws_the_softmax_distribution():
     """`InverseCdfSampling` samples softmax(scores): frequencies over 40,000 draws match it, a masked token (-inf)
     is never drawn, and what goes out is one-hot (0 at the draw, -inf elsewhere) for the loop's argmax."""
-    from nodes.grpo_sampling import _inverse_cdf_class
+    from nodes.rollout_sampling import _inverse_cdf_class
 
     torch.manual_seed(0)
     scores = torch.tensor([[2.0, 1.0, 0.0, -1.0, float("-inf"), 0.5], [0.0, 0.0, 3.0, 0.0, 0.0, float("-inf")]])
@@ -417,7 +417,7 @@ def test_branch_sampling_leaves_the_greedy_answer_once_at_an_uncertain_position(
     uncertain position (rate 1: the first one) for a token that is not the top one, drawn in proportion to the rest
     of the distribution, and are greedy after that, uncertain or not. What goes out is one-hot, and `branched`
     counts the rows that left."""
-    from nodes.grpo_sampling import _branch_class
+    from nodes.rollout_sampling import _branch_class
 
     torch.manual_seed(0)
     prompts = torch.tensor([[1, 2], [1, 2], [1, 2], [7, 8], [7, 8], [7, 8]])  # 2 prompts x 3 rows
@@ -447,7 +447,7 @@ def test_branch_sampling_leaves_the_greedy_answer_once_at_an_uncertain_position(
 def test_branch_sampling_anchors_each_run_of_a_prompt_and_never_branches_a_finished_row():
     """A prompt that comes back after another one starts a group of its own (its first row is greedy again), and a
     row whose last token is an end of answer neither leaves nor counts (transformers still scores finished rows)."""
-    from nodes.grpo_sampling import _branch_class
+    from nodes.rollout_sampling import _branch_class
 
     torch.manual_seed(0)
     prompts = torch.tensor([[1, 2], [1, 2], [7, 8], [1, 2], [1, 2]])  # groups: rows 0-1, 2, 3-4
