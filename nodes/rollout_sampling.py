@@ -10,6 +10,17 @@ from __future__ import annotations
 import functools
 
 
+def _draw(probs):
+    """One token per row of `probs` (non-negative, rows need not sum to 1) by inverse CDF: the first token whose
+    cumulative weight exceeds u * the row's total, u uniform. Returns the drawn indices, [rows, 1]. Overwrites
+    `probs` with its cumulative sums (in place: a rollout's hot path, [rows, 49,152] a token)."""
+    import torch
+
+    cdf = probs.cumsum_(-1)
+    u = torch.rand(cdf.shape[0], 1, device=cdf.device, dtype=cdf.dtype).mul_(cdf[:, -1:])
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=probs.shape[-1] - 1)
+
+
 @functools.cache
 def _inverse_cdf_class():
     """`InverseCdfSampling`, built on first use so that importing this module needs no transformers."""
@@ -30,9 +41,7 @@ def _inverse_cdf_class():
         def __call__(self, input_ids, scores):
             import torch
 
-            cdf = torch.softmax(scores, dim=-1, dtype=torch.float32).cumsum_(-1)
-            u = torch.rand(cdf.shape[0], 1, device=cdf.device, dtype=cdf.dtype).mul_(cdf[:, -1:])
-            drawn = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
+            drawn = _draw(torch.softmax(scores, dim=-1, dtype=torch.float32))
             return torch.full_like(scores, float("-inf")).scatter_(1, drawn, 0.0)
 
     return InverseCdfSampling
@@ -86,10 +95,7 @@ def _branch_class():
             out = torch.full_like(scores, float("-inf")).scatter_(1, top[:, None], 0.0)
             if leave.any():
                 idx = leave.nonzero().squeeze(1)
-                rest = probs.index_select(0, idx).scatter_(1, top[idx, None], 0.0)
-                cdf = rest.cumsum_(-1)
-                u = torch.rand(len(idx), 1, dtype=cdf.dtype).mul_(cdf[:, -1:])
-                drawn = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
+                drawn = _draw(probs.index_select(0, idx).scatter_(1, top[idx, None], 0.0))  # without the top token
                 out[idx] = torch.full_like(out[idx], float("-inf")).scatter_(1, drawn, 0.0)
                 self.free &= ~leave
                 self.branched += len(idx)
