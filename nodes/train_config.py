@@ -225,12 +225,15 @@ class TrainConfig(BaseModel):
         "checkpointing; elsewhere TRL's own path; nodes.trl_cpu)",
     )
     # --- generation backend
-    rollout_dtype: Literal["auto", "model", "bfloat16"] = Field(
+    rollout_dtype: Literal["auto", "model", "bfloat16", "float32"] = Field(
         "auto",
         description="dtype of the copy of the policy that samples GRPO's completions with transformers (no vLLM): "
         "bfloat16 (a bf16 copy, re-synced after every optimiser step; decoding on CPU is bound by reading the "
-        "weights, so half the bytes), model (the trained model itself, in its own dtype), or auto (bfloat16 on a "
-        "CPU that multiplies bf16 in hardware, AMX or AVX-512 BF16; model elsewhere). Training and the scoring of completions stay in the model's dtype",
+        "weights, so half the bytes), float32 (a float32 copy: the same sampler's levers, prompts prefilled once, "
+        "a growing KV cache, GQA attention, without bf16's rounding), model (the trained model itself, through "
+        "transformers' own generate), or auto (bfloat16 on a CPU that multiplies bf16 in hardware, AMX or AVX-512 "
+        "BF16; float32 elsewhere, where bf16 is multiplied in software). Training and the scoring of completions "
+        "stay in the model's dtype",
     )
     use_vllm: bool = Field(
         False, description="generate GRPO completions with vLLM (GPU) instead of transformers"
@@ -382,8 +385,8 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     },
     # Laptop default with the embedded SmolLM2-135M (= TrainConfig's defaults): a cached SFT warm start (150 steps x
     # 8 solver-optimal 2-agent plans on 3x3-5x5, compact prompt, bf16 autocast on bf16 CPUs), then per stage 24 GRPO
-    # steps of 1 prompt x 16 completions of <= 128 tokens with dynamic sampling, sampled by a bf16 copy on bf16 CPUs, top 8 blocks trained,
-    # on 3x3-5x5 maps only (max_train_size 5).
+    # steps of 1 prompt x 16 completions of <= 128 tokens with dynamic sampling, sampled by a bf16 copy on bf16 CPUs
+    # (a float32 copy elsewhere), top 8 blocks trained, on 3x3-5x5 maps only (max_train_size 5).
     # One stage's gain over the warm start (evals/results/learning_cpu): 24 steps of 2 prompts x 8 +1.6 points
     # (3 seeds), 96 such steps on 3x3/4x4 +4.4 [+1.6, +7.2] (5 seeds); 24 steps of 1 prompt x 16 (now) in the README
     # there. One group of 16 per step has reward variance far more often than two of 8 (a prompt the policy gets

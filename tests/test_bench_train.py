@@ -7,7 +7,8 @@ import evals.bench.bench_train as bt
 
 def test_dtype_arms_run_each_lever_interleaved_and_report_medians(monkeypatch, capsys):
     calls = []
-    fake_seconds = {"fp32": [60.0, 50.0, 58.0], "bf16_copy": [45.0, 52.0, 48.0], "bf16_copy_autocast": [40.0, 38.0, 41.0]}
+    fake_seconds = {"fp32": [60.0, 50.0, 58.0], "fp32_copy": [47.0, 46.0, 44.0], "bf16_copy": [45.0, 52.0, 48.0],
+                    "bf16_copy_autocast": [40.0, 38.0, 41.0]}
 
     def fake_child(side, raw, a, sft_steps=None):
         name = side.split(" round ")[0]
@@ -17,12 +18,27 @@ def test_dtype_arms_run_each_lever_interleaved_and_report_medians(monkeypatch, c
     monkeypatch.setattr(bt, "_child", fake_child)
     out = bt.main(["--dtypes", "--rounds", "3", "--grpo-steps", "1"])
     # interleaved: every arm once per round, GRPO only, dynamic sampling off (the same work per step)
-    assert [c[0] for c in calls] == ["fp32", "bf16_copy", "bf16_copy_autocast"] * 3
+    assert [c[0] for c in calls] == ["fp32", "fp32_copy", "bf16_copy", "bf16_copy_autocast"] * 3
     assert {c[1:] for c in calls if c[0] == "fp32"} == {("model", False, 0, 0)}
+    assert {c[1:] for c in calls if c[0] == "fp32_copy"} == {("float32", False, 0, 0)}
     assert {c[1:] for c in calls if c[0] == "bf16_copy_autocast"} == {("bfloat16", True, 0, 0)}
-    assert out["median"] == {"fp32": 58.0, "bf16_copy": 48.0, "bf16_copy_autocast": 40.0}
+    assert out["median"] == {"fp32": 58.0, "fp32_copy": 46.0, "bf16_copy": 48.0, "bf16_copy_autocast": 40.0}
     assert abs(out["speedup_over_fp32"]["bf16_copy_autocast"] - 58.0 / 40.0) < 1e-9
     assert "1.45x fp32" in capsys.readouterr().out
+
+
+def test_dtype_arms_picks_some_arms_the_first_the_base(monkeypatch, capsys):
+    calls = []
+
+    def fake_child(side, raw, a, sft_steps=None):
+        calls.append(side)
+        return {"grpo_seconds_per_step": {"fp32": 60.0, "fp32_copy": 48.0}[side.split(" round ")[0]]}
+
+    monkeypatch.setattr(bt, "_child", fake_child)
+    out = bt.main(["--dtypes", "--arms", "fp32_copy,fp32", "--rounds", "1", "--grpo-steps", "1"])
+    assert calls == ["fp32_copy round 1", "fp32 round 1"]
+    assert out["speedup_over_fp32_copy"] == {"fp32_copy": 1.0, "fp32": 0.8}
+    assert "0.80x fp32_copy" in capsys.readouterr().out
 
 
 def test_share_prompt_arms_toggle_only_the_shared_prompt(monkeypatch, capsys):
@@ -46,7 +62,10 @@ def test_bad_flags_get_one_clear_error(capsys):
 
     for argv, said in ((["--dtypes", "--rounds", "0"], "--rounds 0: allowed: 1 or more"),
                        (["--dtypes", "--compare"], "not allowed with argument"),
-                       (["--dtypes", "--share-prompt"], "not allowed with argument")):
+                       (["--dtypes", "--share-prompt"], "not allowed with argument"),
+                       (["--dtypes", "--arms", "fp32,fp16"], "--arms 'fp32,fp16': allowed: a comma list among fp32, "
+                        "fp32_copy"),
+                       (["--arms", "fp32"], "--arms 'fp32': goes with --dtypes")):
         with pytest.raises(SystemExit) as e:
             bt.main(argv)
         assert e.value.code == 2 and said in capsys.readouterr().err

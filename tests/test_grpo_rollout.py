@@ -17,7 +17,9 @@ def test_auto_follows_the_cpu_and_explicit_values_win(monkeypatch, bf16_cpu):
     monkeypatch.setattr("llm_backends.vllm_server.cpu_has_bf16", lambda *a: bf16_cpu)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     fp32 = torch.nn.Linear(2, 2)
-    assert rollout_dtype(TrainConfig(), fp32) == ("bfloat16" if bf16_cpu else None)
+    # no bf16 hardware: a float32 copy, the copy's sampler without bf16's software multiplies
+    assert rollout_dtype(TrainConfig(), fp32) == ("bfloat16" if bf16_cpu else "float32")
+    assert rollout_dtype(TrainConfig(rollout_dtype="float32"), fp32) == "float32"
     assert use_autocast(TrainConfig()) is bf16_cpu
     assert rollout_dtype(TrainConfig(rollout_dtype="bfloat16"), fp32) == "bfloat16"
     assert rollout_dtype(TrainConfig(rollout_dtype="model"), fp32) is None
@@ -25,6 +27,7 @@ def test_auto_follows_the_cpu_and_explicit_values_win(monkeypatch, bf16_cpu):
     assert use_autocast(TrainConfig(autocast_bf16=True)) is True
     # never a copy of a bf16 model, of a peft adapter, or beside vLLM; never autocast over bf16 weights
     assert rollout_dtype(TrainConfig(rollout_dtype="bfloat16"), fp32.to(torch.bfloat16)) is None
+    assert rollout_dtype(TrainConfig(rollout_dtype="float32"), fp32.to(torch.bfloat16)) is None
     adapter = torch.nn.Linear(2, 2)
     adapter.peft_config = {}
     assert rollout_dtype(TrainConfig(rollout_dtype="bfloat16"), adapter) is None

@@ -16,7 +16,9 @@ the way TRL's transformers path calls it. The paths, each an addition to the one
   instead of `torch.multinomial` (the same distribution, one uniform variate per row instead of an exponential
   variate per vocabulary entry);
 - `rollout`: `RolloutCopy` as it stands: and each decode step's attention as two grouped matmuls instead of
-  torch's bf16 CPU kernel (`_decode_attention`).
+  torch's bf16 CPU kernel (`_decode_attention`);
+- `rollout-fp32`: `RolloutCopy` in float32: every lever above but bf16 (`train.rollout_dtype=float32`, what `auto`
+  picks on a CPU without bf16 hardware, where bf16 is multiplied in software).
 
 Tokens are sampled at `--temperature` (0.7, the cpu preset's) through a `GenerationConfig`, as TRL calls it;
 `--greedy` decodes greedily instead, and then every bf16 path's answers are compared token for token with the
@@ -35,7 +37,7 @@ import statistics
 import time
 from pathlib import Path
 
-PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache", "rollout-flash", "rollout")
+PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache", "rollout-flash", "rollout", "rollout-fp32")
 
 
 def build(model, path: str):
@@ -47,6 +49,8 @@ def build(model, path: str):
 
     if path == "fp32":
         return model
+    if path == "rollout-fp32":
+        return RolloutCopy(torch.float32).synced(model, step=0)
     if path in ("bf16+gqa+cache", "rollout-flash", "rollout"):
         m = RolloutCopy(torch.bfloat16).synced(model, step=0)
         if path != "rollout":

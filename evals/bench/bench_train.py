@@ -20,8 +20,9 @@
 scored over its own copy of the prompt (TRL's path), and over one forward of the prompt shared by all 16.
 
 `--dtypes` (GRPO only) asks whether the bf16 levers pay on this CPU: the cpu preset's GRPO step (1 prompt x 16,
-dynamic sampling off) sampled by the float32 model itself, by the bf16 rollout copy, and by the copy with training
-under bf16 autocast, each in its own child process, `--rounds` interleaved rounds, the median kept. This is what
+dynamic sampling off) sampled by the float32 model itself (transformers' generate), by a float32 rollout copy (the
+copy's sampler without bf16), by the bf16 rollout copy, and by the bf16 copy with training under bf16 autocast, each
+in its own child process, `--rounds` interleaved rounds, the median kept; `--arms` picks some of them. This is what
 `auto` decides by the CPU's flags (`llm_backends.vllm_server.cpu_has_bf16`).
 
 Figures: SFT examples per second (`--sft-steps` timed steps after one untimed step), GRPO seconds per optimiser
@@ -63,6 +64,7 @@ SHARE_ARMS = {  # --share-prompt: the cpu preset's GRPO step with each row score
 }
 DTYPE_ARMS = {  # --dtypes: the cpu preset's GRPO step with each bf16 lever off or on
     "fp32": {"rollout_dtype": "model", "autocast_bf16": False},
+    "fp32_copy": {"rollout_dtype": "float32", "autocast_bf16": False},
     "bf16_copy": {"rollout_dtype": "bfloat16", "autocast_bf16": False},
     "bf16_copy_autocast": {"rollout_dtype": "bfloat16", "autocast_bf16": True},
 }
@@ -156,10 +158,14 @@ def main(argv: list[str] | None = None) -> dict:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--compare", action="store_true", help="before (old path) and after (this preset), side by side")
     mode.add_argument("--dtypes", action="store_true",
-                      help="GRPO s/step with the float32 model, the bf16 rollout copy, and the copy + bf16 autocast")
+                      help="GRPO s/step with the float32 model, a float32 and a bf16 rollout copy, and the bf16 copy "
+                      "+ bf16 autocast")
     mode.add_argument("--share-prompt", action="store_true",
                       help="GRPO s/step with each completion scored over its own copy of the prompt, and over one "
                       "shared forward of it (train.share_prompt)")
+    p.add_argument("--arms", default=None,
+                   help=f"--dtypes: a comma list of arms to run, the first the base (default: all, "
+                   f"{','.join(DTYPE_ARMS)})")
     p.add_argument("--rounds", type=int, default=2,
                    help="--dtypes, --share-prompt: interleaved rounds, at least 1 (the median is kept)")
     p.add_argument("--sft-steps", type=int, default=4, help="timed SFT steps (after one untimed step); 0: none")
@@ -171,6 +177,12 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error(f"--rounds {a.rounds}: allowed: 1 or more")
+    if a.arms is not None:
+        arms = [x.strip() for x in a.arms.split(",") if x.strip()]
+        bad = [x for x in arms if x not in DTYPE_ARMS]
+        if not a.dtypes or bad or not arms:
+            p.error(f"--arms {a.arms!r}: " + (f"allowed: a comma list among {', '.join(DTYPE_ARMS)}" if a.dtypes
+                                               else "goes with --dtypes"))
     sizes = [int(x) for x in a.sft_sizes.split(",")]
     if a.child is not None:
         print(json.dumps(measure(json.loads(a.child), a.sft_steps, a.grpo_steps, sizes, a.seed, a.model)))
@@ -210,7 +222,9 @@ def dtype_arms(preset: dict, a) -> dict:
     """`--dtypes`: GRPO s/step of each `DTYPE_ARMS` arm, `a.rounds` interleaved rounds, each in its own child."""
     from llm_backends.vllm_server import cpu_has_bf16
 
-    return {**run_arms(preset, a, DTYPE_ARMS, "fp32", f"bf16 hardware here: {cpu_has_bf16()}"),
+    names = [x.strip() for x in a.arms.split(",") if x.strip()] if a.arms else list(DTYPE_ARMS)
+    arms = {k: DTYPE_ARMS[k] for k in names}
+    return {**run_arms(preset, a, arms, names[0], f"bf16 hardware here: {cpu_has_bf16()}"),
             "bf16_hardware": cpu_has_bf16()}
 
 
