@@ -21,8 +21,8 @@ the way TRL's transformers path calls it. The paths, each an addition to the one
   picks on a CPU without bf16 hardware, where bf16 is multiplied in software).
 
 Tokens are sampled at `--temperature` (0.7, the cpu preset's) through a `GenerationConfig`, as TRL calls it;
-`--greedy` decodes greedily instead, and then every bf16 path's answers are compared token for token with the
-first bf16 path's: GQA and the cache change how attention is computed, not what. The shared prefill runs a batch of
+`--greedy` decodes greedily instead, and then every path's answers are compared token for token with the first
+path of its dtype's (float32 copy against float32 model, bf16 paths against the first bf16 one): GQA and the cache change how attention is computed, not what. The shared prefill runs a batch of
 another shape, which bf16 rounds differently, so `rollout`'s greedy tokens may part from the others' after a near
 tie (in float32 they are equal: tests/test_grpo_rollout.py). The runs alternate between paths (`--repeats`
 rounds) and the median is reported.
@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache", "rollout-flash", "rollout", "rollout-fp32")
+FP32_PATHS = ("fp32", "rollout-fp32")  # the rest sample in bf16
 
 
 def build(model, path: str):
@@ -131,17 +132,21 @@ def main(argv: list[str] | None = None) -> dict:
         s = statistics.median(times[path])
         rows[path] = {"seconds": round(s, 3), "tokens_per_s": round(a.rows * a.new_tokens / s, 1),
                       f"speedup_vs_{paths[0]}": round(base / s, 2)}
-    bf16 = [p for p in paths if p != "fp32"]
-    same = {p: bool(torch.equal(answers[p], answers[bf16[0]])) for p in bf16[1:]} if a.greedy else {}
+    # greedy: each path's tokens against the first path of its dtype (float32 paths in float32 are equal)
+    refs = {}
+    for path in paths:
+        refs.setdefault(path in FP32_PATHS, path)
+    same = {p: {"as": refs[p in FP32_PATHS], "equal": bool(torch.equal(answers[p], answers[refs[p in FP32_PATHS]]))}
+            for p in paths if a.greedy and p != refs[p in FP32_PATHS]}
     print(f"\n{'path':<16}{'median s':>10}{'tok/s':>9}{'x ' + paths[0]:>12}")
     for path, row in rows.items():
         print(f"{path:<16}{row['seconds']:>10.2f}{row['tokens_per_s']:>9.1f}{row[f'speedup_vs_{paths[0]}']:>12.2f}")
     if same:
-        print("greedy tokens equal to " + bf16[0] + ": " + ", ".join(f"{p} {v}" for p, v in same.items()))
+        print("greedy tokens equal: " + ", ".join(f"{p} to {v['as']} {v['equal']}" for p, v in same.items()))
     result = {"rows": a.rows, "groups": a.groups, "new_tokens": a.new_tokens,
               "decoding": "greedy" if a.greedy else f"sampled, T {a.temperature}",
               "prompt_tokens_padded": int(enc.input_ids.shape[1]), "threads": torch.get_num_threads(),
-              "repeats": a.repeats, "paths": rows, "same_tokens_as_" + (bf16[0] if bf16 else "none"): same,
+              "repeats": a.repeats, "paths": rows, "same_greedy_tokens": same,
               "command": "python -m evals.bench.bench_rollout " + " ".join(argv or [])}
     if a.json:
         a.json.write_text(json.dumps(result, indent=1) + "\n")

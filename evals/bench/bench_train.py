@@ -177,10 +177,11 @@ def main(argv: list[str] | None = None) -> dict:
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error(f"--rounds {a.rounds}: allowed: 1 or more")
+    a.arm_names = list(DTYPE_ARMS)
     if a.arms is not None:
-        arms = [x.strip() for x in a.arms.split(",") if x.strip()]
-        bad = [x for x in arms if x not in DTYPE_ARMS]
-        if not a.dtypes or bad or not arms:
+        a.arm_names = [x.strip() for x in a.arms.split(",") if x.strip()]
+        bad = [x for x in a.arm_names if x not in DTYPE_ARMS]
+        if not a.dtypes or bad or not a.arm_names:
             p.error(f"--arms {a.arms!r}: " + (f"allowed: a comma list among {', '.join(DTYPE_ARMS)}" if a.dtypes
                                                else "goes with --dtypes"))
     sizes = [int(x) for x in a.sft_sizes.split(",")]
@@ -222,9 +223,8 @@ def dtype_arms(preset: dict, a) -> dict:
     """`--dtypes`: GRPO s/step of each `DTYPE_ARMS` arm, `a.rounds` interleaved rounds, each in its own child."""
     from llm_backends.vllm_server import cpu_has_bf16
 
-    names = [x.strip() for x in a.arms.split(",") if x.strip()] if a.arms else list(DTYPE_ARMS)
-    arms = {k: DTYPE_ARMS[k] for k in names}
-    return {**run_arms(preset, a, arms, names[0], f"bf16 hardware here: {cpu_has_bf16()}"),
+    arms = {k: DTYPE_ARMS[k] for k in a.arm_names}
+    return {**run_arms(preset, a, arms, a.arm_names[0], f"bf16 hardware here: {cpu_has_bf16()}"),
             "bf16_hardware": cpu_has_bf16()}
 
 
