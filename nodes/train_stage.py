@@ -74,6 +74,7 @@ from nodes.trl_setup import (
     quiet_trainer,
     raise_if_stopped,
     rollout_dtype,
+    rollout_prepack,
     stop_callbacks,
     tb_callback,
     tb_scalars,
@@ -278,6 +279,7 @@ def run_stage(
         resample_seed=seed,
         group_key=row_size,  # replacements lean to the sizes where the policy is sometimes right
         rollout_dtype=sampler_dtype,
+        rollout_prepack=rollout_prepack(cfg, sampler_dtype),
         share_prompt=cfg.share_prompt,
         sft_mix=mix,
         credit=Credit.from_config(cfg),
@@ -316,6 +318,7 @@ def run_stage(
         "warm_start_cache": warm_info,
         "prompt_style": cfg.prompt_style,
         "rollout_dtype": sampler_dtype or "model",  # what sampled the completions on this machine
+        "rollout_prepack": rollout_prepack(cfg, sampler_dtype),  # its linears on oneDNN-packed weights
         "autocast_bf16": use_autocast(cfg),
         "train_config": cfg.model_dump(mode="json"),
     }

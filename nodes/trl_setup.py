@@ -107,6 +107,19 @@ def rollout_dtype(cfg: TrainConfig, model) -> str | None:
     return cfg.rollout_dtype
 
 
+def rollout_prepack(cfg: TrainConfig, sampler_dtype: str | None) -> bool:
+    """Whether the rollout copy (of `sampler_dtype`, None: no copy) runs its linear layers on oneDNN-packed weights
+    (`nodes.grpo_sampling.prepack_linears`). `train.rollout_prepack` None: for a float32 copy where torch has oneDNN.
+    Never without a copy."""
+    import torch
+
+    if sampler_dtype is None:
+        return False
+    if cfg.rollout_prepack is None:
+        return sampler_dtype == "float32" and torch.backends.mkldnn.is_available()
+    return cfg.rollout_prepack
+
+
 def lora_config(cfg: TrainConfig):
     """The peft `LoraConfig` of `cfg`'s `lora_*` fields."""
     from peft import LoraConfig

@@ -6,23 +6,28 @@ import evals.bench.bench_train as bt
 
 
 def test_dtype_arms_run_each_lever_interleaved_and_report_medians(monkeypatch, capsys):
-    calls = []
-    fake_seconds = {"fp32": [60.0, 50.0, 58.0], "fp32_copy": [47.0, 46.0, 44.0], "bf16_copy": [45.0, 52.0, 48.0],
-                    "bf16_copy_autocast": [40.0, 38.0, 41.0]}
+    calls, packs = [], []
+    fake_seconds = {"fp32": [60.0, 50.0, 58.0], "fp32_copy": [47.0, 46.0, 44.0], "fp32_copy_packed": [40.0, 39.0, 42.0],
+                    "bf16_copy": [45.0, 52.0, 48.0], "bf16_copy_autocast": [40.0, 38.0, 41.0]}
 
     def fake_child(side, raw, a, sft_steps=None):
         name = side.split(" round ")[0]
         calls.append((name, raw["rollout_dtype"], raw["autocast_bf16"], raw["resample_rounds"], sft_steps))
+        packs.append((name, raw.get("rollout_prepack")))
         return {"grpo_seconds_per_step": fake_seconds[name][int(side.rsplit(" ", 1)[1]) - 1]}
 
     monkeypatch.setattr(bt, "_child", fake_child)
     out = bt.main(["--dtypes", "--rounds", "3", "--grpo-steps", "1"])
     # interleaved: every arm once per round, GRPO only, dynamic sampling off (the same work per step)
-    assert [c[0] for c in calls] == ["fp32", "fp32_copy", "bf16_copy", "bf16_copy_autocast"] * 3
+    assert [c[0] for c in calls] == ["fp32", "fp32_copy", "fp32_copy_packed", "bf16_copy", "bf16_copy_autocast"] * 3
     assert {c[1:] for c in calls if c[0] == "fp32"} == {("model", False, 0, 0)}
-    assert {c[1:] for c in calls if c[0] == "fp32_copy"} == {("float32", False, 0, 0)}
+    assert {c[1:] for c in calls if c[0] in ("fp32_copy", "fp32_copy_packed")} == {("float32", False, 0, 0)}
     assert {c[1:] for c in calls if c[0] == "bf16_copy_autocast"} == {("bfloat16", True, 0, 0)}
-    assert out["median"] == {"fp32": 58.0, "fp32_copy": 46.0, "bf16_copy": 48.0, "bf16_copy_autocast": 40.0}
+    # the two float32 copies differ only in packing; the bf16 copies are not packed
+    assert set(packs) == {("fp32", None), ("fp32_copy", False), ("fp32_copy_packed", True), ("bf16_copy", False),
+                          ("bf16_copy_autocast", False)}
+    assert out["median"] == {"fp32": 58.0, "fp32_copy": 46.0, "fp32_copy_packed": 40.0, "bf16_copy": 48.0,
+                             "bf16_copy_autocast": 40.0}
     assert abs(out["speedup_over_fp32"]["bf16_copy_autocast"] - 58.0 / 40.0) < 1e-9
     assert "1.45x fp32" in capsys.readouterr().out
 

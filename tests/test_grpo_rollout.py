@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nodes.train_config import TRAIN_PRESETS, TrainConfig
-from nodes.trl_setup import rollout_dtype, use_autocast
+from nodes.trl_setup import rollout_dtype, rollout_prepack, use_autocast
 
 
 @pytest.mark.parametrize("bf16_cpu", [True, False])
@@ -33,6 +33,58 @@ def test_auto_follows_the_cpu_and_explicit_values_win(monkeypatch, bf16_cpu):
     assert rollout_dtype(TrainConfig(rollout_dtype="bfloat16"), adapter) is None
     assert rollout_dtype(TrainConfig(rollout_dtype="bfloat16", use_vllm=True), fp32) is None
     assert use_autocast(TrainConfig(bf16=True, autocast_bf16=True)) is False
+
+
+def test_prepack_is_for_a_float32_copy_unless_told(monkeypatch):
+    assert rollout_prepack(TrainConfig(), "float32") is torch.backends.mkldnn.is_available()
+    assert rollout_prepack(TrainConfig(), "bfloat16") is False  # not measured: off unless asked
+    assert rollout_prepack(TrainConfig(rollout_prepack=True), "bfloat16") is True
+    assert rollout_prepack(TrainConfig(rollout_prepack=False), "float32") is False
+    assert rollout_prepack(TrainConfig(rollout_prepack=True), None) is False  # no copy: nothing to pack
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert rollout_prepack(TrainConfig(), "float32") is False
+    with pytest.raises(ValueError, match="rollout_prepack"):
+        TrainConfig(rollout_prepack="sometimes")
+
+
+def test_packed_float32_copy_answers_as_the_model_and_follows_every_sync(embedded_model_path):
+    """The float32 copy on oneDNN-packed weights: every Linear runs packed, its greedy answers are transformers' own
+    on the model, token for token, and after the trained blocks move, a sync re-packs them: the copy then scores as
+    the moved model does (a stale pack would still score as the old one)."""
+    from transformers import GenerationConfig
+
+    from llm_backends.checkpoints import load_checkpoint
+    from nodes.grpo_sampling import RolloutCopy
+    from nodes.trl_setup import freeze_lower_layers
+
+    model, tok = load_checkpoint(embedded_model_path, trainable=True)
+    freeze_lower_layers(model, 2)
+    model.eval()
+    tok.padding_side = "left"
+    texts = [tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
+             for c in ("Map 3x3, H = hole:\n...\n.H.\n...\nAgent 0: (0,0) -> (2,2)", "Say hi.")]
+    enc = tok([t for t in texts for _ in range(3)], return_tensors="pt", padding=True)
+    cfg = GenerationConfig(max_new_tokens=16, do_sample=False, pad_token_id=tok.pad_token_id)
+    with torch.no_grad():
+        ref = model.generate(**enc, generation_config=cfg)
+    sampler = RolloutCopy(torch.float32, prepack=True)
+    copy = sampler.synced(model, step=0)
+    linears = [m for m in copy.modules() if type(m) is torch.nn.Linear]
+    assert linears and all(hasattr(m, "packed_weight") and m.forward.func.__name__ == "_packed_linear_forward"
+                           for m in linears)
+    assert id(copy.lm_head.weight) in sampler.packed  # the tied head too
+    with torch.no_grad():
+        assert torch.equal(copy.generate(**enc, generation_config=cfg), ref)
+        before = copy(**enc).logits
+        torch.manual_seed(0)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p), alpha=0.02)
+        moved = model(**enc).logits
+        assert (moved - before).abs().max() > 0.5  # the trained blocks did move the scores
+        assert sampler.synced(model, step=1) is copy
+        # float32 rounding through 30 blocks (oneDNN's against MKL's products) is about 1e-3 on scores of 10-30
+        assert (copy(**enc).logits - moved).abs().max() < 0.02
 
 
 def test_cuda_gets_neither(monkeypatch):

@@ -18,7 +18,9 @@ the way TRL's transformers path calls it. The paths, each an addition to the one
 - `rollout`: `RolloutCopy` as it stands: and each decode step's attention as two grouped matmuls instead of
   torch's bf16 CPU kernel (`_decode_attention`);
 - `rollout-fp32`: `RolloutCopy` in float32: every lever above but bf16 (`train.rollout_dtype=float32`, what `auto`
-  picks on a CPU without bf16 hardware, where bf16 is multiplied in software).
+  picks on a CPU without bf16 hardware, where bf16 is multiplied in software), its linears on MKL's matmul;
+- `rollout-fp32-packed`: and its linears on weights packed once for oneDNN (`train.rollout_prepack`, what a float32
+  copy does by default: `nodes.grpo_sampling.prepack_linears`).
 
 Tokens are sampled at `--temperature` (0.7, the cpu preset's) through a `GenerationConfig`, as TRL calls it;
 `--greedy` decodes greedily instead, and then every path's answers are compared token for token with the first
@@ -37,8 +39,9 @@ import statistics
 import time
 from pathlib import Path
 
-PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache", "rollout-flash", "rollout", "rollout-fp32")
-FP32_PATHS = ("fp32", "rollout-fp32")  # the rest sample in bf16
+PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache", "rollout-flash", "rollout", "rollout-fp32",
+         "rollout-fp32-packed")
+FP32_PATHS = ("fp32", "rollout-fp32", "rollout-fp32-packed")  # the rest sample in bf16
 
 
 def build(model, path: str):
@@ -50,8 +53,8 @@ def build(model, path: str):
 
     if path == "fp32":
         return model
-    if path == "rollout-fp32":
-        return RolloutCopy(torch.float32).synced(model, step=0)
+    if path in ("rollout-fp32", "rollout-fp32-packed"):
+        return RolloutCopy(torch.float32, prepack=path.endswith("packed")).synced(model, step=0)
     if path in ("bf16+gqa+cache", "rollout-flash", "rollout"):
         m = RolloutCopy(torch.bfloat16).synced(model, step=0)
         if path != "rollout":

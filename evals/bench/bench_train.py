@@ -21,7 +21,8 @@ scored over its own copy of the prompt (TRL's path), and over one forward of the
 
 `--dtypes` (GRPO only) asks whether the bf16 levers pay on this CPU: the cpu preset's GRPO step (1 prompt x 16,
 dynamic sampling off) sampled by the float32 model itself (transformers' generate), by a float32 rollout copy (the
-copy's sampler without bf16), by the bf16 rollout copy, and by the bf16 copy with training under bf16 autocast, each
+copy's sampler without bf16) on MKL's matmul and on oneDNN-packed weights (`train.rollout_prepack`), by the bf16
+rollout copy, and by the bf16 copy with training under bf16 autocast, each
 in its own child process, `--rounds` interleaved rounds, the median kept; `--arms` picks some of them. This is what
 `auto` decides by the CPU's flags (`llm_backends.vllm_server.cpu_has_bf16`).
 
@@ -64,9 +65,10 @@ SHARE_ARMS = {  # --share-prompt: the cpu preset's GRPO step with each row score
 }
 DTYPE_ARMS = {  # --dtypes: the cpu preset's GRPO step with each bf16 lever off or on
     "fp32": {"rollout_dtype": "model", "autocast_bf16": False},
-    "fp32_copy": {"rollout_dtype": "float32", "autocast_bf16": False},
-    "bf16_copy": {"rollout_dtype": "bfloat16", "autocast_bf16": False},
-    "bf16_copy_autocast": {"rollout_dtype": "bfloat16", "autocast_bf16": True},
+    "fp32_copy": {"rollout_dtype": "float32", "rollout_prepack": False, "autocast_bf16": False},
+    "fp32_copy_packed": {"rollout_dtype": "float32", "rollout_prepack": True, "autocast_bf16": False},
+    "bf16_copy": {"rollout_dtype": "bfloat16", "rollout_prepack": False, "autocast_bf16": False},
+    "bf16_copy_autocast": {"rollout_dtype": "bfloat16", "rollout_prepack": False, "autocast_bf16": True},
 }
 
 
