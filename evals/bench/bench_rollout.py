@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     gen = dict(generation_config=GenerationConfig(max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens,
                                                   pad_token_id=tok.pad_token_id, **sampling))
     models = {path: build(model, path) for path in paths}
+    width = max(len(path) for path in paths) + 1
     times: dict[str, list[float]] = {path: [] for path in paths}
     answers = {}
     print(f"{a.rows} rows ({a.groups} prompts, {enc.input_ids.shape[1]} prompt tokens padded), {a.new_tokens} new "
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
                 out = models[path].generate(**enc, **gen)
             times[path].append(time.perf_counter() - t)
             answers[path] = out
-            print(f"  round {r + 1} {path:<15} {times[path][-1]:6.2f} s", flush=True)
+            print(f"  round {r + 1} {path:<{width}} {times[path][-1]:6.2f} s", flush=True)
     base = statistics.median(times[paths[0]])
     rows = {}
     for path in paths:
@@ -141,9 +142,11 @@ def main(argv: list[str] | None = None) -> dict:
         refs.setdefault(path in FP32_PATHS, path)
     same = {p: {"as": refs[p in FP32_PATHS], "equal": bool(torch.equal(answers[p], answers[refs[p in FP32_PATHS]]))}
             for p in paths if a.greedy and p != refs[p in FP32_PATHS]}
-    print(f"\n{'path':<16}{'median s':>10}{'tok/s':>9}{'x ' + paths[0]:>12}")
+    head = "x " + paths[0]
+    print(f"\n{'path':<{width}}{'median s':>10}{'tok/s':>9}  {head:>{len(head)}}")
     for path, row in rows.items():
-        print(f"{path:<16}{row['seconds']:>10.2f}{row['tokens_per_s']:>9.1f}{row[f'speedup_vs_{paths[0]}']:>12.2f}")
+        print(f"{path:<{width}}{row['seconds']:>10.2f}{row['tokens_per_s']:>9.1f}  "
+              f"{row[f'speedup_vs_{paths[0]}']:>{len(head)}.2f}")
     if same:
         print("greedy tokens equal: " + ", ".join(f"{p} to {v['as']} {v['equal']}" for p, v in same.items()))
     result = {"rows": a.rows, "groups": a.groups, "new_tokens": a.new_tokens,
