@@ -68,9 +68,10 @@ def warm_start(
     import torch
     from trl import SFTConfig, SFTTrainer
 
-    from nodes.trl_cpu import score_labelled_positions_only
+    from nodes.trl_cpu import score_labelled_positions_only, tile_head_on_cpu
 
     score_labelled_positions_only()
+    tile_head_on_cpu()
     data = sft_dataset(instances, seed, cfg.prompt_style, cfg.sft_order)
     cuda = torch.cuda.is_available()
     bf16 = sft_bf16(cfg)

@@ -193,7 +193,7 @@ def run_stage(
     set_seed(seed)
     if not progress:
         logging.getLogger("transformers").setLevel(logging.WARNING)
-    from nodes.trl_cpu import score_labelled_positions_only
+    from nodes.trl_cpu import score_labelled_positions_only, tile_head_on_cpu
 
     instances = read_jsonl(train_path)
     if not instances:
@@ -204,6 +204,7 @@ def run_stage(
 
         instances, held = hold_out(instances, cfg.select_instances, seed)
     score_labelled_positions_only()  # TRL's fused LM head: only answer positions on CPU too (nodes.trl_cpu)
+    tile_head_on_cpu()  # and in tiles that stay in cache on CPU
     if cfg.use_vllm:  # LoRA syncs into vLLM merge into copies: the bf16 base never drifts (nodes.lora_sync)
         from nodes.lora_sync import install_exact_lora_sync
 

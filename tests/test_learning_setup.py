@@ -161,6 +161,67 @@ def test_fused_head_scores_only_labelled_positions_with_the_same_values(embedded
     assert trl_cpu.score_labelled_positions_only() is False  # idempotent
 
 
+def test_tiled_head_gives_trls_values_in_cpu_sized_tiles(monkeypatch):
+    """`_CpuTiledHead`: rows in blocks of CPU_HEAD_ROWS, each with CPU_HEAD_VOCAB columns per tile; the log-probs,
+    entropies and hidden-state gradients are TRL's own up to rounding. Off CPU (a meta tensor) TRL gets the call as
+    it was. `tile_head_on_cpu` patches once, and not at all with ENV_ENGINEER_TRL_PATCH=0."""
+    import torch
+    import trl.trainer.utils as trl_utils
+    from trl.kernels import ChunkedLogProbFunction
+
+    from nodes import trl_cpu
+
+    calls = []
+
+    class Spy:
+        @staticmethod
+        def apply(hidden, weight, bias, targets, temperature, chunk_size, *rest):
+            calls.append((hidden.shape[0], chunk_size))
+            if hidden.device.type == "meta":
+                return (hidden.new_empty(hidden.shape[0]),) + (None,) * 4
+            return ChunkedLogProbFunction.apply(hidden, weight, bias, targets, temperature, chunk_size, *rest)
+
+    torch.manual_seed(0)
+    rows, vocab = trl_cpu.CPU_HEAD_ROWS * 2 + 76, trl_cpu.CPU_HEAD_VOCAB * 2 + 904
+    weight = torch.randn(vocab, 64)
+    hidden, targets, adv = torch.randn(rows, 64), torch.randint(0, vocab, (rows,)), torch.randn(rows)
+
+    def score(fn):
+        h = hidden.clone().requires_grad_(True)
+        logps, entropy, *_ = fn.apply(h, weight, None, targets, 0.7, 32768, None, 1.0, ("entropy",))
+        (logps * adv).sum().backward()
+        return logps.detach(), entropy.detach(), h.grad
+
+    ref = score(ChunkedLogProbFunction)
+    tiled = score(trl_cpu._CpuTiledHead(Spy))
+    assert calls == [(trl_cpu.CPU_HEAD_ROWS, trl_cpu.CPU_HEAD_VOCAB)] * 2 + [(76, trl_cpu.CPU_HEAD_VOCAB)]
+    for x, y in zip(ref, tiled, strict=True):
+        assert x.shape == y.shape and torch.allclose(x, y, atol=1e-4)
+    calls.clear()
+    trl_cpu._CpuTiledHead(Spy).apply(torch.empty(rows, 64, device="meta"), weight, None, targets, 0.7, 32768)
+    assert calls == [(rows, 32768)]  # not on CPU: TRL's own tiles
+
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", ChunkedLogProbFunction)
+    monkeypatch.setattr(trl_cpu, "_TILED", False)
+    monkeypatch.setenv("ENV_ENGINEER_TRL_PATCH", "0")
+    assert trl_cpu.tile_head_on_cpu() is False and trl_utils._ChunkedLogProbFunction is ChunkedLogProbFunction
+    monkeypatch.delenv("ENV_ENGINEER_TRL_PATCH")
+    assert trl_cpu.tile_head_on_cpu() is True
+    assert isinstance(trl_utils._ChunkedLogProbFunction, trl_cpu._CpuTiledHead)
+    assert trl_cpu.tile_head_on_cpu() is False  # idempotent: never a wrapper of a wrapper
+    assert trl_utils._ChunkedLogProbFunction.original is ChunkedLogProbFunction
+
+
+def test_bench_head_times_both_sides_on_the_embedded_head(capsys):
+    from evals.bench.bench_head import main
+
+    out = main(["--rows", "600", "--repeats", "1"])
+    assert set(out["median"]) == {"trl", "tiled"} and all(v > 0 for v in out["median"].values())
+    assert out["vocab"] == 49152 and out["tiles"]["tiled"][0] < out["tiles"]["trl"][0]
+    assert max(out["max_abs_diff"].values()) < 1e-3
+    assert "forward + backward, median" in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------------------------------
 # dynamic sampling
 
