@@ -78,8 +78,9 @@ def tile_head_on_cpu() -> bool:
 
     TRL's torch fallback for devices without Triton folds tiles of 4096 rows x 32,768 columns: 228 MB in float32 at a
     GRPO step's 1,737 rows, and about fifteen elementwise passes over each (scale, exp, entropy, the gradient), all
-    from memory. With 512 x 2048 tiles (4 MB) they stay in cache: fused head forward and backward at 1,737 rows,
-    5.1-5.3 s against 7.2-7.9 s on a 2-core AMD EPYC Zen 3 (`python -m evals.bench.bench_head`). Idempotent;
+    from memory. With 512 x 2048 tiles (4 MB) they stay in cache: the fused head's forward and backward at 1,728
+    rows take 4.20 s against 7.15 s (1.70x), at SFT's 480 rows 1.19 against 1.80 s, on a 2-core AMD EPYC Zen 3
+    (`python -m evals.bench.bench_head`, medians of 3 interleaved rounds). Idempotent;
     `ENV_ENGINEER_TRL_PATCH=0` leaves TRL as shipped, as for the other changes.
     """
     global _TILED
