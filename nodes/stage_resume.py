@@ -36,6 +36,8 @@ def stage_key(*, train_path, init_checkpoint, seed: int, cfg) -> str:
     keep = cfg.model_dump(mode="json")
     for bookkeeping in ("logging_steps", "log_completions", "save_steps"):
         keep.pop(bookkeeping, None)
+    if keep.get("rollout_prepack") is None:  # its default (stop 56) leaves the keys of earlier attempts as they were
+        keep.pop("rollout_prepack", None)
     spec = {"train_path": str(Path(train_path).resolve()), "init": str(Path(init_checkpoint).resolve()),
             "seed": int(seed), "cfg": keep}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]

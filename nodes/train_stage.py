@@ -319,7 +319,8 @@ def run_stage(
         "warm_start_cache": warm_info,
         "prompt_style": cfg.prompt_style,
         "rollout_dtype": sampler_dtype or "model",  # what sampled the completions on this machine
-        "rollout_prepack": rollout_prepack(cfg, sampler_dtype),  # its linears on oneDNN-packed weights
+        "rollout_prepack": bool(trainer.rollout is not None and trainer.rollout.packed),  # linears on packed weights
+        "trl_cpu_patches": os.environ.get("ENV_ENGINEER_TRL_PATCH", "1") != "0",  # nodes.trl_cpu: head, tiles
         "autocast_bf16": use_autocast(cfg),
         "train_config": cfg.model_dump(mode="json"),
     }

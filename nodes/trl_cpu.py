@@ -16,8 +16,10 @@ as Neuron's. On CPU nothing is compiled, so that only wastes work: with a 450-to
 `score_labelled_positions_only()` makes the head's choice "only the labelled positions" on CPU too. The values are
 identical (the same kernel on the same rows; tested in tests/test_learning_setup.py); only the masked rows are skipped.
 It is idempotent and changes nothing on CUDA/XPU, where TRL already does this. `ENV_ENGINEER_TRL_PATCH=0` leaves
-TRL's head as it is: the "before" side of `python -m evals.bench.bench_train --compare` (which also turns the
-second change off, `train.share_prompt=false`).
+TRL's head as it is (every position scored, and TRL's own 4096 x 32,768 tiles, whose rounding differs from the CPU
+tiles' by about 1e-5): the "before" side of `python -m evals.bench.bench_train --compare` (which also turns the
+second change off, `train.share_prompt=false`). Each stage records whether the patches were on
+(`trl_cpu_patches` in trainer_meta.json).
 """
 
 from __future__ import annotations

@@ -113,11 +113,19 @@ def rollout_prepack(cfg: TrainConfig, sampler_dtype: str | None) -> bool:
     Never without a copy."""
     import torch
 
-    if sampler_dtype is None:
+    if sampler_dtype is None or cfg.rollout_prepack is False:
         return False
     if cfg.rollout_prepack is None:
         return sampler_dtype == "float32" and torch.backends.mkldnn.is_available()
-    return cfg.rollout_prepack
+    if not torch.backends.mkldnn.is_available():
+        missing = "this torch build has no oneDNN (torch.backends.mkldnn)"
+    elif sampler_dtype not in ("float32", "bfloat16"):
+        missing = f"oneDNN packs float32 or bfloat16 weights, not the copy's {sampler_dtype}"
+    elif sampler_dtype == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        missing = "this CPU has no oneDNN bf16 support (AVX-512 or AVX2-VNNI-2) for the bfloat16 copy"
+    else:
+        return True
+    raise ValueError(f"train.rollout_prepack=true: {missing}; allowed here: rollout_prepack=false or null (auto)")
 
 
 def lora_config(cfg: TrainConfig):

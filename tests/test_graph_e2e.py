@@ -205,4 +205,8 @@ def test_cpu_preset_end_to_end_through_the_stage_child(tmp_path):
     bf16_cpu = cpu_has_bf16()  # the cpu preset's auto: GRPO samples from a bf16 copy and trains under autocast on a
     # bf16 CPU; elsewhere from a float32 copy, in float32
     assert meta["rollout_dtype"] == ("bfloat16" if bf16_cpu else "float32") and meta["autocast_bf16"] is bf16_cpu
-    assert meta["rollout_prepack"] is (not bf16_cpu)  # a float32 copy runs its linears on oneDNN-packed weights
+    # a float32 copy runs its linears on oneDNN-packed weights
+    import torch
+
+    assert meta["rollout_prepack"] is (not bf16_cpu and torch.backends.mkldnn.is_available())
+    assert meta["trl_cpu_patches"] is True

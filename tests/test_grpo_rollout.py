@@ -38,19 +38,32 @@ def test_auto_follows_the_cpu_and_explicit_values_win(monkeypatch, bf16_cpu):
 def test_prepack_is_for_a_float32_copy_unless_told(monkeypatch):
     assert rollout_prepack(TrainConfig(), "float32") is torch.backends.mkldnn.is_available()
     assert rollout_prepack(TrainConfig(), "bfloat16") is False  # not measured: off unless asked
-    assert rollout_prepack(TrainConfig(rollout_prepack=True), "bfloat16") is True
+    assert rollout_prepack(TrainConfig(rollout_prepack=True), "float32") is torch.backends.mkldnn.is_available()
     assert rollout_prepack(TrainConfig(rollout_prepack=False), "float32") is False
     assert rollout_prepack(TrainConfig(rollout_prepack=True), None) is False  # no copy: nothing to pack
+    # asked for where it cannot run: one error naming the setting and what is missing
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    with pytest.raises(ValueError, match=r"rollout_prepack=true: this CPU has no oneDNN bf16 support.*allowed here"):
+        rollout_prepack(TrainConfig(rollout_prepack=True), "bfloat16")
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert rollout_prepack(TrainConfig(rollout_prepack=True), "bfloat16") is True
+    with pytest.raises(ValueError, match="not the copy's float16"):
+        rollout_prepack(TrainConfig(rollout_prepack=True), "float16")
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert rollout_prepack(TrainConfig(), "float32") is False
+    with pytest.raises(ValueError, match="no oneDNN"):
+        rollout_prepack(TrainConfig(rollout_prepack=True), "float32")
     with pytest.raises(ValueError, match="rollout_prepack"):
         TrainConfig(rollout_prepack="sometimes")
 
 
-def test_packed_float32_copy_answers_as_the_model_and_follows_every_sync(embedded_model_path):
-    """The float32 copy on oneDNN-packed weights: every Linear runs packed, its greedy answers are transformers' own
-    on the model, token for token, and after the trained blocks move, a sync re-packs them: the copy then scores as
-    the moved model does (a stale pack would still score as the old one)."""
+@pytest.mark.parametrize("top", [2, 0])
+def test_packed_float32_copy_answers_as_the_model_and_follows_every_sync(embedded_model_path, top):
+    """The float32 copy on oneDNN-packed weights: every Linear runs packed; its greedy answers are transformers' own
+    on the model (token for token, or parting only at a near tie of the model's scores, where oneDNN's rounding may
+    pick the other token); and after the trained weights move, a sync re-packs them, so the copy scores as the moved
+    model does (a stale pack would still score as the old one). `top` 0 trains every weight, the embedding too,
+    and with it the tied LM head's pack."""
     from transformers import GenerationConfig
 
     from llm_backends.checkpoints import load_checkpoint
@@ -58,13 +71,15 @@ def test_packed_float32_copy_answers_as_the_model_and_follows_every_sync(embedde
     from nodes.trl_setup import freeze_lower_layers
 
     model, tok = load_checkpoint(embedded_model_path, trainable=True)
-    freeze_lower_layers(model, 2)
+    if top:
+        freeze_lower_layers(model, top)
     model.eval()
     tok.padding_side = "left"
     texts = [tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
              for c in ("Map 3x3, H = hole:\n...\n.H.\n...\nAgent 0: (0,0) -> (2,2)", "Say hi.")]
     enc = tok([t for t in texts for _ in range(3)], return_tensors="pt", padding=True)
-    cfg = GenerationConfig(max_new_tokens=16, do_sample=False, pad_token_id=tok.pad_token_id)
+    cfg = GenerationConfig(max_new_tokens=16, do_sample=False, pad_token_id=tok.pad_token_id, output_logits=True,
+                           return_dict_in_generate=True)
     with torch.no_grad():
         ref = model.generate(**enc, generation_config=cfg)
     sampler = RolloutCopy(torch.float32, prepack=True)
@@ -74,14 +89,20 @@ def test_packed_float32_copy_answers_as_the_model_and_follows_every_sync(embedde
                            for m in linears)
     assert id(copy.lm_head.weight) in sampler.packed  # the tied head too
     with torch.no_grad():
-        assert torch.equal(copy.generate(**enc, generation_config=cfg), ref)
+        out = copy.generate(**enc, generation_config=cfg)
+        if not torch.equal(out.sequences, ref.sequences):
+            start = enc.input_ids.shape[1]
+            col = int((out.sequences[:, start:] != ref.sequences[:, start:]).any(0).nonzero()[0])
+            rows = (out.sequences[:, start + col] != ref.sequences[:, start + col]).nonzero().flatten()
+            top2 = ref.logits[col][rows].topk(2, dim=-1).values
+            assert (top2[:, 0] - top2[:, 1]).max() < 1e-3, "the packed copy parted from the model away from a tie"
         before = copy(**enc).logits
         torch.manual_seed(0)
         for p in model.parameters():
             if p.requires_grad:
                 p.add_(torch.randn_like(p), alpha=0.02)
         moved = model(**enc).logits
-        assert (moved - before).abs().max() > 0.5  # the trained blocks did move the scores
+        assert (moved - before).abs().max() > 0.5  # the trained weights did move the scores
         assert sampler.synced(model, step=1) is copy
         # float32 rounding through 30 blocks (oneDNN's against MKL's products) is about 1e-3 on scores of 10-30
         assert (copy(**enc).logits - moved).abs().max() < 0.02

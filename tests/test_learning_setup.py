@@ -186,11 +186,11 @@ def test_tiled_head_gives_trls_values_in_cpu_sized_tiles(monkeypatch):
     weight = torch.randn(vocab, 64)
     hidden, targets, adv = torch.randn(rows, 64), torch.randint(0, vocab, (rows,)), torch.randn(rows)
 
-    def score(fn):
-        h = hidden.clone().requires_grad_(True)
-        logps, entropy, *_ = fn.apply(h, weight, None, targets, 0.7, 32768, None, 1.0, ("entropy",))
+    def score(fn):  # a trained head too (train_layers=0): its gradient sums over the row blocks
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        logps, entropy, *_ = fn.apply(h, w, None, targets, 0.7, 32768, None, 1.0, ("entropy",))
         (logps * adv).sum().backward()
-        return logps.detach(), entropy.detach(), h.grad
+        return logps.detach(), entropy.detach(), h.grad, w.grad
 
     ref = score(ChunkedLogProbFunction)
     tiled = score(trl_cpu._CpuTiledHead(Spy))

@@ -7,10 +7,11 @@
 `--compare` runs each side in a child process of its own, one after the other, on the same instances and seed:
 
 - `before`: the path as it was before issue 16: the full paper prompt (with SmolLM2's default system prompt), TRL's
-  fused LM head scoring every position on CPU (`ENV_ENGINEER_TRL_PATCH=0`), the old cpu preset's SFT and GRPO shapes
+  fused LM head scoring every position on CPU in TRL's own tiles (`ENV_ENGINEER_TRL_PATCH=0`), the old cpu preset's SFT and GRPO shapes
   (SFT batch 8 on 3x3/4x4, top 8 blocks; GRPO 2 groups x 4 completions of <= 128 tokens);
 - `after`: the cpu preset as it stands (compact prompt, labelled positions only, its own SFT recipe; on a CPU with
-  bf16 hardware (AMX or AVX-512 BF16) GRPO samples from a bf16 copy of the policy and trains under bf16 autocast over float32 weights), with GRPO
+  bf16 hardware (AMX or AVX-512 BF16) GRPO samples from a bf16 copy of the policy and trains under bf16 autocast over float32 weights,
+  elsewhere from a float32 copy on oneDNN-packed weights; the fused head in CPU-sized tiles), with GRPO
   at the *same* 8 completions per step in the same 2 groups of 4 and dynamic sampling off, so the two GRPO figures
   count the same work;
 - `after_one_prompt` (GRPO only): the same 8 completions per step as 1 prompt x 8, the cpu preset's shape (one
