@@ -83,10 +83,11 @@ def tile_head_on_cpu() -> bool:
     from memory. With 512 x 2048 tiles (4 MB) they stay in cache: the fused head's forward and backward at 1,728
     rows take 4.20 s against 7.15 s (1.70x), at SFT's 480 rows 1.19 against 1.80 s, on a 2-core AMD EPYC Zen 3
     (`python -m evals.bench.bench_head`, medians of 3 interleaved rounds). Idempotent;
-    `ENV_ENGINEER_TRL_PATCH=0` leaves TRL as shipped, as for the other changes.
+    `ENV_ENGINEER_TRL_PATCH=0` leaves TRL as shipped, as for the other changes; `ENV_ENGINEER_HEAD_TILES=0` keeps TRL's
+    tiles alone (`python -m evals.bench.bench_train --head-tiles`).
     """
     global _TILED
-    if _TILED or os.environ.get("ENV_ENGINEER_TRL_PATCH", "1") == "0":
+    if _TILED or "0" in (os.environ.get("ENV_ENGINEER_TRL_PATCH", "1"), os.environ.get("ENV_ENGINEER_HEAD_TILES", "1")):
         return False
     import trl.trainer.utils as trl_utils
 

@@ -10,7 +10,7 @@ def test_dtype_arms_run_each_lever_interleaved_and_report_medians(monkeypatch, c
     fake_seconds = {"fp32": [60.0, 50.0, 58.0], "fp32_copy": [47.0, 46.0, 44.0], "fp32_copy_packed": [40.0, 39.0, 42.0],
                     "bf16_copy": [45.0, 52.0, 48.0], "bf16_copy_autocast": [40.0, 38.0, 41.0]}
 
-    def fake_child(side, raw, a, sft_steps=None):
+    def fake_child(side, raw, a, sft_steps=None, extra_env=None):
         name = side.split(" round ")[0]
         calls.append((name, raw["rollout_dtype"], raw["autocast_bf16"], raw["resample_rounds"], sft_steps))
         packs.append((name, raw.get("rollout_prepack")))
@@ -35,7 +35,7 @@ def test_dtype_arms_run_each_lever_interleaved_and_report_medians(monkeypatch, c
 def test_dtype_arms_picks_some_arms_the_first_the_base(monkeypatch, capsys):
     calls = []
 
-    def fake_child(side, raw, a, sft_steps=None):
+    def fake_child(side, raw, a, sft_steps=None, extra_env=None):
         calls.append(side)
         return {"grpo_seconds_per_step": {"fp32": 60.0, "fp32_copy": 48.0}[side.split(" round ")[0]]}
 
@@ -49,7 +49,7 @@ def test_dtype_arms_picks_some_arms_the_first_the_base(monkeypatch, capsys):
 def test_share_prompt_arms_toggle_only_the_shared_prompt(monkeypatch, capsys):
     calls = []
 
-    def fake_child(side, raw, a, sft_steps=None):
+    def fake_child(side, raw, a, sft_steps=None, extra_env=None):
         calls.append((side, raw["share_prompt"], raw["resample_rounds"], raw.get("rollout_dtype", "auto")))
         return {"grpo_seconds_per_step": 30.0 if raw["share_prompt"] else 45.0}
 
@@ -60,6 +60,21 @@ def test_share_prompt_arms_toggle_only_the_shared_prompt(monkeypatch, capsys):
     assert {c[2:] for c in calls} == {(0, "auto")}  # dynamic sampling off; the preset's dtypes in both arms
     assert out["speedup_over_per_row_prompt"]["shared_prompt"] == 1.5
     assert "1.50x per_row_prompt" in capsys.readouterr().out
+
+
+def test_head_tiles_arms_differ_only_in_the_childs_environment(monkeypatch, capsys):
+    calls = []
+
+    def fake_child(side, raw, a, sft_steps=None, extra_env=None):
+        calls.append((side, dict(extra_env or {}), raw["resample_rounds"], raw.get("rollout_dtype", "auto")))
+        return {"grpo_seconds_per_step": 40.0 if not extra_env else 44.0}
+
+    monkeypatch.setattr(bt, "_child", fake_child)
+    out = bt.main(["--head-tiles", "--rounds", "1", "--grpo-steps", "1"])
+    assert calls == [("trl_tiles round 1", {"ENV_ENGINEER_HEAD_TILES": "0"}, 0, "auto"),
+                     ("cpu_tiles round 1", {}, 0, "auto")]
+    assert out["speedup_over_trl_tiles"]["cpu_tiles"] == 1.1
+    assert "1.10x trl_tiles" in capsys.readouterr().out
 
 
 def test_bad_flags_get_one_clear_error(capsys):

@@ -206,6 +206,9 @@ def test_tiled_head_gives_trls_values_in_cpu_sized_tiles(monkeypatch):
     monkeypatch.setenv("ENV_ENGINEER_TRL_PATCH", "0")
     assert trl_cpu.tile_head_on_cpu() is False and trl_utils._ChunkedLogProbFunction is ChunkedLogProbFunction
     monkeypatch.delenv("ENV_ENGINEER_TRL_PATCH")
+    monkeypatch.setenv("ENV_ENGINEER_HEAD_TILES", "0")  # TRL's tiles alone (bench_train --head-tiles)
+    assert trl_cpu.tile_head_on_cpu() is False and trl_utils._ChunkedLogProbFunction is ChunkedLogProbFunction
+    monkeypatch.delenv("ENV_ENGINEER_HEAD_TILES")
     assert trl_cpu.tile_head_on_cpu() is True
     assert isinstance(trl_utils._ChunkedLogProbFunction, trl_cpu._CpuTiledHead)
     assert trl_cpu.tile_head_on_cpu() is False  # idempotent: never a wrapper of a wrapper

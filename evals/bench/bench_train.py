@@ -20,6 +20,9 @@
 `--share-prompt` (GRPO only) asks the same of `train.share_prompt`: the preset's GRPO step with every completion
 scored over its own copy of the prompt (TRL's path), and over one forward of the prompt shared by all 16.
 
+`--head-tiles` (GRPO only) asks the same of the fused LM head's CPU tiles (`nodes.trl_cpu.tile_head_on_cpu`;
+`ENV_ENGINEER_HEAD_TILES=0` in the child keeps TRL's own).
+
 `--dtypes` (GRPO only) asks whether the bf16 levers pay on this CPU: the cpu preset's GRPO step (1 prompt x 16,
 dynamic sampling off) sampled by the float32 model itself (transformers' generate), by a float32 rollout copy (the
 copy's sampler without bf16) on MKL's matmul and on oneDNN-packed weights (`train.rollout_prepack`), by the bf16
@@ -63,6 +66,10 @@ ONE_PROMPT = {**SAME_WORK, "num_generations": 8}  # the same 8 completions, in t
 SHARE_ARMS = {  # --share-prompt: the cpu preset's GRPO step with each row scored over its own prompt, or one shared
     "per_row_prompt": {"share_prompt": False},
     "shared_prompt": {"share_prompt": True},
+}
+HEAD_ARMS = {  # --head-tiles: the environment of each arm's child (the settings are the preset's)
+    "trl_tiles": {"ENV_ENGINEER_HEAD_TILES": "0"},  # TRL's 4096 x 32,768 tiles
+    "cpu_tiles": {},  # nodes.trl_cpu's 512 x 2048
 }
 DTYPE_ARMS = {  # --dtypes: the cpu preset's GRPO step with each bf16 lever off or on
     "fp32": {"rollout_dtype": "model", "autocast_bf16": False},
@@ -135,8 +142,8 @@ def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], se
     return out
 
 
-def _child(side: str, raw: dict, a, sft_steps: int | None = None) -> dict:
-    env = dict(os.environ)
+def _child(side: str, raw: dict, a, sft_steps: int | None = None, extra_env: dict | None = None) -> dict:
+    env = {**os.environ, **(extra_env or {})}
     if side == "before":
         env["ENV_ENGINEER_TRL_PATCH"] = "0"
     cmd = [sys.executable, "-m", "evals.bench.bench_train", "--child", json.dumps(raw), "--sft-steps",
@@ -166,11 +173,14 @@ def main(argv: list[str] | None = None) -> dict:
     mode.add_argument("--share-prompt", action="store_true",
                       help="GRPO s/step with each completion scored over its own copy of the prompt, and over one "
                       "shared forward of it (train.share_prompt)")
+    mode.add_argument("--head-tiles", action="store_true",
+                      help="GRPO s/step with TRL's fused LM head in TRL's own tiles and in CPU-sized ones "
+                      "(nodes.trl_cpu.tile_head_on_cpu)")
     p.add_argument("--arms", default=None,
                    help=f"--dtypes: a comma list of arms to run, the first the base (default: all, "
                    f"{','.join(DTYPE_ARMS)})")
     p.add_argument("--rounds", type=int, default=2,
-                   help="--dtypes, --share-prompt: interleaved rounds, at least 1 (the median is kept)")
+                   help="--dtypes, --share-prompt, --head-tiles: interleaved rounds, at least 1 (the median is kept)")
     p.add_argument("--sft-steps", type=int, default=4, help="timed SFT steps (after one untimed step); 0: none")
     p.add_argument("--grpo-steps", type=int, default=3, help="GRPO optimiser steps; 0: none")
     p.add_argument("--sft-sizes", default="3,4", help="grid sizes of the timed SFT examples")
@@ -199,6 +209,8 @@ def main(argv: list[str] | None = None) -> dict:
         figures = dtype_arms(preset, a)
     elif a.share_prompt:
         figures = run_arms(preset, a, SHARE_ARMS, "per_row_prompt")
+    elif a.head_tiles:
+        figures = run_arms(preset, a, {k: {} for k in HEAD_ARMS}, "trl_tiles", envs=HEAD_ARMS)
     elif not a.compare:
         figures = {"after_preset": _child("after_preset", preset, a)}
     else:
@@ -231,7 +243,7 @@ def dtype_arms(preset: dict, a) -> dict:
             "bf16_hardware": cpu_has_bf16()}
 
 
-def run_arms(preset: dict, a, arms: dict, base: str, note: str = "") -> dict:
+def run_arms(preset: dict, a, arms: dict, base: str, note: str = "", envs: dict | None = None) -> dict:
     """GRPO s/step of each arm (settings over the preset, dynamic sampling off), `a.rounds` interleaved rounds,
     each in its own child process; the medians and each arm's speed-up over the `base` arm."""
     import statistics
@@ -242,7 +254,8 @@ def run_arms(preset: dict, a, arms: dict, base: str, note: str = "") -> dict:
     seconds: dict[str, list[float]] = {k: [] for k in arms}
     for r in range(a.rounds):
         for name, arm in arms.items():
-            f = _child(f"{name} round {r + 1}", {**preset, "resample_rounds": 0, **arm}, a, sft_steps=0)
+            f = _child(f"{name} round {r + 1}", {**preset, "resample_rounds": 0, **arm}, a, sft_steps=0,
+                       extra_env=(envs or {}).get(name))
             seconds[name].append(f["grpo_seconds_per_step"])
     med = {k: statistics.median(v) for k, v in seconds.items()}
     print(f"GRPO s/step, {cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps} completions, median of "
