@@ -109,7 +109,7 @@ def rollout_dtype(cfg: TrainConfig, model) -> str | None:
 
 def rollout_prepack(cfg: TrainConfig, sampler_dtype: str | None) -> bool:
     """Whether the rollout copy (of `sampler_dtype`, None: no copy) runs its linear layers on oneDNN-packed weights
-    (`nodes.grpo_sampling.prepack_linears`). `train.rollout_prepack` None: for a float32 copy where torch has oneDNN.
+    (`nodes.rollout_linear.prepack_linears`). `train.rollout_prepack` None: for a float32 copy where torch has oneDNN.
     Never without a copy."""
     import torch
 

@@ -20,7 +20,7 @@ the way TRL's transformers path calls it. The paths, each an addition to the one
 - `rollout-fp32`: `RolloutCopy` in float32: every lever above but bf16 (`train.rollout_dtype=float32`, what `auto`
   picks on a CPU without bf16 hardware, where bf16 is multiplied in software), its linears on MKL's matmul;
 - `rollout-fp32-packed`: and its linears on weights packed once for oneDNN (`train.rollout_prepack`, what a float32
-  copy does by default: `nodes.grpo_sampling.prepack_linears`).
+  copy does by default: `nodes.rollout_linear.prepack_linears`).
 
 Tokens are sampled at `--temperature` (0.7, the cpu preset's) through a `GenerationConfig`, as TRL calls it;
 `--greedy` decodes greedily instead, and then every path's answers are compared token for token with the first
