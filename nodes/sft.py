@@ -394,45 +394,52 @@ def greedy_valid_rate(
     """
     import torch
 
-    from env import verify
-
     was_training = model.training
     model.eval()
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
+    texts: list[str] = []
+    try:
+        for i in range(0, len(instances), batch_size):
+            chunk = instances[i : i + batch_size]
+            prompts = [tokenizer.apply_chat_template(prompt_messages(x, prompt_style), add_generation_prompt=True,
+                                                     tokenize=False) for x in chunk]
+            enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                     pad_token_id=tokenizer.pad_token_id, **generate_kwargs)
+            texts += [tokenizer.decode(ids, skip_special_tokens=True) for ids in out[:, enc["input_ids"].shape[1] :]]
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return score_texts(instances, texts, criterion)
+
+
+def score_texts(instances: list, texts: list[str], criterion: str = "makespan") -> dict:
+    """`greedy_valid_rate`'s figures for given answers (`texts[i]` answers `instances[i]`), each verified by
+    `env.verify`: so answers kept from an earlier run are scored again, never trusted."""
+    from env import verify
+
+    if len(texts) != len(instances):
+        raise ValueError(f"{len(texts)} answers for {len(instances)} instances; allowed: one answer per instance")
     valid = optimal = 0
     each: list[bool] = []
     answers: list[dict] = []
     failures: dict[str, int] = {}
     per_size: dict[int, list[int]] = {}
-    sample = None
-    try:
-        for i in range(0, len(instances), batch_size):
-            chunk = instances[i : i + batch_size]
-            texts = [tokenizer.apply_chat_template(prompt_messages(x, prompt_style), add_generation_prompt=True,
-                                                   tokenize=False) for x in chunk]
-            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            with torch.no_grad():
-                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                     pad_token_id=tokenizer.pad_token_id, **generate_kwargs)
-            for inst, ids in zip(chunk, out[:, enc["input_ids"].shape[1] :], strict=True):
-                text = tokenizer.decode(ids, skip_special_tokens=True)
-                sample = text if sample is None else sample
-                v = verify(inst, text, criterion)
-                per_size.setdefault(inst.size, []).append(int(v.valid))
-                each.append(bool(v.valid))
-                answers.append({"id": inst.id, "answer": text, "failure": v.failure})
-                valid += v.valid
-                optimal += v.optimal
-                if v.failure:
-                    failures[v.failure] = failures.get(v.failure, 0) + 1
-    finally:
-        tokenizer.padding_side = side
-        model.train(was_training)
+    for inst, text in zip(instances, texts, strict=True):
+        v = verify(inst, text, criterion)
+        per_size.setdefault(inst.size, []).append(int(v.valid))
+        each.append(bool(v.valid))
+        answers.append({"id": inst.id, "answer": text, "failure": v.failure})
+        valid += v.valid
+        optimal += v.optimal
+        if v.failure:
+            failures[v.failure] = failures.get(v.failure, 0) + 1
     n = max(1, len(instances))
     by_size = {s: round(sum(v) / len(v), 4) for s, v in sorted(per_size.items())}
     return {"valid_rate": valid / n, "optimal_rate": optimal / n, "n": len(instances), "failures": failures,
-            "by_size": by_size, "sample": sample, "valid": each, "answers": answers}
+            "by_size": by_size, "sample": texts[0] if texts else None, "valid": each, "answers": answers}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -188,6 +188,7 @@ def test_every_finished_seed_is_kept_and_resumed(embedded_model_path, tmp_path, 
     bench.main([*args, "--seeds", "0,1", "--resume"])
     printed = capsys.readouterr().out
     assert "seeds [0] kept, [1] to train" in printed and "\nseed 0 " not in printed and "\nseed 1 " in printed
+    assert "warm start: greedy answers reused from" in printed  # the first run kept them (evals/bench/start_answers)
     final = json.loads(out.read_text())
     assert [r["seed"] for r in final["seeds"]] == [0, 1]
     assert final["seeds"][0] == first["seeds"][0]  # not retrained: its timing figures are the first run's, exactly
@@ -197,6 +198,7 @@ def test_every_finished_seed_is_kept_and_resumed(embedded_model_path, tmp_path, 
     lines = [json.loads(x) for x in answers.read_text().splitlines()]
     assert [x["who"] for x in lines] == ["warm start"] * 3 + [0] * 3 + ["warm start"] * 3 + [1] * 3
     assert [x["id"] for x in lines[3:6]] == [x["id"] for x in lines[:3]] and all("answer" in x for x in lines)
+    assert lines[6:9] == lines[:3]  # the reused start answers, verified again, are the ones it gave
     seed1 = [x["failure"] is None for x in lines[9:]]
     start = [x["failure"] is None for x in lines[6:9]]
     assert [int(a) - int(b) for a, b in zip(seed1, start, strict=True)] == final["seeds"][1]["diffs"]
@@ -294,3 +296,37 @@ def test_probe_branch_reads_rate_confidence_pairs_and_names_a_bad_one():
     for bad in ("0.15", "2:0.9", "0.1:x"):
         with pytest.raises(ValueError, match=f"--branch {bad!r}: allowed"):
             parse_branches(bad)
+
+
+def test_a_kept_start_answer_set_is_reused_only_for_its_spec_and_always_verified_again(tmp_path, monkeypatch):
+    """`evals.bench.start_answers`: the start's greedy answers, kept per (weights, split, limit, prompt, machine), come
+    back with the figures `nodes.sft.score_texts` gives them now; another spec, another split or a broken file
+    answers again (None); a kept text that was edited is judged by what it says, not by what was kept."""
+    import env
+    from evals.bench import start_answers
+    from nodes.sft import score_texts
+
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path))
+    val = [x for x in env.load_split("val-small") if x.size == 3][:4]
+    texts = [env.plan_text(x.plan) for x in val[:3]] + ["(0,0)"]
+    spec = start_answers.spec({"model.safetensors": "ab" * 32}, "val-small", val, 96, "compact")
+    assert start_answers.cached(spec, val) is None  # nothing kept yet
+    first = score_texts(val, texts)
+    assert first["valid"] == [True, True, True, False] and first["valid_rate"] == 0.75
+    start_answers.keep(spec, first)
+    again = start_answers.cached(spec, val)
+    assert {k: again[k] for k in ("valid", "by_size", "failures", "answers")} == \
+        {k: first[k] for k in ("valid", "by_size", "failures", "answers")}
+    assert start_answers.path(spec).parent == tmp_path / "start_answers" and not list(tmp_path.rglob("*.tmp"))
+    for other in ({**spec, "weights": {"model.safetensors": "cd" * 32}}, {**spec, "max_new_tokens": 128},
+                  {**spec, "threads": spec["threads"] + 1}, {**spec, "cpu": {"model name": "another CPU"}}):
+        assert start_answers.path(other) != start_answers.path(spec) and start_answers.cached(other, val) is None
+    assert start_answers.cached(spec, val[:3]) is None  # another instance list under the same spec
+    kept = json.loads(start_answers.path(spec).read_text())
+    kept["answers"][0]["answer"] = "(0,0)"  # edited on disk: verified again, so it now fails
+    start_answers.path(spec).write_text(json.dumps(kept))
+    assert start_answers.cached(spec, val)["valid"] == [False, True, True, False]
+    start_answers.path(spec).write_text("{ half written")
+    assert start_answers.cached(spec, val) is None
+    with pytest.raises(ValueError, match="3 answers for 4 instances"):
+        score_texts(val, texts[:3])

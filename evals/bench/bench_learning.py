@@ -33,13 +33,15 @@ import argparse
 import itertools
 import json
 import os
-import random
 import shutil
 import statistics
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+
+from evals.bench import start_answers
+from evals.intervals import paired_bootstrap, t_interval
 
 QUICK = {"sft_steps": 2, "sft_instances": 8, "max_steps": 1, "instances_per_stage": 8, "max_completion_length": 32}
 
@@ -109,33 +111,6 @@ def parse_holes(text: str) -> tuple[float, ...]:
     return holes
 
 
-def paired_bootstrap(diffs: list[list[int]], n: int = 4000, seed: int = 0) -> tuple[float, float]:
-    """95 % interval of the mean gain: resample seeds, then instances within each seed (paired differences)."""
-    rng = random.Random(seed)
-    means = []
-    for _ in range(n):
-        total = count = 0
-        for d in (diffs[rng.randrange(len(diffs))] for _ in diffs):
-            for _ in d:
-                total += d[rng.randrange(len(d))]
-                count += 1
-        means.append(total / count)
-    means.sort()
-    return means[int(0.025 * n)], means[int(0.975 * n) - 1]
-
-
-def t_interval(values: list[float]) -> tuple[float, float]:
-    """Student's t 95 % interval of the mean of `values` (nan for one value)."""
-    from math import nan, sqrt
-
-    t975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-    if len(values) < 2:
-        return nan, nan
-    m, sd = statistics.fmean(values), statistics.stdev(values)
-    h = t975.get(len(values) - 1, 1.96) * sd / sqrt(len(values))
-    return m - h, m + h
-
-
 def main(argv: list[str] | None = None) -> dict:
     from nodes.train_config import TRAIN_PRESETS
 
@@ -166,6 +141,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="also append every greedy answer to this file, one line each: {who: 'warm start' or the "
                    "GRPO seed, id, answer, failure} (appended: a --resume adds the start's answers again, then its "
                    "new seeds')")
+    p.add_argument("--no-start-cache", action="store_true", help="answer with the warm start again even if this "
+                   "machine kept its answers (evals/bench/start_answers.py: kept per weights, split, CPU; re-verified)")
     p.add_argument("--keep-checkpoints", type=Path, default=None, metavar="DIR",
                    help="also keep each seed's trained checkpoint as DIR/seed_N (to answer with it again later)")
     p.add_argument("--pool", type=Path, nargs="+", default=None, metavar="JSON",
@@ -263,10 +240,15 @@ def main(argv: list[str] | None = None) -> dict:
     where = f", built on {built['machine'].get('cpu')} at {built.get('started_at')}" if built.get("machine") else ""
     print(f"warm start: {'reused' if ws['hit'] else 'built'} {ws['path']} ({time.perf_counter() - t0:.0f} s{where})",
           flush=True)
-    model, tok = load_checkpoint(ws["path"])
-    before = score(model, tok)
+    spec = start_answers.spec(ws["weights"], a.split, val, max_new, cfg.prompt_style)
+    if (before := None if a.no_start_cache else start_answers.cached(spec, val)) is not None:
+        print(f"warm start: greedy answers reused from {start_answers.path(spec)}, re-verified", flush=True)
+    else:
+        model, tok = load_checkpoint(ws["path"])
+        before = score(model, tok)
+        del model
+        start_answers.keep(spec, before)
     keep_answers("warm start", before)
-    del model
     print("after warm start", json.dumps({k: before[k] for k in ("valid_rate", "by_size", "failures", "eval_seconds")}),
           flush=True)
 

@@ -1,0 +1,78 @@
+"""A warm start's greedy answers to an evaluation split, kept in the cache so that later benches of the same start
+on the same machine do not answer again (`evals.bench.bench_learning`; each seed often runs in its own process).
+
+Kept per (weights, split and its instance ids, answer limit, prompt style, CPU, torch, thread count): float32
+kernels that sum in another order flip near-tied greedy tokens of this marginal policy, so answers computed
+elsewhere are not reused. A kept answer is only text: it is verified again by `env.verify` on every reuse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+
+def _cpu_id() -> dict:
+    """The CPU as /proc/cpuinfo names it (model name, family, model): float32 kernels that sum in another order on
+    another CPU flip near-tied greedy tokens of this marginal policy, so answers are kept per CPU."""
+    out = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            k = k.strip()
+            if k in ("model name", "cpu family", "model") and k not in out:
+                out[k] = v.strip()
+    except OSError:
+        out["model name"] = platform.processor() or platform.machine()
+    return out
+
+
+def spec(weights: dict, split: str, val: list, max_new: int, prompt_style: str) -> dict:
+    """What a warm start's greedy answers to the evaluation split depend on: its weights, the instances, the answer
+    limit and prompt, and the machine that computes them (CPU, torch, threads)."""
+    import torch
+
+    return {"weights": weights, "split": split, "ids": [x.id for x in val], "max_new_tokens": max_new,
+            "prompt_style": prompt_style, "batch_size": 16, "cpu": _cpu_id(), "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
+def path(spec: dict) -> Path:
+    """`<cache>/start_answers/<sha256 of the spec, 16 digits>.json`, beside the warm starts."""
+    from llm_backends.models import cache_root
+
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "start_answers" / f"{key}.json"
+
+
+def cached(spec: dict, val: list) -> dict | None:
+    """The start's figures from its kept answers, each verified again (`nodes.sft.score_texts`), or None when none
+    were kept for this spec, or the file is unreadable or names another spec (then the start answers again)."""
+    from nodes.sft import score_texts
+
+    f = path(spec)
+    try:
+        kept = json.loads(f.read_text())
+        if kept["spec"] != json.loads(json.dumps(spec)):
+            return None
+        texts = [x["answer"] for x in kept["answers"]]
+        if [x["id"] for x in kept["answers"]] != [x.id for x in val]:
+            return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    r = score_texts(val, texts)
+    r["eval_seconds"] = 0.0
+    return r
+
+
+def keep(spec: dict, r: dict) -> None:
+    """Keep the start's greedy answers for `cached` (whole or not at all)."""
+    f = path(spec)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")  # two benches of one start may both write it
+    tmp.write_text(json.dumps({"spec": spec, "answers": [{"id": x["id"], "answer": x["answer"]} for x in r["answers"]],
+                               "eval_seconds": r.get("eval_seconds")}, indent=2) + "\n")
+    os.replace(tmp, f)
