@@ -26,6 +26,7 @@ import logging
 import os
 import shutil
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -422,24 +423,18 @@ def score_texts(instances: list, texts: list[str], criterion: str = "makespan") 
 
     if len(texts) != len(instances):
         raise ValueError(f"{len(texts)} answers for {len(instances)} instances; allowed: one answer per instance")
-    valid = optimal = 0
-    each: list[bool] = []
-    answers: list[dict] = []
-    failures: dict[str, int] = {}
+    verdicts = [verify(inst, text, criterion) for inst, text in zip(instances, texts, strict=True)]
+    each = [bool(v.valid) for v in verdicts]
     per_size: dict[int, list[int]] = {}
-    for inst, text in zip(instances, texts, strict=True):
-        v = verify(inst, text, criterion)
-        per_size.setdefault(inst.size, []).append(int(v.valid))
-        each.append(bool(v.valid))
-        answers.append({"id": inst.id, "answer": text, "failure": v.failure})
-        valid += v.valid
-        optimal += v.optimal
-        if v.failure:
-            failures[v.failure] = failures.get(v.failure, 0) + 1
+    for inst, ok in zip(instances, each, strict=True):
+        per_size.setdefault(inst.size, []).append(int(ok))
     n = max(1, len(instances))
-    by_size = {s: round(sum(v) / len(v), 4) for s, v in sorted(per_size.items())}
-    return {"valid_rate": valid / n, "optimal_rate": optimal / n, "n": len(instances), "failures": failures,
-            "by_size": by_size, "sample": texts[0] if texts else None, "valid": each, "answers": answers}
+    return {"valid_rate": sum(each) / n, "optimal_rate": sum(bool(v.optimal) for v in verdicts) / n,
+            "n": len(instances), "failures": dict(Counter(v.failure for v in verdicts if v.failure)),
+            "by_size": {s: round(sum(v) / len(v), 4) for s, v in sorted(per_size.items())},
+            "sample": texts[0] if texts else None, "valid": each,
+            "answers": [{"id": i.id, "answer": t, "failure": v.failure}
+                        for i, t, v in zip(instances, texts, verdicts, strict=True)]}
 
 
 def main(argv: list[str] | None = None) -> None:
