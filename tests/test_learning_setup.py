@@ -558,8 +558,10 @@ def test_shared_prompt_scores_and_gradients_equal_trls_path(embedded_model_path,
     assert torch.allclose(lp[real], ref_lp[real], atol=1e-4)
     assert torch.allclose(ent[real], ref_ent[real], atol=1e-4)
     assert set(g) == set(ref_g)
-    for name in ref_g:
-        assert torch.allclose(g[name], ref_g[name], atol=1e-4, rtol=1e-3), name
+    for name in ref_g:  # float32 sums in another order (one prompt row vs four): off by ~1e-5 of its scale here
+        scale = ref_g[name].abs().max().item()
+        assert (g[name] - ref_g[name]).abs().max().item() <= 1e-3 * scale, name
+        assert (g[name] - ref_g[name]).norm().item() <= 3e-4 * ref_g[name].norm().item(), name
 
     # the trainer's hook: a shared batch never reaches TRL's path; with share_prompt off, every batch does
     trl_calls = []
