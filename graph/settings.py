@@ -1,7 +1,7 @@
 """Run settings and the run context every node receives.
 
 One pydantic object, `Settings`, holds every fixed setting of a run. It is built from, in order of
-precedence, CLI flags, environment variables and a named preset (`smoke`, `cpu`, `paper`). Nodes read it
+precedence, CLI flags, environment variables and a named preset (`smoke`, `cpu`, `cpu-long`, `paper`). Nodes read it
 through LangGraph's runtime context (`runtime.context.settings`); it is never part of the graph state,
 so a resumed run reads the very settings it was started with (`settings.json` in the run folder).
 
@@ -25,6 +25,22 @@ from llm_backends.engineers import CLASSIC_ENGINEERS, MODEL_ENGINEERS
 from nodes.summarize_failures import CONTEXT_VARIANTS
 from nodes.train_config import TRAIN_PRESETS, TrainConfig
 
+# The cpu presets' run: the embedded model, answered through vLLM where it is installed
+_CPU_RUN: dict[str, Any] = {
+    "stages": 3,
+    # vLLM answers the evaluations about 3.3x faster than in-process generation here (bench_llm), and the
+    # self-engineer's kept server is the same one; in-process where vLLM is not installed
+    "policy_backend": "auto",
+    # 150 2-agent answers on sizes 3-5, where the warm-started 135M policy learns: a 5-point change is visible
+    "eval_split": "val-small",
+    "eval_batch_size": 64,  # answers in flight on the vLLM server at once
+    "final_split": "test-mini",
+    "eval_max_tokens": 160,
+    "eval_limit": None,
+    "final_limit": 36,  # 12 per agent count and per wait subset, every size; all 72 of env 1.0.0's took 414 s (issue 6)
+    "engineer_max_tokens": 512,
+}
+
 # Run-level values per preset; the training hyper-parameters come from nodes.train_config.TRAIN_PRESETS.
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
@@ -38,20 +54,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "engineer_max_tokens": 384,  # the self-engineer's schema-constrained JSON needs about 275 tokens
         "policy_dtype": "float32",  # CI: the same greedy answers on every CPU, bf16 hardware or not
     },
-    "cpu": {
-        "stages": 3,
-        # vLLM answers the evaluations about 3.3x faster than in-process generation here (bench_llm), and the
-        # self-engineer's kept server is the same one; in-process where vLLM is not installed
-        "policy_backend": "auto",
-        # 150 2-agent answers on sizes 3-5, where the warm-started 135M policy learns: a 5-point change is visible
-        "eval_split": "val-small",
-        "eval_batch_size": 64,  # answers in flight on the vLLM server at once
-        "final_split": "test-mini",
-        "eval_max_tokens": 160,
-        "eval_limit": None,
-        "final_limit": 36,  # 12 per agent count and per wait subset, every size; all 72 of env 1.0.0's took 414 s (issue 6)
-        "engineer_max_tokens": 512,
-    },
+    "cpu": _CPU_RUN,
+    # `cpu`'s run, around a 4x longer stage that learns measurably (nodes.train_config.TRAIN_PRESETS["cpu-long"])
+    "cpu-long": _CPU_RUN,
     "paper": {
         "stages": 3,
         "policy_model": "Qwen/Qwen3-4B",
@@ -78,7 +83,7 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    preset: Literal["smoke", "cpu", "paper"] = Field("cpu", description="named bundle of defaults")
+    preset: Literal["smoke", "cpu", "cpu-long", "paper"] = Field("cpu", description="named bundle of defaults")
     engineer: str = Field(
         "self",
         description="who designs the next stage: self | base | openai | gemini | fixed | random | "

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 
 from evals.bench.bench_learning import main, paired_bootstrap, parse_holes, pool, summarize, training_draw
+
+RESULTS = Path(__file__).resolve().parents[1] / "evals" / "results" / "learning_cpu"
 
 
 def _run(seed: int, gain_bias: float) -> dict:
@@ -330,3 +333,21 @@ def test_a_kept_start_answer_set_is_reused_only_for_its_spec_and_always_verified
     assert start_answers.cached(spec, val) is None
     with pytest.raises(ValueError, match="3 answers for 4 instances"):
         score_texts(val, texts[:3])
+
+
+def test_the_cpu_long_preset_is_the_arm_its_figures_were_measured_with():
+    """The preset's documented gain (nodes.train_config) comes from stop 57's arm, run as `--preset cpu` with the
+    values set by hand: `--preset cpu-long`'s settings and default GRPO sizes must be that arm's, so its runs pool
+    with the committed seeds. A changed preset value fails here, as it should: the figures would no longer be its."""
+    from evals.bench.bench_learning import GRPO_SIZES, same_setup
+    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+
+    measured_path = RESULTS / "bench_learning_s57_ws300_grpo96_g8_sizes34_rr0_seed0.json"
+    measured = json.loads(measured_path.read_text())
+    assert measured["preset"] == "cpu"
+    mine = {**measured, "preset": "cpu-long", "grpo_sizes": sorted(int(x) for x in GRPO_SIZES["cpu-long"].split(",")),
+            "train_config": TrainConfig.model_validate(TRAIN_PRESETS["cpu-long"]).model_dump(mode="json")}
+    same_setup(Path("cpu-long.json"), mine, measured_path, measured)  # raises on any difference
+    cpu = {**mine, "train_config": TrainConfig.model_validate(TRAIN_PRESETS["cpu"]).model_dump(mode="json")}
+    with pytest.raises(ValueError, match=r"train_config differs .*max_steps: 24 vs 96"):
+        same_setup(Path("cpu.json"), cpu, measured_path, measured)

@@ -21,6 +21,22 @@ def test_precedence_cli_over_env_over_preset():
     assert s.train.learning_rate == 0.5  # training hyper-parameters are overridable too
 
 
+def test_cpu_long_is_cpus_run_around_the_measured_96_step_stage(tmp_path):
+    """`--preset cpu-long`: the cpu preset's run (splits, limits, backend) with the training values its figures in
+    evals/results/learning_cpu were measured with; the cpu preset itself keeps its own stage."""
+    long, cpu = build_settings({"preset": "cpu-long"}, {}), build_settings({}, {})
+    assert long.preset == "cpu-long" and cpu.preset == "cpu"
+    run = {k: v for k, v in long.model_dump().items() if k not in ("preset", "train")}
+    assert run == {k: v for k, v in cpu.model_dump().items() if k not in ("preset", "train")}
+    t, c = long.train, cpu.train
+    assert (t.sft_steps, t.sft_instances, t.max_steps, t.num_generations, t.per_device_train_batch_size,
+            t.resample_rounds) == (300, 2400, 96, 8, 16, 0)
+    assert (c.sft_steps, c.max_steps, c.num_generations) != (t.sft_steps, t.max_steps, t.num_generations)
+    assert build_settings({"preset": "cpu-long", "train.max_steps": "144"}, {}).train.max_steps == 144
+    flat = " ".join(run_cli(["--help"], {}, cwd=tmp_path).stdout.split())
+    assert "cpu-long: 3 stages, 64 training instances and 96 GRPO steps per stage" in flat
+
+
 @pytest.mark.parametrize(
     "cli, env, needle",
     [

@@ -56,7 +56,7 @@ def test_studio_context_schema_lists_the_settings():
 
 @pytest.mark.parametrize("ctx, match", [
     ({"preset": "smoke", "seed": "-1"}, r"bad setting seed from the run's context key 'seed': '-1'"),
-    ({"preset": "nope"}, r"PRESET='nope' is not a preset; allowed: smoke, cpu, paper"),
+    ({"preset": "nope"}, r"PRESET='nope' is not a preset; allowed: smoke, cpu, cpu-long, paper"),
     ({"preset": "smoke", "train": {"report_to": "mlflow"}}, r"train.report_to .*'mlflow'"),
     ({"preset": "smoke", "openai_api_key": "sk-x"}, r"API keys are read from the environment only"),
     ({"preset": "smoke", "run_id": "x"}, r"run_id is set by the run itself"),
