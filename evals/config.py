@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ConfigT = TypeVar("ConfigT", bound=BaseModel)  # an eval's config model; load_config returns an instance of it
@@ -27,7 +27,8 @@ class LoopConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    preset: str = Field("smoke", description="graph.run preset: smoke | cpu | paper (same budget for every arm)")
+    preset: str = Field("smoke", description="graph.run preset: smoke | cpu | cpu-long | paper (same budget for "
+                        "every arm)")
     seeds: list[int] = Field(description="seeds; each gives every arm the same stage-0 config and data")
     out: Path = Field(description="folder of the tables, plots, logs and copied verdict files")
     runs_dir: Path | None = Field(None, description="parent of the run folders (default: runs/evals/<out name>)")
@@ -48,6 +49,15 @@ class LoopConfig(BaseModel):
         True, description="train each seed's engineer-independent stage 0 once: the seed's first run is the "
         "donor, later new runs of that seed start with graph.run --stage0-from <donor> (false: every run in full)"
     )
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, v: str) -> str:
+        from graph.settings import PRESETS
+
+        if v not in PRESETS:
+            raise ValueError(f"preset {v!r} is not a graph.run preset; allowed: {', '.join(PRESETS)}")
+        return v
 
     def resolved_runs_dir(self) -> Path:
         return repo_path(self.runs_dir) if self.runs_dir else REPO_ROOT / "runs" / "evals" / Path(self.out).name

@@ -195,3 +195,13 @@ def test_repository_configs_pointing_at_committed_folders_still_plan_with_fresh(
     tracked = subprocess.run(["git", "status", "--porcelain", "--", "evals/results"], cwd=REPO,
                              capture_output=True, text=True).stdout
     assert "compare_smoke-20" not in tracked and "compare_cpu-20" not in tracked  # a dry run makes no folder
+
+
+def test_a_config_names_only_a_graph_run_preset(tmp_path):
+    """A preset graph.run does not know is refused when the config is read, in one line naming it, not run by run
+    after the grid has started; `cpu-long` is one it knows."""
+    body = "engineers: [fixed]\nseeds: [0]\nout: evals/results/compare_smoke\npreset: {}\n"
+    cfg = config.load_config(_config(tmp_path, body.format("cpu-long")), compare_engineers.CompareConfig)
+    assert cfg.preset == "cpu-long"
+    with pytest.raises(config.EvalConfigError, match=r"field preset='cpu-lng'.*allowed: smoke, cpu, cpu-long, paper"):
+        config.load_config(_config(tmp_path, body.format("cpu-lng")), compare_engineers.CompareConfig)
