@@ -406,9 +406,9 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # stage 96 GRPO steps of 2 prompts x 8 completions, every group trained as sampled (no dynamic sampling).
     # On 3x3/4x4 maps this stage raised the greedy valid rate on val-small's 150 2-agent answers by +4.9 points,
     # 95 % interval [+0.7, +9.1], over 3 pre-registered seeds on a Xeon (stop 57), +5.2 [+2.0, +8.4] over 6 (stop
-    # 60); 144 steps gained no more (+0.4
-    # per paired seed, [-3.7, +4.6], stop 59), so the stage stops at 96. About 40 min a stage on 2 cores, where
-    # `cpu`'s 24-step stage (+0.7 to +1.6 points) keeps the default run within 30 minutes.
+    # 60); 144 steps gained no more (+0.4 per paired seed, [-3.7, +4.6], stop 59), so the stage stops at 96. About
+    # 30 min a stage alone on a 2-core Xeon (18-20 s a step, evals/results/cpu_long_run_xeon), where `cpu`'s
+    # 24-step stage (+0.7 to +1.6 points) keeps the default run within 30 minutes.
     # evals/results/learning_cpu/README.md, "The cpu-long preset".
     "cpu-long": {
         "sft_steps": 300,
