@@ -31,6 +31,7 @@ EXCLUDED = {
                        "node), no eval table",
     "default_run_cpu_fresh": "the same default run on a fresh machine: a run report, no eval table",
     "default_run_cpu_amd": "the same default run, fresh, on an AMD EPYC Zen 4: a run report, no eval table",
+    "cpu_long_run_xeon": "one `python -m graph.run --preset cpu-long` on a Xeon: a run report, no eval table",
     "learning_cpu": "outputs of evals.bench benchmarks (JSON and text), no eval table",
 }
 OUTPUTS = ("table.md", "table.csv", "table.json", "failures.csv")
