@@ -83,7 +83,7 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    preset: Literal["smoke", "cpu", "cpu-long", "paper"] = Field("cpu", description="named bundle of defaults")
+    preset: Literal[tuple(PRESETS)] = Field("cpu", description="named bundle of defaults")  # type: ignore[valid-type]
     engineer: str = Field(
         "self",
         description="who designs the next stage: self | base | openai | gemini | fixed | random | "

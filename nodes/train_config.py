@@ -2,7 +2,8 @@
 
 A small module of its own, so that the run settings (which embed a `TrainConfig`) and the CLIs read the training
 knobs without importing the trainer. The presets: `smoke` (CI, seconds), `cpu` (embedded 135M model on a laptop,
-warm start on), `cpu-long` (the same model, a 4x longer stage that learns measurably, hours a run), `paper` (Qwen3-4B, 4,000 instances per stage, 2 epochs, LoRA, vLLM generation, for a GPU).
+warm start on), `cpu-long` (the same model, a 4x longer stage that learns measurably, hours a run), `paper`
+(Qwen3-4B, 4,000 instances per stage, 2 epochs, LoRA, vLLM generation, for a GPU).
 Every field can also be set from the environment as `TRAIN__<NAME>` (`nodes.train_stage`'s CLI).
 """
 
