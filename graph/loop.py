@@ -58,7 +58,8 @@ def track_shared_stage0(run_dir: Path, settings: Settings, donor) -> None:
     values = donor.values
     track("apply", {}, {"stage": 0, "config": values.get("config")}, run_dir, settings)
     track("train_stage", {"stage": 0}, {"train_metrics": values.get("train_metrics")}, run_dir, settings)
-    track("evaluate", {"stage": 0}, {"metrics": values.get("metrics")}, run_dir, settings)
+    track("evaluate", {"stage": 0}, {"metrics": values.get("metrics"), "start_metrics": values.get("start_metrics")},
+          run_dir, settings)
 
 
 def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]:

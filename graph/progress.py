@@ -139,7 +139,11 @@ def describe_update(node: str, update: dict[str, Any], state: dict[str, Any]) ->
         return None
     stage = update.get("stage", state.get("stage", 0))
     if node == "evaluate" and "metrics" in update:
-        return _stage_line(stage, update["metrics"])
+        start = update.get("start_metrics")
+        line = _stage_line(stage, update["metrics"])
+        if isinstance(start, dict) and isinstance(start.get("eval/valid_rate"), (int, float)):
+            line += f" (warm start before it: valid {100 * start['eval/valid_rate']:.1f}%)"
+        return line
     if node == "summarize_failures":
         return f"[stage {stage}] failures summarized for the engineer ({len(update.get('context') or '')} chars)"
     if node == "validate_config":

@@ -28,6 +28,8 @@ class LoopState(TypedDict, total=False):
     """Metrics of the latest train stage (train/...)."""
     metrics: dict[str, Any]
     """Metrics of the latest evaluation (eval/...)."""
+    start_metrics: dict[str, Any] | None
+    """Metrics of the cached SFT warm start's own evaluation (eval/..., stage_0/start/), set at stage 0's evaluate."""
     history: list[dict[str, Any]]
     """One entry per finished stage: {stage, config, metrics, rationale, decision}."""
     context: str

@@ -10,7 +10,9 @@ LangGraph server / Studio), after
   the stage's trainer writes, in its child process) goes to the loop's run at `offset_k + step`, where
   `offset_k` is the number of GRPO steps of the stages before k (their metrics.json `train/steps`);
 - `evaluate` of stage k: its `eval/*` numbers at the stage's last global step, and `by_stage/eval/*` at
-  step k (TensorBoard; W&B gets a `stage` field on the same row instead, its steps must only grow);
+  step k (TensorBoard; W&B gets a `stage` field on the same row instead, its steps must only grow). At stage 0,
+  the cached warm start's own evaluation too, as `start/eval/*` on the same step and `by_stage/eval/*` at step
+  -1 (TensorBoard), the policy before any GRPO step;
 - `final_evaluate`: the `final/*` numbers at the loop's last global step.
 
 The TensorBoard run is `run_dir/tb/` (the per-stage runs stage_k/tb/ stay where they are). What was
@@ -181,15 +183,21 @@ class LoopTracker:
             self._scalars(by_step[step], step, {"stage": stage})
         self._mark(key)
 
-    def on_evaluate(self, stage: int, metrics: dict[str, Any] | None) -> None:
+    def on_evaluate(self, stage: int, metrics: dict[str, Any] | None,
+                    start_metrics: dict[str, Any] | None = None) -> None:
         key = f"eval:{stage}"
         if key in self._logged():
             return
         values = _numbers(metrics, "eval/")
+        start = _numbers({k: v for k, v in (start_metrics or {}).items() if k.startswith("eval/")}, "eval/")
         step = stage_offset(self.run_dir, stage + 1)  # the stage's last global step
-        self._scalars(values, step, {"stage": stage})
+        # the warm start (stage 0 only) as start/eval/* on the stage's row: W&B's steps only grow, so it cannot go
+        # back to step 0, and both trackers get the same scalars on the same steps
+        self._scalars({**values, **{f"start/{k}": v for k, v in start.items()}}, step, {"stage": stage})
         w = self.tb()
         if w is not None:
+            for k, v in start.items():  # "stage -1": the policy before stage 0's first GRPO step
+                w.add_scalar(f"by_stage/{k}", v, -1)
             for k, v in values.items():
                 w.add_scalar(f"by_stage/{k}", v, stage)
             w.flush()
@@ -246,7 +254,7 @@ def track(node: str, state: dict[str, Any], update: Any, run_dir: Path, settings
         elif node == "train_stage":
             t.on_train(int(state.get("stage", 0) or 0), update.get("train_metrics"))
         elif node == "evaluate":
-            t.on_evaluate(int(state.get("stage", 0) or 0), update.get("metrics"))
+            t.on_evaluate(int(state.get("stage", 0) or 0), update.get("metrics"), update.get("start_metrics"))
         elif node == "final_evaluate":
             t.on_final(update.get("final_metrics"))
     except Exception as e:  # noqa: BLE001 - tracking never ends a run

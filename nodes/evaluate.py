@@ -4,7 +4,9 @@
 writes `stage_<k>/eval.jsonl` (one row per instance: id, size, agents, tags, the raw answer text and the
 verdict fields) and `stage_<k>/metrics.json`. `final_evaluate` runs once at the end on
 `settings.final_split` (the held-out 3/4/5-agent benchmark) and writes `final/` with the paper's tables:
-aggregates per agent count and per wait-ratio subset.
+aggregates per agent count and per wait-ratio subset. At stage 0, a run that began from a cached SFT warm start
+evaluates that start first, the same way, into `stage_0/start/` (`evaluate_start`): the row its learning is
+measured from. Its answers are kept in the cache beside the warm start, so a start is answered once per machine.
 
 Metrics come from `compute_metrics(rows)` / `compute_final_metrics(rows)`, pure functions of the rows of
 an `eval.jsonl`, so any table can be recomputed from the saved answers. Stable names:
@@ -374,13 +376,15 @@ def run_eval(
     settings: Settings,
     limit: int | None = None,
     model: ChatModel | None = None,
+    log_dir: Path | None = None,
 ) -> list[dict]:
     """Answer `split` with the policy (or the given `model`), verify, write `out_dir/eval.jsonl`.
 
     Resumable: each batch's rows are appended to `out_dir/eval.partial.jsonl` as they come, so an evaluation
     that is killed or stopped (SIGTERM: at the next batch) keeps its answers, and the next call with the same
     `eval_key` answers only the rest. A finished evaluation leaves `eval.jsonl` and `eval.key.json`; calling
-    again with the same key reuses it without starting the policy."""
+    again with the same key reuses it without starting the policy. A vLLM server started for it logs into
+    `log_dir` (default `out_dir`)."""
     instances = limit_instances(load_split(split), limit)
     key = eval_key(split, instances, checkpoint=checkpoint, settings=settings, model=model)
     done = saved_answers(out_dir, key)  # split ids are unique (env.load_split checks)
@@ -412,7 +416,7 @@ def run_eval(
                 with open_policy(
                     checkpoint or settings.policy_model,
                     settings.policy_backend,
-                    out_dir,
+                    log_dir or out_dir,
                     base_model=settings.policy_model,  # the base of a LoRA checkpoint
                     batch_size=settings.eval_batch_size,
                     max_concurrency=settings.eval_batch_size,  # one batch in flight at once on a vLLM server
@@ -428,23 +432,85 @@ def run_eval(
     return rows
 
 
+START_DIR = "start"  # stage_0/start/: the warm start's own evaluation (eval.jsonl, eval.key.json, metrics.json)
+START_CACHE = "start_evals"  # <cache>/start_evals/<16 hex>.json: its answers, kept for every run of that start
+
+
+def start_cache_file(key: dict[str, Any]) -> Path:
+    """Where the answers of an evaluation under `key` of a cached warm start are kept: beside the warm starts, per
+    CPU and per torch / vLLM version too (answers computed on another machine are not reused)."""
+    from llm_backends.models import cache_root
+    from nodes.provenance import cpu_id, package_versions
+
+    versions = {k: v for k, v in package_versions().items() if k in ("torch", "vllm", "transformers")}
+    spec = json.dumps({"key": key, "cpu": cpu_id(), "versions": versions}, sort_keys=True)
+    return cache_root() / START_CACHE / f"{hashlib.sha256(spec.encode()).hexdigest()[:16]}.json"
+
+
+def _kept_start_rows(file: Path, key: dict[str, Any], instances: Sequence[Any], criterion: str) -> list[dict] | None:
+    """The kept answers of `file`, verified again (a kept answer is only text), or None when there are none for
+    exactly `key` and these instances (missing, unreadable, another key)."""
+    try:
+        kept = json.loads(file.read_text())
+        if kept["key"] != key or [a["id"] for a in kept["answers"]] != [inst.id for inst in instances]:
+            return None
+        return [verdict_row(inst, str(a["text"]), a.get("completion_tokens"), a.get("finish_reason"), criterion)
+                for inst, a in zip(instances, kept["answers"], strict=True)]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def evaluate_start(run_dir: Path, stage_metrics: dict[str, Any], settings: Settings,
+                   model: ChatModel | None = None) -> dict[str, Any] | None:
+    """The warm start's own evaluation, on the same split, answers and settings as every stage's: the row the
+    run's learning is measured from (the report's "start" row, TensorBoard's step 0).
+
+    Only for a run whose stage 0 began from a cached warm start (`stage_metrics["sft/cache_path"]`). Its answers
+    are kept in the cache (`start_cache_file`) and verified again on reuse, so a start is answered once per
+    machine, not once per run. Written to `stage_0/start/` (resumable like any evaluation); a run that has it
+    there already reuses it. Returns its metrics (`compute_metrics`, plus `start/...` bookkeeping), or None when
+    the run had no cached start or the cache entry is gone (a copied run on another machine)."""
+    out_dir = stage_dir(run_dir, 0) / START_DIR
+    try:
+        done = json.loads((out_dir / "metrics.json").read_text())
+        if isinstance(done, dict) and "eval/valid_rate" in done:
+            return done
+    except (OSError, ValueError):
+        pass
+    path = stage_metrics.get("sft/cache_path")
+    if not isinstance(path, str) or not Path(path).is_dir():
+        return None
+    instances = limit_instances(load_split(settings.eval_split), settings.eval_limit)
+    key = eval_key(settings.eval_split, instances, checkpoint=path, settings=settings, model=model)
+    cache = start_cache_file(key) if model is None else None  # a stand-in's answers are not the start's
+    kept = None if cache is None else _kept_start_rows(cache, key, instances, settings.train.optimality)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if kept is not None:  # run_eval then finds them answered under this key and starts no policy
+        write_jsonl(out_dir / "eval.jsonl", kept)
+        write_json(out_dir / KEY_FILE, key)
+        print(f"eval {settings.eval_split}: the warm start's {len(kept)} answers reused from {cache} "
+              "(verified again)", flush=True)
+    rows = run_eval(settings.eval_split, out_dir, checkpoint=path, settings=settings, limit=settings.eval_limit,
+                    model=model, log_dir=out_dir.parent)
+    if cache is not None and kept is None:
+        answers = [{k: r.get(k) for k in ("id", "text", "completion_tokens", "finish_reason")} for r in rows]
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_json(cache, {"key": key, "answers": answers})
+    metrics = {**compute_metrics(rows), "start/cache_key": stage_metrics.get("sft/cache_key"),
+               "start/cache_path": path, "start/answers_reused": kept is not None}
+    write_json(out_dir / "metrics.json", metrics)
+    return metrics
+
+
 def evaluate(
     state: LoopState, runtime: Runtime[RunContext], model: ChatModel | None = None
 ) -> dict[str, Any]:
-    """Node: the current checkpoint answers the validation split; returns {"metrics", "log"}. `model`
+    """Node: the current checkpoint answers the validation split; returns {"metrics", "log"}. At stage 0 the
+    cached warm start the stage began from answers it first (`evaluate_start`, also {"start_metrics"}). `model`
     answers instead of the policy (tests)."""
     settings = runtime.context.settings
     stage = int(state.get("stage") or 0)
     out_dir = stage_dir(runtime.context.run_dir, stage)
-    rows = run_eval(
-        settings.eval_split,
-        out_dir,
-        checkpoint=state.get("checkpoint"),
-        settings=settings,
-        limit=settings.eval_limit,
-        model=model,
-    )
-    metrics = compute_metrics(rows)
     # stage_k/metrics.json already holds train_stage's figures (`train/...`, and at stage 0 the warm start's `sft/...`:
     # which cached start the run used): keep them beside `eval/...`.
     on_disk = out_dir / "metrics.json"
@@ -454,12 +520,29 @@ def evaluate(
             kept = {k: v for k, v in json.loads(on_disk.read_text()).items() if k.startswith(("train/", "sft/"))}
         except (OSError, ValueError):
             kept = {}
+    update: dict[str, Any] = {}
+    lines = []
+    if stage == 0:
+        start = evaluate_start(runtime.context.run_dir, kept, settings, model=model)
+        if start is not None:
+            update["start_metrics"] = start
+            lines.append(f"warm start: eval on {settings.eval_split} (n={start['eval/n']}): "
+                         f"valid {start['eval/valid_rate']:.3f}, optimal {start['eval/optimal_rate']:.3f}")
+    rows = run_eval(
+        settings.eval_split,
+        out_dir,
+        checkpoint=state.get("checkpoint"),
+        settings=settings,
+        limit=settings.eval_limit,
+        model=model,
+    )
+    metrics = compute_metrics(rows)
     write_json(on_disk, {**kept, **metrics})
-    line = (
+    lines.append(
         f"stage {stage}: eval on {settings.eval_split} (n={metrics['eval/n']}): "
         f"valid {metrics['eval/valid_rate']:.3f}, optimal {metrics['eval/optimal_rate']:.3f}"
     )
-    return {"metrics": metrics, "log": [line]}
+    return {**update, "metrics": metrics, "log": lines}
 
 
 def final_evaluate(

@@ -71,6 +71,21 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_id() -> dict[str, str]:
+    """The CPU as /proc/cpuinfo names it (model name, family, model). Kernels that sum in another order on another
+    CPU flip near-tied greedy tokens of a marginal policy, so answers kept in the cache are kept per CPU."""
+    out: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            k = k.strip()
+            if k in ("model name", "cpu family", "model") and k not in out:
+                out[k] = v.strip()
+    except OSError:
+        out["model name"] = platform.processor() or platform.machine()
+    return out
+
+
 def machine() -> dict[str, Any]:
     """CPU model, cores (all, and usable by this process), GPUs (names; [] without CUDA), OS, Python."""
     try:

@@ -1,7 +1,8 @@
 """The report node: `report.md` and its plots, written from the run folder's files alone.
 
 Everything here is recomputed from what earlier nodes saved (stage_k/config.json, metrics.json,
-validation.json, final/metrics.json, and settings.json / stage0_from.json of the run), so `python -m nodes.report RUN_DIR` rebuilds the same report
+validation.json, stage_0/start/metrics.json (the warm start's own evaluation), final/metrics.json, and
+settings.json / stage0_from.json of the run), so `python -m nodes.report RUN_DIR` rebuilds the same report
 for any run folder, finished or not.
 
 Every file is read as untrusted: JSON of the wrong type (a list where an object belongs, a string where a
@@ -84,6 +85,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
         )
     return {
         "stages": stages,
+        "start": _read_json(run_dir / "stage_0" / "start" / "metrics.json"),
         "final": _read_json(run_dir / "final" / "metrics.json"),
         "final_cpu": _read_json(run_dir / "final_cpu" / "metrics.json"),
         "settings": _read_json(run_dir / "settings.json") or {},
@@ -110,7 +112,8 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stages = [s for s in data["stages"] if s["metrics"]]
+    stages = [s for s in data["stages"] if s["metrics"] and "eval/valid_rate" in s["metrics"]]
+    start = data.get("start")
     files = []
     if stages:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
@@ -118,10 +121,12 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
             (axes[0], "valid_rate", "valid rate"),
             (axes[1], "optimal_rate", "optimal rate"),
         ):
-            for s in stages:
-                ys = [_size_rate(s["metrics"], kind, n) for n in SIZES]
+            lines = [(start, "warm start", {"color": "0.5", "linestyle": "--"})] if start else []
+            lines += [(s["metrics"], f"stage {s['stage']}", {}) for s in stages]
+            for metrics, label, style in lines:
+                ys = [_size_rate(metrics, kind, n) for n in SIZES]
                 xs = [n for n, y in zip(SIZES, ys, strict=True) if y is not None]
-                ax.plot(xs, [100 * y for y in ys if y is not None], marker="o", label=f"stage {s['stage']}")
+                ax.plot(xs, [100 * y for y in ys if y is not None], marker="o", label=label, **style)
             ax.set_title(f"validation {title} per size")
             ax.set_xlabel("grid size")
             ax.set_xticks(list(SIZES))
@@ -289,20 +294,21 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
         "| stage | valid % | optimal % | " + " | ".join(f"{n}x{n}" for n in SIZES) + " |",
         "|---|---|---|" + "---|" * len(SIZES),
     ]
-    for s in data["stages"]:
-        m = s["metrics"]
-        if not m:
-            continue
+    start = data.get("start")
+    rows = [("start", start)] if start else []
+    rows += [(str(s["stage"]), s["metrics"]) for s in data["stages"] if s["metrics"]]
+    for name, m in rows:
         cells = [f"{_pct(_size_rate(m, 'valid_rate', n))}" for n in SIZES]
         lines.append(
-            f"| {s['stage']} | {_pct(m.get('eval/valid_rate'))} | {_pct(m.get('eval/optimal_rate'))} | "
+            f"| {name} | {_pct(m.get('eval/valid_rate'))} | {_pct(m.get('eval/optimal_rate'))} | "
             + " | ".join(cells)
             + " |"
         )
-    lines += ["", "Per-size cells: valid %.", ""]
+    lines += ["", "Per-size cells: valid %."
+              + (" Start: the cached SFT warm start stage 0 began from, before any GRPO step, evaluated the same way."
+                 if start else ""), ""]
     settings = data.get("settings") or {}
-    counts = sorted({int(s["metrics"]["eval/n"]) for s in data["stages"]
-                     if s["metrics"] and isinstance(s["metrics"].get("eval/n"), int | float)})
+    counts = sorted({int(m["eval/n"]) for _, m in rows if isinstance(m.get("eval/n"), int | float)})
     if counts:
         n = counts[-1]
         half = 100 * 1.96 * (0.25 / n) ** 0.5  # the widest binomial 95 % half-width, at a 50 % rate

@@ -199,6 +199,12 @@ def test_cpu_preset_end_to_end_through_the_stage_child(tmp_path):
     m0 = json.loads((run_dir / "stage_0" / "metrics.json").read_text())
     assert m0["sft/cache_hit"] is False and str(tmp_path / "cache") in m0["sft/cache_path"]
     assert m0["eval/n"] == 12
+    # the cached warm start answered the same 12 first, through the run's vLLM server: the report's "start" row
+    start = json.loads((run_dir / "stage_0" / "start" / "metrics.json").read_text())
+    assert start["eval/n"] == 12 and start["start/cache_path"] == m0["sft/cache_path"]
+    assert start["start/answers_reused"] is False and len(list((tmp_path / "cache" / "start_evals").glob("*.json"))) == 1
+    assert f"| start | {100 * start['eval/valid_rate']:.1f} | " in (run_dir / "report.md").read_text()
+    assert "warm start: eval on" in log.read_text()
     from llm_backends.vllm_server import cpu_has_bf16
 
     meta = json.loads((run_dir / "stage_0" / "checkpoint" / "trainer_meta.json").read_text())

@@ -238,3 +238,97 @@ def test_the_eval_key_names_the_weights_not_the_folder(tmp_path):
     assert eval_key("val-mini", instances[:3], checkpoint=str(moved), settings=settings) != key
     assert eval_key("val-mini", instances, checkpoint=str(moved),
                     settings=make_settings(eval_max_tokens=17)) != key
+
+
+# ----------------------------------------------------------------------------- the warm start's own evaluation
+
+
+def _stage0_from_start(run_dir, start_dir):
+    """A run folder whose stage 0 began from the cached warm start `start_dir` (what train_stage records)."""
+    (run_dir / "stage_0").mkdir(parents=True)
+    (run_dir / "stage_0" / "metrics.json").write_text(json.dumps(
+        {"train/steps": 1, "sft/cache_path": str(start_dir), "sft/cache_key": "0123456789abcdef"}))
+
+
+@pytest.mark.slow
+def test_the_warm_start_is_evaluated_once_per_machine_and_verified_again_on_reuse(tmp_path, monkeypatch,
+                                                                                  embedded_model_path):
+    """Stage 0's evaluate first answers the split with the cached start the stage began from (the report's
+    "start" row), through the real policy path; a later run of the same start reuses its answers from the cache,
+    verified again, without opening the policy; another key, or a start gone from the cache, does not."""
+    import llm_backends.policy
+    from nodes.evaluate import KEY_FILE, START_DIR, eval_key, evaluate_start, start_cache_file
+
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path / "cache"))
+    settings = make_settings(eval_limit=3, eval_max_tokens=24, eval_batch_size=3, policy_backend="transformers",
+                             policy_model=str(embedded_model_path))
+    instances = limit_instances(load_split(settings.eval_split), 3)
+    run1 = tmp_path / "run1"
+    _stage0_from_start(run1, embedded_model_path)  # the embedded model's folder stands as the cached start
+    out = evaluate({"stage": 0, "checkpoint": str(embedded_model_path)}, runtime(settings, run1))
+    start = out["start_metrics"]
+    rows = read_rows(run1 / "stage_0" / START_DIR / "eval.jsonl")
+    assert start["eval/n"] == 3 and [r["id"] for r in rows] == [i.id for i in instances]
+    assert start["start/answers_reused"] is False and start["start/cache_path"] == str(embedded_model_path)
+    assert compute_metrics(rows).items() <= start.items()
+    assert out["log"][0].startswith("warm start: eval on val") and out["log"][1].startswith("stage 0: eval")
+    # the stage's own evaluation is still stage_0/eval.jsonl, of the stage's checkpoint (here the same weights)
+    assert [r["text"] for r in read_rows(run1 / "stage_0" / "eval.jsonl")] == [r["text"] for r in rows]
+    key = eval_key(settings.eval_split, instances, checkpoint=str(embedded_model_path), settings=settings)
+    assert json.loads((run1 / "stage_0" / START_DIR / KEY_FILE).read_text()) == key
+    cache = start_cache_file(key)
+    assert cache.is_relative_to(tmp_path / "cache" / "start_evals")
+    assert [a["text"] for a in json.loads(cache.read_text())["answers"]] == [r["text"] for r in rows]
+
+    def no_policy(*a, **k):
+        raise AssertionError("the policy was opened")
+
+    monkeypatch.setattr(llm_backends.policy, "open_policy", no_policy)
+    # a resumed run: its own finished start evaluation is returned as it is
+    assert evaluate_start(run1, {"sft/cache_path": str(embedded_model_path)}, settings) == start
+    # another run of the same start: the kept answers, verified again
+    run2 = tmp_path / "run2"
+    _stage0_from_start(run2, embedded_model_path)
+    again = evaluate_start(run2, {"sft/cache_path": str(embedded_model_path)}, settings)
+    assert again["start/answers_reused"] is True
+    assert {k: v for k, v in again.items() if k.startswith("eval/")} == {
+        k: v for k, v in start.items() if k.startswith("eval/")}
+    assert read_rows(run2 / "stage_0" / START_DIR / "eval.jsonl") == rows
+    # a kept answer is only text: its verdict is computed again (the solver's plan is valid and optimal)
+    doc = json.loads(cache.read_text())
+    doc["answers"][0]["text"] = plan_text(instances[0].plan)
+    cache.write_text(json.dumps(doc))
+    run3 = tmp_path / "run3"
+    _stage0_from_start(run3, embedded_model_path)
+    third = evaluate_start(run3, {"sft/cache_path": str(embedded_model_path)}, settings)
+    row0 = read_rows(run3 / "stage_0" / START_DIR / "eval.jsonl")[0]
+    assert row0["valid"] and row0["optimal"] and third["eval/valid_rate"] >= 1 / 3
+    # another answer budget is another key: not reused, so it would open the policy
+    run4 = tmp_path / "run4"
+    _stage0_from_start(run4, embedded_model_path)
+    with pytest.raises(AssertionError, match="the policy was opened"):
+        evaluate_start(run4, {"sft/cache_path": str(embedded_model_path)}, make_settings(
+            eval_limit=3, eval_max_tokens=16, eval_batch_size=3, policy_backend="transformers",
+            policy_model=str(embedded_model_path)))
+    # a run without a cached start, or whose start is no longer in the cache: no start row, no error
+    assert evaluate_start(tmp_path / "run5", {}, settings) is None
+    assert evaluate_start(tmp_path / "run5", {"sft/cache_path": str(tmp_path / "gone")}, settings) is None
+
+
+def test_the_report_has_a_start_row_and_a_start_line(tmp_path):
+    """The warm start's evaluation heads the validation table and is the dashed line of rates.png."""
+    from nodes.report import collect, plot, render
+
+    d0 = tmp_path / "stage_0"
+    (d0 / "start").mkdir(parents=True)
+    (d0 / "metrics.json").write_text(json.dumps({"eval/valid_rate": 0.253, "eval/optimal_rate": 0.1, "eval/n": 150,
+                                                 "eval/valid_rate/size_3": 0.32}))
+    (d0 / "start" / "metrics.json").write_text(json.dumps(
+        {"eval/valid_rate": 0.167, "eval/optimal_rate": 0.08, "eval/n": 150, "eval/valid_rate/size_3": 0.26}))
+    data = collect(tmp_path)
+    text = render(data, plot(data, tmp_path), "t")
+    table = text.split("## Validation per stage")[1]
+    assert table.index("| start | 16.7 | 8.0 | 26.0 |") < table.index("| 0 | 25.3 | 10.0 | 32.0 |")
+    assert "Start: the cached SFT warm start" in table and (tmp_path / "rates.png").is_file()
+    (d0 / "start" / "metrics.json").unlink()  # a run without one: no such row
+    assert "| start |" not in render(collect(tmp_path), [], "t")

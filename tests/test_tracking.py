@@ -37,8 +37,10 @@ def training_stub(monkeypatch, stub_nodes):  # noqa: F811
 
     def evaluate(state, runtime):
         k = state["stage"]
-        return {"metrics": {"eval/valid_rate": 0.1 * (k + 1), "eval/optimal_rate": 0.05, "eval/n": 6,
-                            "eval/by_size": {"3": 1}}}
+        start = {"start_metrics": {"eval/valid_rate": 0.05, "eval/n": 6, "start/cache_path": "/c/ws",
+                                   "start/answers_reused": True}} if k == 0 else {}
+        return {**start, "metrics": {"eval/valid_rate": 0.1 * (k + 1), "eval/optimal_rate": 0.05, "eval/n": 6,
+                                     "eval/by_size": {"3": 1}}}
 
     def final_evaluate(state, runtime):
         return {"final_metrics": {"final/valid_rate": 0.42, "final/n": 9, "by_agents": {"3": {}}}}
@@ -74,7 +76,10 @@ def test_one_tensorboard_run_per_loop_on_a_global_step(tmp_path, training_stub):
                                     (8, 23.0), (9, 24.0)]
     assert [s for s, _ in tags["train/loss"]] == list(range(1, 10))
     assert tags["eval/valid_rate"] == [(3, 0.1), (5, 0.2), (9, 0.3)]  # each stage's last global step
-    assert tags["by_stage/eval/valid_rate"] == [(0, 0.1), (1, 0.2), (2, 0.3)]
+    # the warm start's own evaluation (stage 0's evaluate): on stage 0's step, and as "stage -1"
+    assert tags["start/eval/valid_rate"] == [(3, 0.05)] and tags["start/eval/n"] == [(3, 6.0)]
+    assert tags["by_stage/eval/valid_rate"] == [(-1, 0.05), (0, 0.1), (1, 0.2), (2, 0.3)]
+    assert not any(t.startswith("start/start/") for t in tags)  # its bookkeeping (a path, a flag) is no scalar
     assert tags["final/valid_rate"] == [(9, 0.42)] and tags["final/n"] == [(9, 9.0)]
     assert not any("by_size" in t or "by_agents" in t for t in tags)  # numbers only
     # one run: one events file in run_dir/tb (per process), the stages' own runs stay in stage_k/tb
@@ -138,7 +143,7 @@ def test_wandb_offline_run_has_the_same_scalars_and_config_tables(tmp_path, trai
     runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert runs and any(p.suffix == ".wandb" for r in runs for p in r.iterdir())  # an offline run on disk
     tb = scalars(run_dir / "tb")
-    for tag in ("train/reward", "eval/valid_rate", "final/valid_rate"):
+    for tag in ("train/reward", "eval/valid_rate", "start/eval/valid_rate", "final/valid_rate"):
         wb = [(step, round(d[tag], 6)) for d, step in logged if tag in d]
         assert wb == tb[tag], tag  # the same scalars on the same global steps
     tables = {k: (d[k], step) for d, step in logged for k in d if k.startswith("config/stage_")}

@@ -11,23 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 from pathlib import Path
 
-
-def _cpu_id() -> dict:
-    """The CPU as /proc/cpuinfo names it (model name, family, model): float32 kernels that sum in another order on
-    another CPU flip near-tied greedy tokens of this marginal policy, so answers are kept per CPU."""
-    out = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            k, _, v = line.partition(":")
-            k = k.strip()
-            if k in ("model name", "cpu family", "model") and k not in out:
-                out[k] = v.strip()
-    except OSError:
-        out["model name"] = platform.processor() or platform.machine()
-    return out
+from nodes.provenance import cpu_id
 
 
 def spec(weights: dict, split: str, val: list, max_new: int, prompt_style: str) -> dict:
@@ -36,7 +22,7 @@ def spec(weights: dict, split: str, val: list, max_new: int, prompt_style: str) 
     import torch
 
     return {"weights": weights, "split": split, "ids": [x.id for x in val], "max_new_tokens": max_new,
-            "prompt_style": prompt_style, "batch_size": 16, "cpu": _cpu_id(), "torch": torch.__version__,
+            "prompt_style": prompt_style, "batch_size": 16, "cpu": cpu_id(), "torch": torch.__version__,
             "threads": torch.get_num_threads()}
 
 
