@@ -377,6 +377,7 @@ def run_eval(
     limit: int | None = None,
     model: ChatModel | None = None,
     log_dir: Path | None = None,
+    desc: str | None = None,
 ) -> list[dict]:
     """Answer `split` with the policy (or the given `model`), verify, write `out_dir/eval.jsonl`.
 
@@ -405,7 +406,7 @@ def run_eval(
                 os.fsync(journal.fileno())
 
             answer = partial(answer_and_verify, todo, max_tokens=settings.eval_max_tokens,
-                             batch_size=settings.eval_batch_size, desc=f"eval {split}",
+                             batch_size=settings.eval_batch_size, desc=desc or f"eval {split}",
                              prompt_style=settings.train.prompt_style, criterion=settings.train.optimality,
                              on_batch=keep)
             if model is not None:
@@ -491,7 +492,7 @@ def evaluate_start(run_dir: Path, stage_metrics: dict[str, Any], settings: Setti
         print(f"eval {settings.eval_split}: the warm start's {len(kept)} answers reused from {cache} "
               "(verified again)", flush=True)
     rows = run_eval(settings.eval_split, out_dir, checkpoint=path, settings=settings, limit=settings.eval_limit,
-                    model=model, log_dir=out_dir.parent)
+                    model=model, log_dir=out_dir.parent, desc=f"eval {settings.eval_split} (warm start)")
     if cache is not None and kept is None:
         answers = [{k: r.get(k) for k in ("id", "text", "completion_tokens", "finish_reason")} for r in rows]
         cache.parent.mkdir(parents=True, exist_ok=True)
