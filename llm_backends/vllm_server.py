@@ -146,6 +146,8 @@ def cpu_env() -> dict[str, str]:
 
 
 GPU_MEMORY_SHARE = 0.85  # of one GPU, for a server that has it alone (vLLM's own default is 0.92)
+SERVER_KEEP_ALIVE_S = 60  # seconds an idle HTTP connection stays open on the server (`VLLMServer.environment`)
+
 # torch.distributed / accelerate variables a trainer may have left in os.environ (TRL's colocated vLLM sets them)
 DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
@@ -323,6 +325,12 @@ class VLLMServer:
         # the launcher module must be importable whatever the caller's working directory
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # The server closes an idle keep-alive connection after VLLM_HTTP_TIMEOUT_KEEP_ALIVE (vLLM's default 5 s), the
+        # very time after which the openai client's pool (httpx, keepalive_expiry 5 s) stops reusing one. Under load
+        # the client's clock starts later than the server's, so it could send a request on a connection the server
+        # was closing: "connection error (RemoteProtocolError)" and a retry at an evaluation batch's start. A longer
+        # server keep-alive leaves closing idle connections to the client. The caller's own value wins.
+        env.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(SERVER_KEEP_ALIVE_S))
         # the launcher kills its whole process group (the engine core too) as soon as this process is gone
         env["VLLM_LAUNCH_PARENT_PID"] = str(os.getpid())
         env.update(self.extra_env)

@@ -389,3 +389,30 @@ def test_a_kept_server_marks_each_later_use_in_its_log(tmp_path, monkeypatch):
     assert policy._kept_client(weights, None, later_log, None, "policy", 4) == "chat"
     assert f"now serving kept: {weights}" in first_log.read_text()
     assert later_log.read_text() == f"served by the kept vLLM server on {Kept.base_url}; its log is {first_log}\n"
+
+
+@pytest.mark.slow
+def test_an_idle_connection_outlives_the_clients_pool_expiry(vllm_server):
+    """The server keeps an idle HTTP/1.1 connection open longer than the openai client's pool reuses one (httpx's
+    keepalive_expiry, 5 s), so the client, not the server, retires it: with vLLM's default 5 s on both sides a request
+    sent on a connection the server was closing failed as RemoteProtocolError. A second request on one connection
+    after 6 s idle still gets its answer (vLLM's default would have closed it at 5 s)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    from llm_backends.vllm_server import SERVER_KEEP_ALIVE_S
+
+    assert SERVER_KEEP_ALIVE_S > 5 and vllm_server.environment()["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "60"
+    url = urlsplit(vllm_server.base_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        conn.request("GET", "/v1/models")
+        first = conn.getresponse()
+        assert first.status == 200 and first.read()
+        sock = conn.sock
+        time.sleep(6.0)
+        conn.request("GET", "/v1/models")  # http.client does not reconnect on its own: a closed socket fails here
+        second = conn.getresponse()
+        assert second.status == 200 and second.read() and conn.sock is sock
+    finally:
+        conn.close()
