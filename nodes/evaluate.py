@@ -6,10 +6,11 @@ verdict fields) and `stage_<k>/metrics.json`. `final_evaluate` runs once at the 
 `settings.final_split` (the held-out 3/4/5-agent benchmark) and writes `final/` with the paper's tables:
 aggregates per agent count and per wait-ratio subset. At stage 0, a run that began from a cached SFT warm start
 evaluates that start first, the same way, into `stage_0/start/` (`evaluate_start`): the row its learning is
-measured from. Its answers are kept in the cache beside the warm start, so a start is answered once per machine.
+measured from. Its answers are kept in the cache (`<cache>/start_evals/`, per CPU and torch / vLLM / transformers
+version, beside `warm_start/`) and verified again on every reuse, so a start is answered once per machine.
 
-Metrics come from `compute_metrics(rows)` / `compute_final_metrics(rows)`, pure functions of the rows of
-an `eval.jsonl`, so any table can be recomputed from the saved answers. Stable names:
+Metrics come from `compute_metrics(rows)` / `compute_final_metrics(rows)` (`nodes.metrics`), pure functions of the
+rows of an `eval.jsonl`, so any table can be recomputed from the saved answers. Stable names:
 `eval/valid_rate`, `eval/optimal_rate`, `eval/valid_rate/size_<s>`, `eval/optimal_rate/size_<s>`,
 `eval/failure/<name>` (counts, in `env.FAILURES` order), `eval/n`, plus a `by_size` table
 `{"<s>": {n, valid, optimal, valid_rate, optimal_rate, failures: {name: count}}}`.
@@ -26,10 +27,11 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from env import FAILURES, load_split, verify
+from env import load_split, verify
 from env.library import prompt_messages
 from nodes import stop
 from nodes.files import stage_dir, weights_sha256, write_text_atomic
+from nodes.metrics import compute_final_metrics, compute_metrics, final_table_md
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -162,133 +164,6 @@ def verdict_row(inst: Any, text: str, completion_tokens: int | None = None, fini
         **verdict.model_dump(mode="json"),
         "optimal_soc": verdict.optimal_cost,
     }
-
-
-# ----------------------------------------------------------------------------- aggregation (pure)
-
-
-def _rate(num: int, den: int) -> float:
-    return num / den if den else 0.0
-
-
-def _aggregate(rows: Iterable[dict]) -> dict[str, Any]:
-    rows = list(rows)
-    n = len(rows)
-    valid = sum(1 for r in rows if r.get("valid"))
-    optimal = sum(1 for r in rows if r.get("optimal"))
-    failures = {name: 0 for name in FAILURES}
-    for r in rows:
-        if r.get("failure"):
-            failures[r["failure"]] = failures.get(r["failure"], 0) + 1
-    return {
-        "n": n,
-        "valid": valid,
-        "optimal": optimal,
-        "valid_rate": _rate(valid, n),
-        "optimal_rate": _rate(optimal, n),
-        "failures": failures,
-    }
-
-
-def compute_metrics(rows: Sequence[dict], prefix: str = "eval") -> dict[str, Any]:
-    """Flat metrics plus a per-size table from verdict rows (the rows of an `eval.jsonl`).
-
-    >>> m = compute_metrics([{"size": 3, "valid": True, "optimal": False, "failure": None},
-    ...                      {"size": 3, "valid": False, "optimal": False, "failure": "conflict"}])
-    >>> m["eval/valid_rate"], m["eval/valid_rate/size_3"], m["eval/failure/conflict"]
-    (0.5, 0.5, 1)
-    """
-    total = _aggregate(rows)
-    by_size: dict[str, dict] = {}
-    for size in sorted({int(r["size"]) for r in rows}):
-        by_size[str(size)] = _aggregate(r for r in rows if int(r["size"]) == size)
-    out: dict[str, Any] = {
-        f"{prefix}/n": total["n"],
-        f"{prefix}/valid_rate": total["valid_rate"],
-        f"{prefix}/optimal_rate": total["optimal_rate"],
-    }
-    for size, agg in by_size.items():
-        out[f"{prefix}/valid_rate/size_{size}"] = agg["valid_rate"]
-        out[f"{prefix}/optimal_rate/size_{size}"] = agg["optimal_rate"]
-    for name, count in total["failures"].items():
-        out[f"{prefix}/failure/{name}"] = count
-    tokens = [r["completion_tokens"] for r in rows if r.get("completion_tokens") is not None]
-    if tokens:
-        out[f"{prefix}/completion_tokens_mean"] = sum(tokens) / len(tokens)
-    if any(r.get("finish_reason") for r in rows):
-        out[f"{prefix}/truncated_rate"] = _rate(
-            sum(1 for r in rows if r.get("finish_reason") == "length"), len(rows)
-        )
-    out["by_size"] = by_size
-    return out
-
-
-def _wait_key(row: dict) -> str | None:
-    wait = (row.get("tags") or {}).get("wait")
-    return None if wait is None else f"{float(wait):.2f}"
-
-
-def _agents_key(row: dict) -> int:
-    return int((row.get("tags") or {}).get("agents") or row.get("num_agents") or 2)
-
-
-def compute_final_metrics(rows: Sequence[dict], prefix: str = "final") -> dict[str, Any]:
-    """The benchmark's tables: overall, per agent count, per wait subset and per (agents, wait), each with
-    its per-size breakdown; flat names `final/valid_rate/agents_3`, `final/optimal_rate/wait_0.25`, ...
-
-    >>> rows = [{"size": 3, "num_agents": 3, "tags": {"agents": 3, "wait": 0.25}, "valid": True,
-    ...          "optimal": True, "failure": None}]
-    >>> compute_final_metrics(rows)["final/valid_rate/agents_3"]
-    1.0
-    """
-    out = compute_metrics(rows, prefix=prefix)
-    tables: dict[str, dict[str, Any]] = {"by_agents": {}, "by_wait": {}, "by_agents_wait": {}}
-    for a in sorted({_agents_key(r) for r in rows}):
-        sub = [r for r in rows if _agents_key(r) == a]
-        tables["by_agents"][str(a)] = _with_sizes(sub)
-        out[f"{prefix}/valid_rate/agents_{a}"] = tables["by_agents"][str(a)]["valid_rate"]
-        out[f"{prefix}/optimal_rate/agents_{a}"] = tables["by_agents"][str(a)]["optimal_rate"]
-        for w in sorted({k for r in sub if (k := _wait_key(r)) is not None}):
-            tables["by_agents_wait"][f"{a}/{w}"] = _with_sizes([r for r in sub if _wait_key(r) == w])
-    for w in sorted({k for r in rows if (k := _wait_key(r)) is not None}):
-        tables["by_wait"][w] = _with_sizes([r for r in rows if _wait_key(r) == w])
-        out[f"{prefix}/valid_rate/wait_{w}"] = tables["by_wait"][w]["valid_rate"]
-        out[f"{prefix}/optimal_rate/wait_{w}"] = tables["by_wait"][w]["optimal_rate"]
-    out.update(tables)
-    return out
-
-
-def _with_sizes(rows: list[dict]) -> dict[str, Any]:
-    agg = _aggregate(rows)
-    agg["by_size"] = {
-        str(s): _aggregate(r for r in rows if int(r["size"]) == s)
-        for s in sorted({int(r["size"]) for r in rows})
-    }
-    return agg
-
-
-def final_table_md(final: dict[str, Any]) -> str:
-    """The paper's tables as markdown: valid % / optimal % per agent count, and per wait subset x agents."""
-    lines = ["| agents | n | valid % | optimal % |", "|---|---|---|---|"]
-    for a, agg in final.get("by_agents", {}).items():
-        lines.append(
-            f"| {a} | {agg['n']} | {100 * agg['valid_rate']:.2f} | {100 * agg['optimal_rate']:.2f} |"
-        )
-    waits = sorted(final.get("by_wait", {}))
-    if waits:
-        lines += ["", "Valid % / optimal % per wait-ratio subset:", ""]
-        lines.append("| agents | " + " | ".join(f"wait {w}" for w in waits) + " |")
-        lines.append("|---|" + "---|" * len(waits))
-        for a in final.get("by_agents", {}):
-            cells = []
-            for w in waits:
-                agg = final["by_agents_wait"].get(f"{a}/{w}")
-                cells.append("-" if agg is None else f"{100 * agg['valid_rate']:.1f} / {100 * agg['optimal_rate']:.1f}")
-            lines.append(f"| {a} | " + " | ".join(cells) + " |")
-        cells = [f"{100 * final['by_wait'][w]['valid_rate']:.1f} / {100 * final['by_wait'][w]['optimal_rate']:.1f}"
-                 for w in waits]
-        lines.append("| all | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
 
 
 # ----------------------------------------------------------------------------- files
@@ -503,6 +378,17 @@ def evaluate_start(run_dir: Path, stage_metrics: dict[str, Any], settings: Setti
     return metrics
 
 
+def start_update(run_dir: Path, stage_metrics: dict[str, Any], settings: Settings,
+                 model: ChatModel | None = None) -> dict[str, Any]:
+    """The evaluate node's share of the start: {"start_metrics", "log": [its line]}, or {"log": []} without one."""
+    start = evaluate_start(run_dir, stage_metrics, settings, model=model)
+    if start is None:
+        return {"log": []}
+    return {"start_metrics": start, "log": [
+        f"warm start: eval on {settings.eval_split} (n={start['eval/n']}): valid {start['eval/valid_rate']:.3f}, "
+        f"optimal {start['eval/optimal_rate']:.3f}"]}
+
+
 def evaluate(
     state: LoopState, runtime: Runtime[RunContext], model: ChatModel | None = None
 ) -> dict[str, Any]:
@@ -521,29 +407,16 @@ def evaluate(
             kept = {k: v for k, v in json.loads(on_disk.read_text()).items() if k.startswith(("train/", "sft/"))}
         except (OSError, ValueError):
             kept = {}
-    update: dict[str, Any] = {}
-    lines = []
+    update: dict[str, Any] = {"log": []}
     if stage == 0:
-        start = evaluate_start(runtime.context.run_dir, kept, settings, model=model)
-        if start is not None:
-            update["start_metrics"] = start
-            lines.append(f"warm start: eval on {settings.eval_split} (n={start['eval/n']}): "
-                         f"valid {start['eval/valid_rate']:.3f}, optimal {start['eval/optimal_rate']:.3f}")
-    rows = run_eval(
-        settings.eval_split,
-        out_dir,
-        checkpoint=state.get("checkpoint"),
-        settings=settings,
-        limit=settings.eval_limit,
-        model=model,
-    )
+        update = start_update(runtime.context.run_dir, kept, settings, model=model)
+    rows = run_eval(settings.eval_split, out_dir, checkpoint=state.get("checkpoint"), settings=settings,
+                    limit=settings.eval_limit, model=model)
     metrics = compute_metrics(rows)
     write_json(on_disk, {**kept, **metrics})
-    lines.append(
-        f"stage {stage}: eval on {settings.eval_split} (n={metrics['eval/n']}): "
-        f"valid {metrics['eval/valid_rate']:.3f}, optimal {metrics['eval/optimal_rate']:.3f}"
-    )
-    return {**update, "metrics": metrics, "log": lines}
+    line = (f"stage {stage}: eval on {settings.eval_split} (n={metrics['eval/n']}): "
+            f"valid {metrics['eval/valid_rate']:.3f}, optimal {metrics['eval/optimal_rate']:.3f}")
+    return {**update, "metrics": metrics, "log": [*update["log"], line]}
 
 
 def final_evaluate(

@@ -1,0 +1,137 @@
+"""Aggregation of verdict rows (pure): the metrics of an evaluation and the paper's tables of the final benchmark.
+
+`compute_metrics(rows)` / `compute_final_metrics(rows)` are pure functions of the rows of an `eval.jsonl`
+(`nodes.evaluate`), so any table can be recomputed from the saved answers; `final_table_md` writes the paper's
+tables. `nodes.evaluate` re-exports all three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from env import FAILURES
+
+
+def _rate(num: int, den: int) -> float:
+    return num / den if den else 0.0
+
+
+def _aggregate(rows: Iterable[dict]) -> dict[str, Any]:
+    rows = list(rows)
+    n = len(rows)
+    valid = sum(1 for r in rows if r.get("valid"))
+    optimal = sum(1 for r in rows if r.get("optimal"))
+    failures = {name: 0 for name in FAILURES}
+    for r in rows:
+        if r.get("failure"):
+            failures[r["failure"]] = failures.get(r["failure"], 0) + 1
+    return {
+        "n": n,
+        "valid": valid,
+        "optimal": optimal,
+        "valid_rate": _rate(valid, n),
+        "optimal_rate": _rate(optimal, n),
+        "failures": failures,
+    }
+
+
+def compute_metrics(rows: Sequence[dict], prefix: str = "eval") -> dict[str, Any]:
+    """Flat metrics plus a per-size table from verdict rows (the rows of an `eval.jsonl`).
+
+    >>> m = compute_metrics([{"size": 3, "valid": True, "optimal": False, "failure": None},
+    ...                      {"size": 3, "valid": False, "optimal": False, "failure": "conflict"}])
+    >>> m["eval/valid_rate"], m["eval/valid_rate/size_3"], m["eval/failure/conflict"]
+    (0.5, 0.5, 1)
+    """
+    total = _aggregate(rows)
+    by_size: dict[str, dict] = {}
+    for size in sorted({int(r["size"]) for r in rows}):
+        by_size[str(size)] = _aggregate(r for r in rows if int(r["size"]) == size)
+    out: dict[str, Any] = {
+        f"{prefix}/n": total["n"],
+        f"{prefix}/valid_rate": total["valid_rate"],
+        f"{prefix}/optimal_rate": total["optimal_rate"],
+    }
+    for size, agg in by_size.items():
+        out[f"{prefix}/valid_rate/size_{size}"] = agg["valid_rate"]
+        out[f"{prefix}/optimal_rate/size_{size}"] = agg["optimal_rate"]
+    for name, count in total["failures"].items():
+        out[f"{prefix}/failure/{name}"] = count
+    tokens = [r["completion_tokens"] for r in rows if r.get("completion_tokens") is not None]
+    if tokens:
+        out[f"{prefix}/completion_tokens_mean"] = sum(tokens) / len(tokens)
+    if any(r.get("finish_reason") for r in rows):
+        out[f"{prefix}/truncated_rate"] = _rate(
+            sum(1 for r in rows if r.get("finish_reason") == "length"), len(rows)
+        )
+    out["by_size"] = by_size
+    return out
+
+
+def _wait_key(row: dict) -> str | None:
+    wait = (row.get("tags") or {}).get("wait")
+    return None if wait is None else f"{float(wait):.2f}"
+
+
+def _agents_key(row: dict) -> int:
+    return int((row.get("tags") or {}).get("agents") or row.get("num_agents") or 2)
+
+
+def compute_final_metrics(rows: Sequence[dict], prefix: str = "final") -> dict[str, Any]:
+    """The benchmark's tables: overall, per agent count, per wait subset and per (agents, wait), each with
+    its per-size breakdown; flat names `final/valid_rate/agents_3`, `final/optimal_rate/wait_0.25`, ...
+
+    >>> rows = [{"size": 3, "num_agents": 3, "tags": {"agents": 3, "wait": 0.25}, "valid": True,
+    ...          "optimal": True, "failure": None}]
+    >>> compute_final_metrics(rows)["final/valid_rate/agents_3"]
+    1.0
+    """
+    out = compute_metrics(rows, prefix=prefix)
+    tables: dict[str, dict[str, Any]] = {"by_agents": {}, "by_wait": {}, "by_agents_wait": {}}
+    for a in sorted({_agents_key(r) for r in rows}):
+        sub = [r for r in rows if _agents_key(r) == a]
+        tables["by_agents"][str(a)] = _with_sizes(sub)
+        out[f"{prefix}/valid_rate/agents_{a}"] = tables["by_agents"][str(a)]["valid_rate"]
+        out[f"{prefix}/optimal_rate/agents_{a}"] = tables["by_agents"][str(a)]["optimal_rate"]
+        for w in sorted({k for r in sub if (k := _wait_key(r)) is not None}):
+            tables["by_agents_wait"][f"{a}/{w}"] = _with_sizes([r for r in sub if _wait_key(r) == w])
+    for w in sorted({k for r in rows if (k := _wait_key(r)) is not None}):
+        tables["by_wait"][w] = _with_sizes([r for r in rows if _wait_key(r) == w])
+        out[f"{prefix}/valid_rate/wait_{w}"] = tables["by_wait"][w]["valid_rate"]
+        out[f"{prefix}/optimal_rate/wait_{w}"] = tables["by_wait"][w]["optimal_rate"]
+    out.update(tables)
+    return out
+
+
+def _with_sizes(rows: list[dict]) -> dict[str, Any]:
+    agg = _aggregate(rows)
+    agg["by_size"] = {
+        str(s): _aggregate(r for r in rows if int(r["size"]) == s)
+        for s in sorted({int(r["size"]) for r in rows})
+    }
+    return agg
+
+
+def final_table_md(final: dict[str, Any]) -> str:
+    """The paper's tables as markdown: valid % / optimal % per agent count, and per wait subset x agents."""
+    lines = ["| agents | n | valid % | optimal % |", "|---|---|---|---|"]
+    for a, agg in final.get("by_agents", {}).items():
+        lines.append(
+            f"| {a} | {agg['n']} | {100 * agg['valid_rate']:.2f} | {100 * agg['optimal_rate']:.2f} |"
+        )
+    waits = sorted(final.get("by_wait", {}))
+    if waits:
+        lines += ["", "Valid % / optimal % per wait-ratio subset:", ""]
+        lines.append("| agents | " + " | ".join(f"wait {w}" for w in waits) + " |")
+        lines.append("|---|" + "---|" * len(waits))
+        for a in final.get("by_agents", {}):
+            cells = []
+            for w in waits:
+                agg = final["by_agents_wait"].get(f"{a}/{w}")
+                cells.append("-" if agg is None else f"{100 * agg['valid_rate']:.1f} / {100 * agg['optimal_rate']:.1f}")
+            lines.append(f"| {a} | " + " | ".join(cells) + " |")
+        cells = [f"{100 * final['by_wait'][w]['valid_rate']:.1f} / {100 * final['by_wait'][w]['optimal_rate']:.1f}"
+                 for w in waits]
+        lines.append("| all | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
