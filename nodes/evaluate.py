@@ -312,34 +312,60 @@ START_DIR = "start"  # stage_0/start/: the warm start's own evaluation (eval.jso
 START_CACHE = "start_evals"  # <cache>/start_evals/<16 hex>.json: its answers, kept for every run of that start
 
 
-def start_cache_file(key: dict[str, Any]) -> Path:
-    """Where the answers of an evaluation under `key` of a cached warm start are kept: beside the warm starts, per
-    CPU and per torch / vLLM version too (answers computed on another machine are not reused)."""
+def start_cache_file(key: dict[str, Any], instances: Sequence[Any], settings: Settings) -> Path:
+    """Where the answers of an evaluation under `key` of a cached warm start are kept, beside the warm starts. Beyond
+    `key` (weights, instance ids, backend, dtype, prompt style, token budget), the cache is shared across runs and
+    code versions, so it also names what else changes greedy answers: the rendered prompts themselves (the text and
+    the maps), the chat template's thinking switch, the batch, the machine (CPU, usable cores, GPUs) and the torch /
+    vLLM / transformers versions. Answers computed elsewhere or otherwise are not reused."""
     from llm_backends.models import cache_root
-    from nodes.provenance import cpu_id, package_versions
+    from nodes.provenance import cpu_id, machine, package_versions
 
-    versions = {k: v for k, v in package_versions().items() if k in ("torch", "vllm", "transformers")}
-    spec = json.dumps({"key": key, "cpu": cpu_id(), "versions": versions}, sort_keys=True)
+    prompts = json.dumps([prompt_messages(inst, settings.train.prompt_style) for inst in instances], sort_keys=True)
+    mach = machine()
+    spec = json.dumps({
+        "key": key, "prompts": hashlib.sha256(prompts.encode()).hexdigest(),
+        "enable_thinking": settings.train.enable_thinking, "batch": settings.eval_batch_size,
+        "cpu": cpu_id(), "cores": mach.get("cores_usable"), "gpus": mach.get("gpus"),
+        "versions": {k: v for k, v in package_versions().items() if k in ("torch", "vllm", "transformers")},
+    }, sort_keys=True)
     return cache_root() / START_CACHE / f"{hashlib.sha256(spec.encode()).hexdigest()[:16]}.json"
 
 
 def _kept_start_rows(file: Path, key: dict[str, Any], instances: Sequence[Any], criterion: str) -> list[dict] | None:
     """The kept answers of `file`, verified again (a kept answer is only text), or None when there are none for
-    exactly `key` and these instances (missing, unreadable, another key)."""
+    exactly `key` and these instances (missing, unreadable, another key, a field of the wrong type)."""
     try:
         kept = json.loads(file.read_text())
-        if kept["key"] != key or [a["id"] for a in kept["answers"]] != [inst.id for inst in instances]:
+        answers = kept["answers"]
+        if kept["key"] != key or [a["id"] for a in answers] != [inst.id for inst in instances]:
             return None
-        return [verdict_row(inst, str(a["text"]), a.get("completion_tokens"), a.get("finish_reason"), criterion)
-                for inst, a in zip(instances, kept["answers"], strict=True)]
-    except (OSError, ValueError, KeyError, TypeError):
+        for a in answers:
+            tokens, reason = a.get("completion_tokens"), a.get("finish_reason")
+            if (not isinstance(a["text"], str) or not (tokens is None or type(tokens) is int)
+                    or not (reason is None or isinstance(reason, str))):
+                return None
+        return [verdict_row(inst, a["text"], a.get("completion_tokens"), a.get("finish_reason"), criterion)
+                for inst, a in zip(instances, answers, strict=True)]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
+
+
+def _finished_start(out_dir: Path) -> dict[str, Any] | None:
+    """`out_dir/metrics.json` of a finished start evaluation, if its figures are numbers (else it is redone)."""
+    try:
+        done = json.loads((out_dir / "metrics.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    numbers = ("eval/n", "eval/valid_rate", "eval/optimal_rate")
+    ok = isinstance(done, dict) and all(type(done.get(k)) in (int, float) for k in numbers)
+    return done if ok else None
 
 
 def evaluate_start(run_dir: Path, stage_metrics: dict[str, Any], settings: Settings,
                    model: ChatModel | None = None) -> dict[str, Any] | None:
     """The warm start's own evaluation, on the same split, answers and settings as every stage's: the row the
-    run's learning is measured from (the report's "start" row, TensorBoard's step 0).
+    run's learning is measured from (the report's "start" row; `by_stage/eval/*` at step -1 in TensorBoard).
 
     Only for a run whose stage 0 began from a cached warm start (`stage_metrics["sft/cache_path"]`). Its answers
     are kept in the cache (`start_cache_file`) and verified again on reuse, so a start is answered once per
@@ -347,19 +373,17 @@ def evaluate_start(run_dir: Path, stage_metrics: dict[str, Any], settings: Setti
     there already reuses it. Returns its metrics (`compute_metrics`, plus `start/...` bookkeeping), or None when
     the run had no cached start or the cache entry is gone (a copied run on another machine)."""
     out_dir = stage_dir(run_dir, 0) / START_DIR
-    try:
-        done = json.loads((out_dir / "metrics.json").read_text())
-        if isinstance(done, dict) and "eval/valid_rate" in done:
-            return done
-    except (OSError, ValueError):
-        pass
+    if (done := _finished_start(out_dir)) is not None:
+        return done
     path = stage_metrics.get("sft/cache_path")
     if not isinstance(path, str) or not Path(path).is_dir():
         return None
     instances = limit_instances(load_split(settings.eval_split), settings.eval_limit)
     key = eval_key(settings.eval_split, instances, checkpoint=path, settings=settings, model=model)
-    cache = start_cache_file(key) if model is None else None  # a stand-in's answers are not the start's
+    cache = start_cache_file(key, instances, settings) if model is None else None  # a stand-in's are not the start's
     kept = None if cache is None else _kept_start_rows(cache, key, instances, settings.train.optimality)
+    # only answers this machine gave go into its cache: not those of a run folder copied here mid-evaluation
+    answered_here = kept is None and not saved_answers(out_dir, key)
     out_dir.mkdir(parents=True, exist_ok=True)
     if kept is not None:  # run_eval then finds them answered under this key and starts no policy
         write_jsonl(out_dir / "eval.jsonl", kept)
@@ -368,7 +392,7 @@ def evaluate_start(run_dir: Path, stage_metrics: dict[str, Any], settings: Setti
               "(verified again)", flush=True)
     rows = run_eval(settings.eval_split, out_dir, checkpoint=path, settings=settings, limit=settings.eval_limit,
                     model=model, log_dir=out_dir.parent, desc=f"eval {settings.eval_split} (warm start)")
-    if cache is not None and kept is None:
+    if cache is not None and answered_here:
         answers = [{k: r.get(k) for k in ("id", "text", "completion_tokens", "finish_reason")} for r in rows]
         cache.parent.mkdir(parents=True, exist_ok=True)
         write_json(cache, {"key": key, "answers": answers})

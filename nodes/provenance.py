@@ -72,14 +72,15 @@ def _cpu_model() -> str:
 
 
 def cpu_id() -> dict[str, str]:
-    """The CPU as /proc/cpuinfo names it (model name, family, model). Kernels that sum in another order on another
-    CPU flip near-tied greedy tokens of a marginal policy, so answers kept in the cache are kept per CPU."""
-    out: dict[str, str] = {}
+    """The CPU as /proc/cpuinfo names it (x86: model name, family, model; ARM: implementer, part) and its
+    architecture. Kernels that sum in another order on another CPU flip near-tied greedy tokens of a marginal
+    policy, so answers kept in the cache are kept per CPU."""
+    out: dict[str, str] = {"arch": platform.machine()}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             k, _, v = line.partition(":")
             k = k.strip()
-            if k in ("model name", "cpu family", "model") and k not in out:
+            if k in ("model name", "cpu family", "model", "CPU implementer", "CPU part") and k not in out:
                 out[k] = v.strip()
     except OSError:
         out["model name"] = platform.processor() or platform.machine()

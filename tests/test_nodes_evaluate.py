@@ -276,8 +276,12 @@ def test_the_warm_start_is_evaluated_once_per_machine_and_verified_again_on_reus
     assert [r["text"] for r in read_rows(run1 / "stage_0" / "eval.jsonl")] == [r["text"] for r in rows]
     key = eval_key(settings.eval_split, instances, checkpoint=str(embedded_model_path), settings=settings)
     assert json.loads((run1 / "stage_0" / START_DIR / KEY_FILE).read_text()) == key
-    cache = start_cache_file(key)
+    cache = start_cache_file(key, instances, settings)
     assert cache.is_relative_to(tmp_path / "cache" / "start_evals")
+    # what else changes greedy answers names another entry: the batch, the thinking switch
+    assert start_cache_file(key, instances, settings.model_copy(update={"eval_batch_size": 2})) != cache
+    thinking = settings.model_copy(update={"train": settings.train.model_copy(update={"enable_thinking": True})})
+    assert start_cache_file(key, instances, thinking) != cache
     assert [a["text"] for a in json.loads(cache.read_text())["answers"]] == [r["text"] for r in rows]
 
     def no_policy(*a, **k):
@@ -294,6 +298,9 @@ def test_the_warm_start_is_evaluated_once_per_machine_and_verified_again_on_reus
     assert {k: v for k, v in again.items() if k.startswith("eval/")} == {
         k: v for k, v in start.items() if k.startswith("eval/")}
     assert read_rows(run2 / "stage_0" / START_DIR / "eval.jsonl") == rows
+    # a finished start whose metrics.json lost a figure is recomputed from its answers, not trusted
+    (run2 / "stage_0" / START_DIR / "metrics.json").write_text(json.dumps({"eval/valid_rate": 0.9}))
+    assert evaluate_start(run2, {"sft/cache_path": str(embedded_model_path)}, settings)["eval/n"] == 3
     # a kept answer is only text: its verdict is computed again (the solver's plan is valid and optimal)
     doc = json.loads(cache.read_text())
     doc["answers"][0]["text"] = plan_text(instances[0].plan)
@@ -303,6 +310,13 @@ def test_the_warm_start_is_evaluated_once_per_machine_and_verified_again_on_reus
     third = evaluate_start(run3, {"sft/cache_path": str(embedded_model_path)}, settings)
     row0 = read_rows(run3 / "stage_0" / START_DIR / "eval.jsonl")[0]
     assert row0["valid"] and row0["optimal"] and third["eval/valid_rate"] >= 1 / 3
+    # a kept answer of the wrong type is no answer: the entry is not used (so the policy would be opened)
+    doc["answers"][1]["completion_tokens"] = "12"
+    cache.write_text(json.dumps(doc))
+    run3b = tmp_path / "run3b"
+    _stage0_from_start(run3b, embedded_model_path)
+    with pytest.raises(AssertionError, match="the policy was opened"):
+        evaluate_start(run3b, {"sft/cache_path": str(embedded_model_path)}, settings)
     # another answer budget is another key: not reused, so it would open the policy
     run4 = tmp_path / "run4"
     _stage0_from_start(run4, embedded_model_path)
