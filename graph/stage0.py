@@ -51,10 +51,9 @@ MAY_DIFFER = frozenset({
 })
 
 # What apply, train_stage and evaluate write into stage_0 (the SFT warm start's tb/sft and its evaluation in start/
-# included). Engineer
-# files (summary.md, engineer_prompt*.md, engineer_reply*.md, validation.json) are never shared, nor server
-# logs (a kept vLLM server goes on writing stage_0/policy-vllm.log in later stages) or leftovers of a crash
-# (checkpoint.tmp, sft/).
+# included). Engineer files (summary.md, engineer_prompt*.md, engineer_reply*.md, validation.json) are never shared,
+# nor server logs (a kept vLLM server goes on writing stage_0/policy-vllm.log in later stages) or leftovers of a
+# crash (checkpoint.tmp, sft/).
 STAGE0_FILES = ("config.json", "train.jsonl", "env_stats.json", "checkpoint", "eval.jsonl", "metrics.json", "tb",
                 "start")
 REQUIRED = ("config.json", "train.jsonl", "env_stats.json", "checkpoint", "eval.jsonl", "metrics.json")

@@ -61,16 +61,6 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def cpu_id() -> dict[str, str]:
     """The CPU as /proc/cpuinfo names it (x86: model name, family, model; ARM: implementer, part) and its
     architecture. Kernels that sum in another order on another CPU flip near-tied greedy tokens of a marginal
@@ -102,7 +92,7 @@ def machine() -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a broken CUDA install must not stop a run from recording itself
         gpus = []
     return {
-        "cpu": _cpu_model(),
+        "cpu": cpu_id().get("model name") or platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "cores_usable": usable,
         "gpus": gpus,
