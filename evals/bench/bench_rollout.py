@@ -15,8 +15,10 @@ the way TRL's transformers path calls it. The paths, each an addition to the one
   prompt prefilled once (TRL repeats every prompt once per completion), and sampled tokens drawn by inverse CDF
   instead of `torch.multinomial` (the same distribution, one uniform variate per row instead of an exponential
   variate per vocabulary entry);
-- `rollout`: `RolloutCopy` as it stands: and each decode step's attention as two grouped matmuls instead of
-  torch's bf16 CPU kernel (`_decode_attention`);
+- `rollout-qk`: and each decode step's attention as two grouped matmuls instead of torch's bf16 CPU kernel
+  (`_decode_attention`, stop 33), its scores as queries times the transposed keys;
+- `rollout`: `RolloutCopy` as it stands: the scores as keys times the queries instead, which spares the batched
+  matmul a copy of the transposed view of the cache's buffer;
 - `rollout-fp32`: `RolloutCopy` in float32: every lever above but bf16 (`train.rollout_dtype=float32`, what `auto`
   picks on a CPU without bf16 hardware, where bf16 is multiplied in software), its linears on MKL's matmul;
 - `rollout-fp32-packed`: and its linears on weights packed once for oneDNN (`train.rollout_prepack`, what a float32
@@ -39,7 +41,7 @@ import statistics
 import time
 from pathlib import Path
 
-PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache", "rollout-flash", "rollout", "rollout-fp32",
+PATHS = ("fp32", "bf16", "bf16+gqa", "bf16+gqa+cache", "rollout-flash", "rollout-qk", "rollout", "rollout-fp32",
          "rollout-fp32-packed")
 FP32_PATHS = ("fp32", "rollout-fp32", "rollout-fp32-packed")  # the rest sample in bf16
 
@@ -55,9 +57,11 @@ def build(model, path: str):
         return model
     if path in ("rollout-fp32", "rollout-fp32-packed"):
         return RolloutCopy(torch.float32, prepack=path.endswith("packed")).synced(model, step=0)
-    if path in ("bf16+gqa+cache", "rollout-flash", "rollout"):
+    if path in ("bf16+gqa+cache", "rollout-flash", "rollout-qk", "rollout"):
         m = RolloutCopy(torch.bfloat16).synced(model, step=0)
-        if path != "rollout":
+        if path == "rollout-qk":
+            use_gqa_sdpa(m, keys_first=False)  # queries times transposed keys, as in stop 33
+        elif path != "rollout":
             use_gqa_sdpa(m, decode_matmul=False)  # torch's kernel for decode steps too
         if path == "bf16+gqa+cache":
             m.__dict__.pop("generate")  # transformers' own generate: torch.multinomial draws the sampled tokens
