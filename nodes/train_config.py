@@ -410,6 +410,8 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # 60); 144 steps gained no more (+0.4 per paired seed, [-3.7, +4.6], stop 59), so the stage stops at 96. About
     # 30 min a stage alone on a 2-core Xeon (18-20 s a step, evals/results/cpu_long_run_xeon), where `cpu`'s
     # 24-step stage (+0.7 to +1.6 points) keeps the default run within 30 minutes.
+    # The `cpu` preset's group shape instead (1 prompt x 16 with dynamic sampling, stop 62) kept zero-variance groups
+    # trained at 47 % but gained +1.1 [-3.1, +5.1] over 3 pre-registered seeds: half as many maps a stage.
     # evals/results/learning_cpu/README.md, "The cpu-long preset".
     "cpu-long": {
         "sft_steps": 300,
