@@ -83,8 +83,8 @@ def use_gqa_sdpa(model, decode_matmul: bool = True, keys_first: bool = True) -> 
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 
     name = GQA_SDPA + ("" if keys_first else "_qk") if decode_matmul else GQA_SDPA + "_kernel"
-    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", GQA_SDPA, GQA_SDPA + "_kernel",
-                                                                     GQA_SDPA + "_qk"):
+    current = getattr(model.config, "_attn_implementation", None)
+    if current != "sdpa" and not str(current).startswith(GQA_SDPA):  # sdpa, or one of the variants above
         return False
     AttentionInterface.register(name, functools.partial(_sdpa_gqa_attention_forward, decode_matmul=decode_matmul,
                                                         keys_first=keys_first))

@@ -416,15 +416,22 @@ def test_rollout_copy_prefills_once_when_rows_need_no_padding(embedded_model_pat
     assert torch.equal(out, ref)
 
 
+@pytest.mark.parametrize("keys_first", [True, False])
 @pytest.mark.parametrize("mask", ["bool", "additive", None])
-def test_decode_attention_is_sdpa_with_repeated_kv_heads(mask):
+def test_decode_attention_is_sdpa_with_repeated_kv_heads(mask, keys_first):
     """One new token per row: the two grouped matmuls give what torch's sdpa gives over the repeated KV heads
-    (query head h reads KV head h // 3), with a boolean or additive padding mask or none, and a given scale."""
+    (query head h reads KV head h // 3), with a boolean or additive padding mask or none, and a given scale; keys
+    and values are views of larger buffers, as the growing cache passes them; both forms of the scores (keys times
+    queries, and the bench's stop-33 queries times keys)."""
     from nodes.rollout_attention import _decode_attention
 
     torch.manual_seed(0)
     rows, heads, kv, dim, length = 4, 9, 3, 64, 37
-    q, k, v = torch.randn(rows, heads, 1, dim), torch.randn(rows, kv, length, dim), torch.randn(rows, kv, length, dim)
+    q = torch.randn(rows, heads, 1, dim)
+    kbuf, vbuf = torch.randn(rows, kv, length + 19, dim), torch.randn(rows, kv, length + 19, dim)
+    k, v = kbuf[:, :, :length], vbuf[:, :, :length]
+    kb, vb = kbuf.bfloat16()[:, :, :length], vbuf.bfloat16()[:, :, :length]  # views of buffers, as the cache's
+    assert not kb.is_contiguous()
     keep = torch.ones(rows, 1, 1, length, dtype=torch.bool)
     keep[0, ..., :5] = keep[2, ..., :11] = False  # left padding of two rows
     given = {"bool": keep, "additive": torch.zeros(keep.shape).masked_fill(~keep, float("-inf")), None: None}[mask]
@@ -434,7 +441,7 @@ def test_decode_attention_is_sdpa_with_repeated_kv_heads(mask):
             q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=attend, scale=scale).transpose(1, 2)
 
     for scale in (None, 0.05):
-        out = _decode_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), given, scale)
+        out = _decode_attention(q.bfloat16(), kb, vb, given, scale, keys_first)
         assert out.shape == (rows, 1, heads, dim) and out.dtype == torch.bfloat16 and out.is_contiguous()
         ref = sdpa(None if mask is None else keep, scale)
         assert (out.float() - ref).abs().max() < 0.03
