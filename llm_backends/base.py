@@ -99,10 +99,18 @@ def with_schema_in_prompt(messages: Messages, schema: dict) -> Messages:
 
 
 _DECODER = json.JSONDecoder()
+# bounded work whatever the reply: only this many characters are read, at most this many brackets tried
+MAX_JSON_CHARS = 200_000
+MAX_JSON_STARTS = 400
+# what decoding can raise: malformed JSON, or nesting deeper than the decoder's recursion limit ("[" * 10**5)
+_DECODE_ERRORS = (ValueError, RecursionError)
 
 
 def extract_json(text: str) -> Any:
     """The first JSON object or array in ``text`` (code fences and surrounding prose allowed), or None.
+
+    Bounded and never raises: only the first ``MAX_JSON_CHARS`` characters are read, at most
+    ``MAX_JSON_STARTS`` brackets are tried, and JSON nested too deeply to decode counts as none.
 
     >>> extract_json('Sure! ```json\\n{"a": [1, 2]}\\n``` done')
     {'a': [1, 2]}
@@ -111,25 +119,34 @@ def extract_json(text: str) -> Any:
     """
     if not text:
         return None
+    text = text[:MAX_JSON_CHARS]
     stripped = text.strip()
     try:
         return json.loads(stripped)
-    except ValueError:
+    except _DECODE_ERRORS:
         pass
     # Prefer the longest decodable value starting at an opening bracket: a reply may mention "{x}" in
-    # prose before the real object.
+    # prose before the real object. A value found is skipped whole (what it holds is shorter than it).
     best: Any = None
     best_len = 0
-    for i, ch in enumerate(text):
-        if ch not in "{[":
-            continue
+    i, tried = _next_bracket(text, 0), 0
+    while i != -1 and tried < MAX_JSON_STARTS:
+        tried += 1
         try:
             value, end = _DECODER.raw_decode(text, i)
-        except ValueError:
+        except _DECODE_ERRORS:
+            i = _next_bracket(text, i + 1)
             continue
         if end - i > best_len:
             best, best_len = value, end - i
+        i = _next_bracket(text, end)
     return best
+
+
+def _next_bracket(text: str, start: int) -> int:
+    """Index of the first `{` or `[` at or after `start`, or -1."""
+    found = [j for j in (text.find("{", start), text.find("[", start)) if j != -1]
+    return min(found) if found else -1
 
 
 @dataclass

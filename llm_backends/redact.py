@@ -19,13 +19,18 @@ from urllib.parse import urlsplit, urlunsplit
 SECRET_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET")
 MASK = "***"
 
-# tokens that could be (part of) a key, and shapes of keys whatever the key in use
-_TOKEN = re.compile(r"[A-Za-z0-9_\-]{8,}")
+# Every pattern below runs in time linear in the text: a match can only start where a run of its characters
+# starts (a lookbehind), and runs are consumed possessively, so no position is scanned twice. (The earlier
+# `[A-Za-z0-9_\-]*\*{3,}...` scanned the rest of a run from every position of it: 40,000 letters took 15 s.)
+_WORD = r"A-Za-z0-9_\-"
+_TOKEN = re.compile(rf"(?<![{_WORD}])[{_WORD}]{{8,}}+")
+# a run of key characters and `*`: a masked echo (`sk-abc****5678`) is such a run with `***` before a key character
+_STARRED_RUN = re.compile(rf"(?<![{_WORD}*])[{_WORD}*]++")
+_STARRED = re.compile(rf"\*{{3}}[{_WORD}]")
 _KEY_LIKE = re.compile(
-    r"\b(?:sk|pk|rk)-[A-Za-z0-9_\-*.]{3,}"
-    r"|\bAIza[A-Za-z0-9_\-*]{8,}"
-    r"|(?i:bearer)\s+\S+"
-    r"|[A-Za-z0-9_\-]*\*{3,}[A-Za-z0-9_\-]+"
+    r"\b(?:sk|pk|rk)-[A-Za-z0-9_\-*.]{3,}+"
+    r"|\bAIza[A-Za-z0-9_\-*]{8,}+"
+    r"|(?i:bearer)\s++\S++"
 )
 
 
@@ -36,13 +41,22 @@ def secrets_from_env(env: Mapping[str, str] | None = None) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
+def _fragments(secret: str) -> re.Pattern:
+    """Any 8 consecutive characters of `secret`, as one pattern (searched inside a token, at C speed)."""
+    windows = sorted({secret[i : i + 8] for i in range(len(secret) - 7)})
+    return re.compile("|".join(map(re.escape, windows)))
+
+
 def redact(text: str, secrets: Iterable[str] | None = None) -> str:
     """`text` without the given secrets (default: `secrets_from_env()`), fragments of them, or key shapes.
+    Linear in the length of `text` (a 5 MB text takes about a second).
 
     >>> redact("my key is sk-live-abcdefgh1234 ok", [])
     'my key is *** ok'
     >>> redact("echo: 0123456789abcdef!", ["0123456789abcdef"])
     'echo: ***!'
+    >>> redact("masked echo: abc****5678.", [])
+    'masked echo: ***.'
     """
     if not text:
         return text
@@ -52,14 +66,12 @@ def redact(text: str, secrets: Iterable[str] | None = None) -> str:
             continue
         if len(secret) >= 8:
             text = text.replace(secret, MASK)
-            windows = {secret[i : i + 8] for i in range(len(secret) - 7)}
-            text = _TOKEN.sub(
-                lambda m, w=windows: MASK if any(m[0][i : i + 8] in w for i in range(len(m[0]) - 7)) else m[0],
-                text,
-            )
+            frag = _fragments(secret)
+            text = _TOKEN.sub(lambda m, f=frag: MASK if f.search(m[0]) else m[0], text)
         else:  # a short key: mask it where it stands as a token of its own, not inside other words
             text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", MASK, text)
-    return _KEY_LIKE.sub(MASK, text)
+    text = _KEY_LIKE.sub(MASK, text)
+    return _STARRED_RUN.sub(lambda m: MASK if _STARRED.search(m[0]) else m[0], text)
 
 
 def mask_url(url: str | None) -> str | None:
