@@ -38,7 +38,7 @@ import openai
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, stop_after_delay
 
 from llm_backends.base import ChatError, ChatResult, Messages, UsageStats, extract_json, with_schema_in_prompt
-from llm_backends.redact import mask_url, redact
+from llm_backends.redact import mask_url, redact, split_query
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +121,15 @@ class OpenAIChat:
         # sent with every request, e.g. {"chat_template_kwargs": {"enable_thinking": False}} to a vLLM server
         self.extra_body = dict(extra_body) if extra_body else None
         self._secret = api_key or ""
+        # a query in the base URL (`.../v1?api_key=...`, Azure's `?api-version=...`) goes with every request as
+        # parameters: appended to the base URL as text it would end up before the path (`/v1/?api_key=...chat/...`)
+        root, query = split_query(self.base_url)
         self._client = openai.OpenAI(
-            base_url=self.base_url, api_key=api_key or "EMPTY", max_retries=0, timeout=self.timeout_s
+            base_url=root, api_key=api_key or "EMPTY", max_retries=0, timeout=self.timeout_s,
+            default_query=query or None,
         )
+        # query values are masked like a key wherever a message could quote them
+        self._query_secrets = [v for v in query.values() if len(v) >= 4]
         self.stats = UsageStats()
         self._lock = threading.Lock()
         # what this server was found to reject; learnt once, kept for the instance's life
@@ -411,7 +417,7 @@ class OpenAIChat:
 
     def _redact(self, text: str) -> str:
         """``text`` without the key, any run of 8+ of its characters, or anything shaped like a key."""
-        return redact(text, [self._secret] if self._secret else [])
+        return redact(text, ([self._secret] if self._secret else []) + self._query_secrets)
 
 
 def _jitter() -> float:

@@ -6,7 +6,8 @@
   like a key (`sk-...`, `AIza...`, `Bearer ...`, a server's masked echo `sk-abc****5678`) replaced by `***`.
   `OpenAIChat` passes its error messages through it; `nodes.propose_config` passes every engineer reply
   through it before the reply is written (engineer_reply.md, validation.json, the graph state).
-- `mask_url(url)`: `https://user:***@host/...` for a URL with credentials (settings.json, log lines).
+- `mask_url(url)`: `https://user:***@host/...?key=***` for a URL with credentials or a query (settings.json,
+  log lines, errors).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 SECRET_SUFFIXES = ("_API_KEY", "_TOKEN", "_SECRET")
 MASK = "***"
@@ -75,27 +76,52 @@ def redact(text: str, secrets: Iterable[str] | None = None) -> str:
 
 
 def mask_url(url: str | None) -> str | None:
-    """`url` with the password (and a user given alone, often a token) replaced by `***`.
+    """`url` with its password (and a user given alone, often a token) and every query value replaced by
+    `***` (a query often carries the key: `?api_key=...`, `?key=...`, a signed URL's `sig=...`).
 
     >>> mask_url("https://me:pw@host:8000/v1")
     'https://me:***@host:8000/v1'
+    >>> mask_url("http://127.0.0.1:8000/v1?api_key=abc&api-version=1")
+    'http://127.0.0.1:8000/v1?api_key=***&api-version=***'
     >>> mask_url("http://127.0.0.1:8000/v1")
     'http://127.0.0.1:8000/v1'
     """
-    if not url or "@" not in url:
+    if not url or not any(c in url for c in "@?#"):
         return url
     try:
         parts = urlsplit(url)
     except ValueError:
         return MASK
-    if "@" not in parts.netloc:
-        return url
-    userinfo, host = parts.netloc.rsplit("@", 1)
-    user, sep, _ = userinfo.partition(":")
-    masked = f"{user}:{MASK}" if sep else MASK
-    return urlunsplit((parts.scheme, f"{masked}@{host}", parts.path, parts.query, parts.fragment))
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user, sep, _ = userinfo.partition(":")
+        netloc = f"{user}:{MASK}@{host}" if sep else f"{MASK}@{host}"
+    query = "&".join(_mask_param(p) for p in parts.query.split("&")) if parts.query else ""
+    fragment = MASK if parts.fragment else ""
+    return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
+
+
+def _mask_param(param: str) -> str:
+    name, sep, _ = param.partition("=")
+    return f"{name}={MASK}" if sep else (MASK if name else "")
+
+
+def split_query(url: str) -> tuple[str, dict[str, str]]:
+    """(`url` without its query and fragment, the query's parameters): what an HTTP client takes as a base URL
+    and as parameters sent with every request (`OpenAIChat`), so that a path is never appended to a query.
+
+    >>> split_query("http://h/v1?api_key=k&x=1")
+    ('http://h/v1', {'api_key': 'k', 'x': '1'})
+    """
+    parts = urlsplit(url)
+    params = dict(parse_qsl(parts.query, keep_blank_values=True))
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")), params
 
 
 def has_masked_credentials(url: str | None) -> bool:
-    """True for a URL `mask_url` masked (its credentials are not in it any more)."""
-    return bool(url) and mask_url(url) == url and f"{MASK}@" in url
+    """True for a URL `mask_url` masked (its credentials or query values are not in it any more)."""
+    if not url or mask_url(url) != url:
+        return False
+    parts = urlsplit(url)
+    return f"{MASK}@" in parts.netloc or MASK in parts.query or parts.fragment == MASK

@@ -6,7 +6,7 @@ Use it as a fault injector for client tests or as a scripted engineer/solver tha
         srv.script(Fault.rate_limit(retry_after=0.2), Fault.server_error(), "the reply")
         chat = OpenAIChat(srv.base_url, "fake-model", api_key="sk-...", backend="fake")
         chat.chat([{"role": "user", "content": "hi"}]).text   # -> "the reply", after two retries
-        srv.requests    # every request: {"path", "headers" (lower-case names), "body"}
+        srv.requests    # every request: {"path", "query" (dict), "headers" (lower-case names), "body"}
 
 Each request takes the next scripted item; once the script is spent, ``default`` answers (a string, or
 a function ``request_body -> str`` for a scripted engineer that looks at the prompt). Items are a reply
@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qsl, urlsplit
 
 
 @dataclass
@@ -207,7 +208,7 @@ def _make_handler(server: FakeOpenAI):
             self._send(status, json.dumps(err).encode(), headers)
 
         def do_GET(self) -> None:
-            if self.path.rstrip("/").endswith("/models"):
+            if urlsplit(self.path).path.rstrip("/").endswith("/models"):
                 self._send(200, json.dumps({"object": "list", "data": [{"id": server.model, "object": "model"}]}).encode())
             else:
                 self._error(404, f"no route {self.path}")
@@ -219,9 +220,11 @@ def _make_handler(server: FakeOpenAI):
                 body = json.loads(raw or b"{}")
             except ValueError:
                 body = {"_raw": raw.decode(errors="replace")}
+            url = urlsplit(self.path)  # routed on the path, as real servers do: the query is parameters
             with server._lock:
-                server.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
-            if not self.path.endswith("/chat/completions"):
+                server.requests.append({"path": url.path, "query": dict(parse_qsl(url.query, keep_blank_values=True)),
+                                        "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
+            if not url.path.endswith("/chat/completions"):
                 self._error(404, f"no route {self.path}")
                 return
             kind = (body.get("response_format") or {}).get("type")
