@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from evals.config import EvalConfigError, LoopConfig, LoopConfigT, config_command, load_config
-from evals.grid import GridResult, collect_verdicts, machine, run_grid
+from evals.grid import GridResult, collect_verdicts, run_grid
+from evals.packed import PACK, PackError, unpacked
 from evals.pairs import Arm, guard_committed, make_pairs, stage0_donor
 from evals.plots import stage0_mismatches, write_plots
 from evals.results import add_reproduce_flags, committed, read_json, retarget_from_args, verdict_folders
@@ -80,7 +81,6 @@ def run_loop_eval(
     labels = [a.label for a in arms]
     if cfg.baseline and cfg.baseline not in labels:
         raise EvalConfigError(f"config {config_path}: baseline {cfg.baseline!r} is not one of the arms {labels}")
-    notes: list[str] = []
     grid = GridResult()
     if not tables_only:
         env = dict(os.environ if env is None else env)
@@ -96,7 +96,16 @@ def run_loop_eval(
             if protected and (out / "verdicts" / pair.name / "final" / "eval.jsonl").is_file():
                 continue  # committed verdicts are never overwritten, even by a local run of the same settings
             collect_verdicts(pair, out)
-    verdicts = {k: v for k, v in verdict_folders(out).items() if k[0] in labels and k[1] in cfg.seeds}
+    with unpacked(out) as source:  # the folder itself, or its answers.tar.xz unpacked for the while
+        return _tables(source, out, pairs, cfg, labels, grid, tables_only, title=title, command=command,
+                       arm_header=arm_header)
+
+
+def _tables(source: Path, out: Path, pairs, cfg: LoopConfig, labels: Sequence[str], grid: GridResult,
+            tables_only: bool, *, title: str, command: str | None, arm_header: str) -> int:
+    """The tables and plots of a loop eval into `out`, from the verdict files under `source`."""
+    notes: list[str] = []
+    verdicts = {k: v for k, v in verdict_folders(source).items() if k[0] in labels and k[1] in cfg.seeds}
     for label, reason in grid.skipped.items():
         notes.append(f"`{label}` skipped: {reason}")
     for name, reason in grid.failed.items():
@@ -110,11 +119,12 @@ def run_loop_eval(
     notes += stage0_notes(verdicts, timings)
     notes += identical_answer_notes(verdicts)
     if not verdicts:
-        print(f"no finished runs with verdict files under {out / 'verdicts'}; no table written", file=sys.stderr)
+        print(f"no finished runs with verdict files under {out / 'verdicts'} or in {out / PACK}; no table written",
+              file=sys.stderr)
         return 1 if (grid.failed or missing) else 0
     write_loop_tables(verdicts, labels, cfg, out, title=title, command=command, arm_header=arm_header, notes=notes,
                       extra={"preset": cfg.preset, "seeds": cfg.seeds, "set": cfg.set, "timings_s": timings,
-                             "tables_built_on": machine(), "skipped": grid.skipped, "failed": grid.failed})
+                             "skipped": grid.skipped, "failed": grid.failed})
     plots = write_plots(verdicts, labels, out, arm_header=arm_header)
     print(f"wrote {out / 'table.md'}, table.csv, failures.csv, table.json" + (f", {', '.join(plots)}" if plots else ""),
           file=sys.stderr)
@@ -164,7 +174,8 @@ def main(argv: list[str] | None, *, prog: str, description: str, model: type[Loo
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--config", required=True, type=Path, help="YAML/TOML config (see evals/configs/)")
     p.add_argument("--dry-run", action="store_true", help="check everything and print the plan; run nothing")
-    p.add_argument("--tables-only", action="store_true", help="rebuild tables/plots from <out>/verdicts only")
+    p.add_argument("--tables-only", action="store_true",
+                   help="rebuild tables/plots from <out>/verdicts (or <out>/answers.tar.xz) only")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="graph.run calls at once, each pinned to its own share of the cores with that many OMP "
                         "threads (default 1: one run on every core). On 2 cores, --jobs 2 finishes a grid sooner; "
@@ -175,7 +186,7 @@ def main(argv: list[str] | None, *, prog: str, description: str, model: type[Loo
         cfg, arms, title = plan(retarget_from_args(load_config(args.config, model), args))
         return run_loop_eval(arms=arms, cfg=cfg, config_path=args.config, arm_header=arm_header, title=title,
                              dry_run=args.dry_run, tables_only=args.tables_only, jobs=args.jobs)
-    except (EvalConfigError, KeyboardInterrupt) as e:
+    except (EvalConfigError, PackError, KeyboardInterrupt) as e:
         stopped = isinstance(e, KeyboardInterrupt)
         print("\ninterrupted; rerun the same command to resume" if stopped else f"error: {e}", file=sys.stderr)
         return 130 if stopped else 2

@@ -12,19 +12,24 @@ from typing import Any
 from env.config import SIZES
 from evals.intervals import rate_interval
 from evals.results import read_json, read_jsonl, stage_numbers
-from nodes.files import stage_dir
+from trainer.files import stage_dir
 
 
-def stage_counts(folder: Path) -> dict[int, tuple[int, int]]:
-    """Validation (answers, valid answers) per stage, from `stage_k/eval.jsonl` verdict rows."""
+def stage_answers(folder: Path) -> dict[int, list[tuple[str, bool]]]:
+    """Validation [(instance id, valid)] per stage, from `stage_k/eval.jsonl` verdict rows."""
     curve = {}
     for k in stage_numbers(folder):
         p = stage_dir(folder, k) / "eval.jsonl"
         if p.is_file():
             rows = read_jsonl(p)
             if rows:
-                curve[k] = (len(rows), sum(bool(r.get("valid")) for r in rows))
+                curve[k] = [(str(r.get("id", j)), bool(r.get("valid"))) for j, r in enumerate(rows)]
     return curve
+
+
+def stage_counts(folder: Path) -> dict[int, tuple[int, int]]:
+    """Validation (answers, valid answers) per stage, from `stage_k/eval.jsonl` verdict rows."""
+    return {k: (len(a), sum(ok for _, ok in a)) for k, a in stage_answers(folder).items()}
 
 
 def stage_curves(folder: Path) -> dict[int, float]:
@@ -86,9 +91,10 @@ def write_plots(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[st
     files = []
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, label in enumerate(labels):
-        counts = [stage_counts(f) for (lbl, _), f in sorted(verdicts.items()) if lbl == label]
+        answers = [stage_answers(f) for (lbl, _), f in sorted(verdicts.items()) if lbl == label]
+        counts = [{k: (len(a), sum(ok for _, ok in a)) for k, a in c.items()} for c in answers]
         stages = sorted({k for c in counts for k in c})
-        stats = [rate_interval({j: {"all": c[k]} for j, c in enumerate(counts) if k in c}) for k in stages]
+        stats = [rate_interval({j: {"all": c[k]} for j, c in enumerate(answers) if k in c}) for k in stages]
         xs = [k + (i - (len(labels) - 1) / 2) * 0.04 for k in stages]
         means, yerr = error_bars(stats)
         ax.errorbar(xs, means, yerr=yerr, marker="o", capsize=3, label=f"{label} (n={len(counts)})")
@@ -97,7 +103,7 @@ def write_plots(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[st
                        s=8, alpha=0.3, color=ax.lines[-1].get_color())
     ax.set_xlabel("stage (evaluated after training it)")
     ax.set_ylabel("validation valid %")
-    ax.set_title("Validation success per stage (mean over seeds, 95% bootstrap / Wilson interval)")
+    ax.set_title("Validation success per stage (mean over seeds, 95% two-way bootstrap / Wilson interval)")
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, title=arm_header)

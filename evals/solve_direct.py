@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from evals.config import EvalConfigError, config_command, load_config, repo_path, repo_relative
 from evals.grid import EventLog, machine
+from evals.packed import PackError, unpacked
 from evals.published import RUNS as PUBLISHED_RUNS
 from evals.results import committed, read_jsonl, reproduce_folder
 from evals.stats import subset_counts, summarize_rows
@@ -183,16 +184,17 @@ def record_timing(out: Path, name: str, wall_s: float, answered: int) -> None:
 
 
 def write_solve_tables(cfg: SolveConfig, out: Path, ids: set[str] | None, command: str | None,
-                       notes: list[str]) -> dict[str, Any]:
+                       notes: list[str], source: Path | None = None) -> dict[str, Any]:
     """table.md/csv/json and failures.csv from `<out>/<name>/eval.jsonl` (only rows of this split's chosen
     ids; `ids` None: every committed row, as `--tables-only` does, so a table rebuilt after the split changed
     still says what its verdicts say), through the loop evals' tables (`evals.tables.write_tables`): each model is one arm with one run,
-    so its intervals are Wilson's (or a bootstrap over instances for a Sum over sizes)."""
+    so its intervals are Wilson's (or a bootstrap over instances for a Sum over sizes). `source`: the folder the
+    answers are read from when not `out` (`out/answers.tar.xz` unpacked, `evals.packed`)."""
     from nodes.evaluate import compute_final_metrics
 
     data: dict[tuple[str, int], list[dict]] = {}
     for spec in cfg.models:
-        path = out / spec.name / "eval.jsonl"
+        path = (source or out) / spec.name / "eval.jsonl"
         if not path.is_file():
             continue
         rows = [r for r in read_jsonl(path) if ids is None or r["id"] in ids]
@@ -326,7 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         log(f"[dry-run] split {cfg.split}: {len(instances)} instances; nothing was asked")
         return 0
-    write_solve_tables(cfg, out, None if args.tables_only else {i.id for i in instances}, command, notes)
+    try:
+        with unpacked(out) as source:
+            write_solve_tables(cfg, out, None if args.tables_only else {i.id for i in instances}, command, notes,
+                               source)
+    except PackError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print((out / "table.md").read_text())
     return 1 if failed else 0
 

@@ -7,8 +7,9 @@ Two layouts of the same verdict rows:
   the mean over seeds;
 - pooled: per subset (3, 4 or 5 agents; wait ratio 0.25 / 0.50 / 0.75; all), every instance of the subset
   over all sizes in one rate.
-Intervals are `evals.intervals`' (percentile bootstrap over seeds and instances, Wilson for one seed); the gap
-to the baseline arm is paired by seed (and by instance where both arms answered the same ones). What
+Intervals are `evals.intervals`' (a two-way bootstrap: seeds drawn with replacement and the instances they
+share drawn once for all of them; Wilson for one seed); the gap to the baseline arm is paired by seed (and by
+instance where both arms answered the same ones). What
 "optimal" means is a parameter, the criterion (`is_optimal`), named in every table. Next to them: where the
 answers fail (the share of answers by first failing check), which separates arms whose valid rates are all
 zero, and a note naming the arms of a seed whose final answers are identical answer for answer.
@@ -33,9 +34,10 @@ PAPER_SUBSETS = ("agents_3", "agents_4", "agents_5", "wait_0.25", "wait_0.50", "
 # What `optimal` means in a table (`is_optimal`); the paper's optimal rate is most likely makespan-optimal.
 CRITERIA = ("soc", "makespan")
 CRITERION_NAMES = {"soc": "sum of costs", "makespan": "makespan"}
-INTERVAL_NOTE = ("95% percentile bootstrap over seeds and instances (seeds drawn with replacement, then the "
-                 "instances of each size within each drawn seed; fixed generator seed); Wilson score interval "
-                 "with one seed and one cell, and for a rate of 0 or 100% over all answers")
+INTERVAL_NOTE = ("95% two-way percentile bootstrap over seeds and instances (each draw takes seeds with "
+                 "replacement and, once for all of them, the instances of each size that the seeds share; fixed "
+                 "generator seed); Wilson score interval with one seed and one cell, and for a rate of 0 or 100% "
+                 "over the distinct instances")
 
 
 # Student-t: for evals.bench's paired per-instance differences (many instances), never for rates over seeds.
@@ -208,7 +210,7 @@ def summarize_rows(data: Mapping[tuple[str, int], list[dict]], arm_order: Sequen
     def stat(label: str, metric: str, layout: str, pick) -> dict[str, Any]:
         """`pick(seed_groups) -> {stratum: [(id, success)]}` chooses the strata of one cell."""
         per_seed = {s: pick(g) for s, g in grouped[(label, metric, layout)].items()}
-        st = rate_interval({s: _counts(c) for s, c in per_seed.items()})
+        st = rate_interval(per_seed)
         st["n_instances"] = {str(s): sum(len(v) for v in c.values()) for s, c in sorted(per_seed.items()) if c}
         if base_ok and label != baseline:
             base = {s: pick(g) for s, g in grouped[(baseline, metric, layout)].items()}
@@ -241,12 +243,12 @@ def failure_shares(data: Mapping[tuple[str, int], list[dict]], arm_order: Sequen
     writes every agent's path but collides differs from one that still drops agents)."""
     from env.verify import CHECK_ORDER
 
-    per: dict[str, dict[int, Counter]] = {}
+    per: dict[str, dict[int, list[tuple[str, str]]]] = {}
     for (label, seed), rows in sorted(data.items()):
         if rows:
-            per.setdefault(label, {})[seed] = Counter("valid" if r.get("valid") else (r.get("failure") or "unknown")
-                                                      for r in rows)
-    seen = {k for seeds in per.values() for counts in seeds.values() for k in counts}
+            per.setdefault(label, {})[seed] = [(str(r.get("id", j)), "valid" if r.get("valid") else
+                                                (r.get("failure") or "unknown")) for j, r in enumerate(rows)]
+    seen = {k for seeds in per.values() for answers in seeds.values() for _, k in answers}
     kinds = ["valid", *(k for k in CHECK_ORDER if k in seen), *sorted(seen - set(CHECK_ORDER) - {"valid"})]
     arms = [a for a in arm_order if a in per] + sorted(a for a in per if a not in arm_order)
     out: dict[str, Any] = {}
@@ -254,7 +256,7 @@ def failure_shares(data: Mapping[tuple[str, int], list[dict]], arm_order: Sequen
         seeds = sorted(per[a])
         out[a] = {"seeds": seeds}
         for k in kinds:
-            out[a][k] = rate_interval({s: {"all": (sum(per[a][s].values()), per[a][s].get(k, 0))} for s in seeds})
+            out[a][k] = rate_interval({s: {"all": [(i, kind == k) for i, kind in per[a][s]]} for s in seeds})
     return {"kinds": kinds, "arms": arms, "rows": out}
 
 def identical_answer_notes(verdicts: Mapping[tuple[str, int], Path]) -> list[str]:

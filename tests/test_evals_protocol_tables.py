@@ -256,17 +256,17 @@ def test_every_results_folder_is_rebuilt_or_excluded_with_a_reason():
 
 
 @pytest.mark.parametrize("name", _table_folders())
-def test_committed_tables_are_rebuilt_from_their_verdicts_byte_for_byte(name, tmp_path, monkeypatch):
-    """The committed folder's inputs (verdicts, answers, timings) copied elsewhere, its tables rebuilt through
-    the script's own `--tables-only` path: every table file is the same, byte for byte."""
+def test_committed_tables_are_rebuilt_from_their_verdicts_byte_for_byte(name, tmp_path):
+    """The committed folder's inputs (its packed answers, `answers.tar.xz`, and timings) copied elsewhere, its
+    tables rebuilt through the script's own `--tables-only` path: every table file is the same, byte for byte."""
     folder = RESULTS / name
     cfg = _configs_by_out()[folder.resolve()]
     module = config_command(cfg).split()[2]  # "python -m evals.<script> --config ..."
     out = tmp_path / name
     shutil.copytree(folder, out, ignore=shutil.ignore_patterns(*OUTPUTS, "metrics.json", "*.png"))
     committed = json.loads((folder / "table.json").read_text())
-    if "tables_built_on" in committed:  # the one field that names the machine the tables were built on
-        monkeypatch.setattr(loop, "machine", lambda: committed["tables_built_on"])
+    assert "tables_built_on" not in committed, "a table names the machine it was built on: it would not rebuild"
+    assert (out / "answers.tar.xz").is_file() and not (out / "verdicts").exists(), "answers are not packed"
     assert importlib.import_module(module).main(["--config", str(cfg), "--tables-only", "--out", str(out)]) == 0
     compared = [f for f in OUTPUTS if (folder / f).is_file()]
     compared += [f"cpu/{f}" for f in OUTPUTS if (folder / "cpu" / f).is_file()]  # the CPU-scale held-out table
@@ -318,3 +318,18 @@ def test_cpu_scale_held_out_table_is_written_beside_the_benchmark_table(tmp_path
     loop.write_loop_tables(only_main, ["fixed", "self"], cfg, out2, title="T", command=None, arm_header="engineer",
                            notes=[], extra={})
     assert (out2 / "table.md").is_file() and not (out2 / "cpu").exists()
+
+
+def test_tables_only_in_place_leaves_every_committed_file_as_it_was():
+    """`--tables-only` on a committed folder itself (no --out): no file changes by a byte, none is added, and the
+    packed answers stay packed (nothing machine- or time-specific goes into a table)."""
+    from evals import compare_engineers
+
+    folder = RESULTS / "compare_smoke"
+    before = {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    cfg = ROOT / "evals" / "configs" / "compare_smoke.yaml"
+    assert compare_engineers.main(["--config", str(cfg), "--tables-only"]) == 0
+    after = {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    assert sorted(after) == sorted(before)
+    changed = [str(f) for f in before if after[f] != before[f]]
+    assert not changed, f"--tables-only rewrote {changed}"
