@@ -234,6 +234,9 @@ def _read_answers(path: str) -> list[dict]:
             raise CLIError(f"{path}:{no}: not valid JSON: {e.msg}") from None
         if not isinstance(obj, dict) or "id" not in obj:
             raise CLIError(f"{path}:{no}: missing \"id\" (each line is {{\"id\": ..., \"text\": ...}})")
+        if isinstance(obj["id"], list | dict):  # no instance has one: ids are strings
+            raise CLIError(f"{path}:{no}: \"id\" is a JSON {'array' if isinstance(obj['id'], list) else 'object'} "
+                           f"({json.dumps(obj['id'])[:60]}); an answer's id is the string id of its instance")
         if not isinstance(obj.get("text"), str):
             raise CLIError(f"{path}:{no}: \"text\" must be a string")
         key = json.dumps(obj["id"])  # ids may be any JSON value; 1 and "1" are different ids

@@ -28,7 +28,7 @@ from typing import Any
 from evals.config import REPO_ROOT, EvalConfigError, LoopConfig, repo_relative
 from evals.results import committed, read_json
 from llm_backends.engineers import CLASSIC_ENGINEERS
-from nodes.files import stage_dir
+from trainer.files import stage_dir
 
 # ----------------------------------------------------------------------------- arms and pairs
 

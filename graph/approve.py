@@ -12,7 +12,7 @@ from typing import Any
 
 from graph.progress import RunError, config_table, diff_summary, say
 from graph.settings import Settings
-from nodes.files import stage_dir, write_json_atomic
+from trainer.files import stage_dir, write_json_atomic
 
 APPROVE_PROMPT = "apply it? [y] yes / [n] no, keep the current config / [e] edit it in $EDITOR: "
 

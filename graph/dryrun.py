@@ -1,6 +1,6 @@
 """`python -m graph.run --dry-run`: everything a run checks before its first training step, and no training.
 The graph is built, the training set-up of stage 0 is printed (GRPOConfig, LoRA, the vLLM server's command
-line; nodes.gpu_plan), stage-0 data is generated, and the engineer is asked for one real proposal on a
+line; trainer.gpu_plan), stage-0 data is generated, and the engineer is asked for one real proposal on a
 dummy context, validated as the run would validate it."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from graph.progress import RunError, config_table, diff_summary, say
 from graph.settings import Settings
-from nodes.files import stage_dir
+from trainer.files import stage_dir
 
 PING_TIMEOUT_S = 30.0
 
@@ -145,8 +145,8 @@ def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
 
 def _say_training_plan(settings: Settings, run_dir: Path) -> dict | None:
     """Build what stage 0 would run, up to the model load (GRPOConfig, LoRA config, the vLLM server's command
-    line; nodes.gpu_plan), as on one GPU when the preset trains on one and this machine has none, and print it."""
-    from nodes.gpu_plan import plan_lines, training_plan
+    line; trainer.gpu_plan), as on one GPU when the preset trains on one and this machine has none, and print it."""
+    from trainer.gpu_plan import plan_lines, training_plan
 
     try:
         plan = training_plan(settings, run_dir)

@@ -1,6 +1,6 @@
 """Signals and child processes of `python -m graph.run`.
 
-The first SIGINT/SIGTERM asks the run to stop at the next training step, evaluation batch or node (nodes.stop) and raises
+The first SIGINT/SIGTERM asks the run to stop at the next training step, evaluation batch or node (trainer.stop) and raises
 nothing: a KeyboardInterrupt raised from a handler can land in a __del__, where Python ignores it, and
 training goes on. Before the graph streams and at the --approve prompt nothing is in flight: the first
 signal interrupts at once. A second signal kills the vLLM servers and every child process and exits."""
@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from graph.progress import say
-from nodes import stop
+from trainer import stop
 
 EXIT_INTERRUPTED = 130
 

@@ -15,7 +15,7 @@ from graph.preflight import check_state_files, refuse_lost_state
 from graph.progress import Progress, RunError, say
 from graph.runfolder import DB_FILE, RunFolderError, database_problem, finished_stages, thread_id
 from graph.settings import RunContext, Settings
-from nodes import stop
+from trainer import stop
 
 
 def open_graph(run_dir: Path, settings: Settings):
@@ -68,7 +68,7 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
 
     Raises `RunFolderError` (one line) when graph.sqlite is unreadable, or lost while stages have finished
     (never starting over on top of them), or when the checkpoint the run goes on from is damaged; and
-    `nodes.stop.StageInterrupted` when a stop was requested (SIGINT/SIGTERM), after the last finished node's
+    `trainer.stop.StageInterrupted` when a stop was requested (SIGINT/SIGTERM), after the last finished node's
     state was saved."""
     run_dir = Path(os.path.abspath(run_dir))
     done = finished_stages(run_dir)

@@ -195,8 +195,12 @@ def check_state_files(run_dir: Path, values: dict[str, Any], nxt: tuple[str, ...
     if ckpt and nxt and nxt[0] in loads:
         problem = checkpoint_problem(Path(resolve_in_run(ckpt, run_dir)))
         if problem:
+            # train_stage trains stage k from the policy stage k-1 left; the other nodes load stage k's own
+            owner = stage - 1 if nxt[0] == "train_stage" else stage
+            what = (f"the policy after stage {owner}, which stage {stage} trains from" if owner != stage
+                    else f"the policy after stage {stage}, which the run goes on from")
             raise RunFolderError(
-                f"{resolve_in_run(ckpt, run_dir)} (the policy after stage {stage}, which the run goes on from) is "
+                f"{resolve_in_run(ckpt, run_dir)} ({what}) is "
                 f"{problem}; put back the folder from a copy of this run, then resume with: "
                 f"python -m graph.run --resume {run_dir}"
             )

@@ -116,7 +116,7 @@ def describe_start(node: str, state: dict[str, Any], settings: Settings) -> str 
     stage = int(state.get("stage") or 0)
     if node == "apply":
         k = stage + 1 if state.get("train_path") else stage
-        held = settings.train.select_instances  # nodes.select_best: held out of training to choose its weights
+        held = settings.train.select_instances  # trainer.select_best: held out of training to choose its weights
         return (f"[stage {k}] apply: generating {settings.train.instances_per_stage} training instances"
                 + (f" + {held} held out" if held else "") + " ...")
     if node == "train_stage":

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nodes.files import stage_dir, write_json_atomic
+from trainer.files import stage_dir, write_json_atomic
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 

@@ -18,7 +18,7 @@ A run never loses finished work (graph/runfolder.py):
   the folder, so a moved, copied or symlinked run, or `--resume .`, continues where it was;
 - a lost, empty or damaged graph.sqlite next to finished stages is refused with one line, never retrained;
 - one process per run folder (`run.lock`, an OS lock released on any exit); a second gets the holder's PID;
-- the first SIGINT/SIGTERM stops at the next training step, evaluation batch or node boundary (nodes.stop) with exit 130 and
+- the first SIGINT/SIGTERM stops at the next training step, evaluation batch or node boundary (trainer.stop) with exit 130 and
   the resume command; a second kills the vLLM servers and every child process and exits at once;
 - a failing node prints one line (the traceback goes to logs/error.log) with the resume command;
 - text from the engineer reaches the terminal without control characters.
@@ -44,15 +44,15 @@ from graph.preflight import check_before_work, check_model_cache, new_run_dir, r
 from graph.progress import NOW, RunError, error_log, now_running, say
 from graph.runfolder import RunFolderError, RunLock
 from graph.settings import CONTEXT_VARIANTS, ENV_VARS, PRESETS, Settings, SettingsError, build_settings
-from nodes import stop
-from nodes.files import RunFileError
+from trainer import stop
+from trainer.files import RunFileError
 
 EXIT_BAD_SETTINGS = 2
 
 
 def preset_help() -> str:
     """One paragraph per preset for --help, built from the presets themselves (so it cannot go stale)."""
-    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+    from trainer.config import TRAIN_PRESETS, TrainConfig
 
     def train(name: str, field: str) -> Any:
         return TRAIN_PRESETS[name].get(field, TrainConfig.model_fields[field].default)
@@ -101,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
                "eval_max_tokens", "engineer_max_attempts", "prompts_dir", "approve"}
     others = [f"  {env_of[f]:<22} --set {f}=...  {fields[f].description}" for f in fields
               if f not in flagged and f in env_of]
-    from nodes.train_config import TrainConfig
+    from trainer.config import TrainConfig
 
     train = [f"  TRAIN__{f.upper():<22} --set train.{f}=...  {TrainConfig.model_fields[f].description}"
              for f in TrainConfig.model_fields]
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 created = None  # another process is starting a run in this folder: its folder, not ours
                 raise
             SIGNALS["run_dir"] = run_dir
-            from nodes.provenance import collect as provenance
+            from trainer.provenance import collect as provenance
 
             settings = settings.model_copy(update={"run_dir": run_dir, "run_id": run_dir.name,
                                                    "provenance": provenance()})

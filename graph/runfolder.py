@@ -207,11 +207,11 @@ def state_paths(values: dict, run_dir: Path, how) -> dict:
 def in_run_folder(node):
     """`node` as the graph runs it: state paths resolved against the run folder going in (the nodes open
     them), and stored relative to it coming out (so the state moves with the folder). Once a stop was
-    requested (nodes.stop) it raises `StageInterrupted` instead of starting the node."""
+    requested (trainer.stop) it raises `StageInterrupted` instead of starting the node."""
 
     @functools.wraps(node)
     def run(state, runtime):
-        from nodes.stop import StageInterrupted, stop_requested
+        from trainer.stop import StageInterrupted, stop_requested
 
         if stop_requested():  # SIGINT/SIGTERM: no node starts after it; the state stays at this node
             raise StageInterrupted(f"stopped before {getattr(node, '__name__', 'a node')}")

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from llm_backends.engineers import CLASSIC_ENGINEERS, MODEL_ENGINEERS
 from nodes.summarize_failures import CONTEXT_VARIANTS
-from nodes.train_config import TRAIN_PRESETS, TrainConfig
+from trainer.config import TRAIN_PRESETS, TrainConfig
 
 # The cpu presets' run: the embedded model, answered through vLLM where it is installed
 _CPU_RUN: dict[str, Any] = {
@@ -41,7 +41,7 @@ _CPU_RUN: dict[str, Any] = {
     "engineer_max_tokens": 512,
 }
 
-# Run-level values per preset; the training hyper-parameters come from nodes.train_config.TRAIN_PRESETS.
+# Run-level values per preset; the training hyper-parameters come from trainer.config.TRAIN_PRESETS.
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
         "stages": 2,
@@ -55,7 +55,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "policy_dtype": "float32",  # CI: the same greedy answers on every CPU, bf16 hardware or not
     },
     "cpu": _CPU_RUN,
-    # `cpu`'s run, around a 4x longer stage that learns measurably (nodes.train_config.TRAIN_PRESETS["cpu-long"])
+    # `cpu`'s run, around a 4x longer stage that learns measurably (trainer.config.TRAIN_PRESETS["cpu-long"])
     "cpu-long": _CPU_RUN,
     "paper": {
         "stages": 3,
@@ -186,16 +186,28 @@ class Settings(BaseModel):
         """settings.json, written atomically, with credentials in engineer_base_url masked (a resume takes
         the full URL from ENGINEER_BASE_URL again)."""
         from llm_backends.redact import mask_url
-        from nodes.files import write_text_atomic
+        from trainer.files import write_text_atomic
 
         safe = self.model_copy(update={"engineer_base_url": mask_url(self.engineer_base_url)})
         write_text_atomic(path, safe.model_dump_json(indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> Settings:
+        """A run's settings.json; refused in one line when it is not one (a run writes every setting, so a
+        file without the run's own keys, `{}` say, would silently start over on the defaults)."""
         try:
-            return cls.model_validate_json(Path(path).read_text())
-        except (OSError, ValidationError) as e:
+            raw = json.loads(Path(path).read_text())
+            if not isinstance(raw, dict):
+                raise SettingsError(f"cannot read settings from {path}: a JSON object of settings is expected, "
+                                    f"not {type(raw).__name__}")
+            missing = [k for k in SAVED_KEYS if k not in raw]
+            if missing:
+                raise SettingsError(f"cannot read settings from {path}: it lacks {', '.join(missing)}, which every "
+                                    "run's settings.json holds; put back the run's own settings.json")
+            return cls.model_validate(raw)
+        except (OSError, ValueError) as e:  # ValidationError and JSONDecodeError are ValueErrors
+            if isinstance(e, SettingsError):
+                raise
             raise SettingsError(f"cannot read settings from {path}: {_first_error(e)}") from None
 
 
@@ -209,6 +221,8 @@ class RunContext:
 
 # Fields the run writes itself: never from a flag or an environment variable, never a settings change.
 BOOKKEEPING = ("run_id", "provenance")
+# Keys every settings.json a run ever wrote holds (`Settings.load` refuses a file without them)
+SAVED_KEYS = ("preset", "engineer", "stages", "seed", "train")
 
 # Environment variable -> settings field. Training values: TRAIN__<FIELD> (e.g. TRAIN__LEARNING_RATE).
 ENV_VARS = {f.upper(): f for f in Settings.model_fields if f not in BOOKKEEPING + ("train",)}

@@ -32,7 +32,7 @@ from typing import Any
 
 from graph.runfolder import RunFolderError, relative_to_run, state_paths, thread_id
 from graph.settings import RunContext, Settings, SettingsError
-from nodes.files import stage_dir, write_json_atomic
+from trainer.files import stage_dir, write_json_atomic
 
 # Settings that may differ between a donor and a fork: they act only after stage 0's evaluation (who
 # designs the next stages and from what context) or on the run's bookkeeping, never on what stage 0

@@ -68,7 +68,7 @@ def build_context(values: dict[str, Any], thread: str = "local") -> RunContext:
 
     from graph.preflight import check_before_work
     from graph.settings import Settings, build_settings
-    from nodes.provenance import collect
+    from trainer.provenance import collect
 
     cli = _flatten(dict(values))
     secret = sorted(k for k in cli if "key" in k.lower() or "token" in k.lower() or "secret" in k.lower())

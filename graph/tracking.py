@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.files import stage_dir, write_json_atomic
+from trainer.files import stage_dir, write_json_atomic
 
 if TYPE_CHECKING:
     from graph.settings import Settings

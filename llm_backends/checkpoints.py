@@ -1,5 +1,5 @@
 """Checkpoints: the one home of how a policy folder is checked, loaded and saved, and which base a LoRA adapter
-sits on. Training (`nodes.train_stage`, `nodes.sft`), the in-process engine (`llm_backends.local`) and the vLLM
+sits on. Training (`trainer.stage`, `trainer.sft`), the in-process engine (`llm_backends.local`) and the vLLM
 path (`llm_backends.policy`) all read folders through it, so they agree on what a checkpoint is.
 
 A checkpoint is a folder with full weights (`config.json` + safetensors) or a LoRA adapter (`adapter_config.json`

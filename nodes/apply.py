@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from env import EnvConfig, SizeKnobs, generate, random_config, restrict_sizes
 from env.instance import write_jsonl
-from nodes.files import stage_dir, write_json_atomic, write_text_atomic
+from trainer.files import stage_dir, write_json_atomic, write_text_atomic
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime

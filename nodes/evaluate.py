@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from env import load_split, verify
 from env.library import prompt_messages
-from nodes import stop
-from nodes.files import stage_dir, weights_sha256, write_text_atomic
 from nodes.metrics import compute_final_metrics, compute_metrics, final_table_md
+from trainer import stop
+from trainer.files import stage_dir, weights_sha256, write_text_atomic
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -126,7 +126,7 @@ def answer_and_verify(
     makespan, optimal_makespan, criterion) and optimal_soc (= optimal_cost).
 
     `on_batch(rows)` gets each batch's rows as soon as they are verified (run_eval's journal). Between batches,
-    a requested stop (SIGINT/SIGTERM, `nodes.stop`) raises `StageInterrupted`: the answers so far are kept.
+    a requested stop (SIGINT/SIGTERM, `trainer.stop`) raises `StageInterrupted`: the answers so far are kept.
     """
     from tqdm.auto import tqdm
 
@@ -170,7 +170,7 @@ def verdict_row(inst: Any, text: str, completion_tokens: int | None = None, fini
 
 
 def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
-    """Written to a temporary file and renamed (`nodes.files`): never half a file, never a donor's inode."""
+    """Written to a temporary file and renamed (`trainer.files`): never half a file, never a donor's inode."""
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
@@ -319,7 +319,7 @@ def start_cache_file(key: dict[str, Any], instances: Sequence[Any], settings: Se
     the maps), the chat template's thinking switch, the batch, the machine (CPU, usable cores, GPUs) and the torch /
     vLLM / transformers versions. Answers computed elsewhere or otherwise are not reused."""
     from llm_backends.models import cache_root
-    from nodes.provenance import cpu_id, machine, package_versions
+    from trainer.provenance import cpu_id, machine, package_versions
 
     prompts = json.dumps([prompt_messages(inst, settings.train.prompt_style) for inst in instances], sort_keys=True)
     mach = machine()

@@ -7,8 +7,8 @@ anything derived from them are untrusted. Before such text reaches
   characters (ANSI escape sequences such as clear-screen or a title change, C1 controls, bidirectional
   overrides), keeping newlines and tabs;
 - report.md: `for_markdown` also escapes HTML (`<script>`, `<img onerror=...>` become text), neutralises
-  headings (`# ...`, and setext underlines) so a reply cannot fake a section, and keeps images from
-  loading (`![..](url)` becomes text).
+  headings (`# ...`, and setext underlines) so a reply cannot fake a section, and makes every link and
+  image text (`[..](javascript:...)` and `![..](url)` are shown, never followed or loaded).
 
 An engineer reply is made inert once, where it enters the run (`inert_reply`, in propose_config, before
 anything is written): API keys redacted, control characters removed, `<` and `>` written as `&lt;` and
@@ -41,15 +41,15 @@ _SETEXT = re.compile(r"^(\s{0,3})([=-])(?=[=\-\s]*$)", re.M)
 
 
 def for_markdown(text: str) -> str:
-    """`text` safe to place in report.md: terminal-clean, HTML escaped, no headings, no image loads.
+    """`text` safe to place in report.md: terminal-clean, HTML escaped, no headings, no links or images (every
+    `[` escaped, and every backslash, so that none can undo an escape): a `[x](javascript:...)` is text.
 
-    >>> for_markdown("# Fake\\n<script>x()</script> ![i](http://e/x.png)")
-    '\\\\# Fake\\n&lt;script&gt;x()&lt;/script&gt; !\\\\[i](http://e/x.png)'
+    >>> for_markdown("# Fake\\n<script>x()</script> ![i](http://e/x.png) [a](javascript:alert(1))")
+    '\\\\# Fake\\n&lt;script&gt;x()&lt;/script&gt; !\\\\[i](http://e/x.png) \\\\[a](javascript:alert(1))'
     """
-    text = _html(for_terminal(text))
+    text = _html(for_terminal(text)).replace("\\", "\\\\").replace("[", "\\[")
     text = _HEADING.sub(r"\1\\\2", text)
-    text = _SETEXT.sub(r"\1\\\2", text)
-    return text.replace("![", "!\\[")
+    return _SETEXT.sub(r"\1\\\2", text)
 
 
 def _html(text: str) -> str:

@@ -13,7 +13,7 @@ Files (stage_<k>/): `engineer_prompt.md` (the request parameters, max_tokens, te
 json_schema was sent, then the exact messages) and `engineer_reply.md` (the reply as received, made inert
 first, `nodes.inert.inert_reply`: API keys and key-shaped tokens redacted, control characters removed,
 `<`/`>` escaped; the reply is untrusted, and a remote engineer may echo a key);
-attempt 1 writes them, later attempts append a section each (written atomically, `nodes.files`).
+attempt 1 writes them, later attempts append a section each (written atomically, `trainer.files`).
 
 The reply is parsed once: the JSON object the chat backend decoded (`ChatResult.parsed`, when a json_schema
 was asked for) is the proposal's source when there is one. Otherwise the extraction is tolerant
@@ -23,10 +23,11 @@ first balanced `{...}` that decodes (a size-keyed object is preferred), trailing
 otherwise prose around the JSON serves as the rationale. When nothing usable is found the proposal is
 None and the reason is returned in `feedback`, which `validate_config` sends back to the engineer.
 
-Extraction is bounded and never raises: only the first `MAX_REPLY_CHARS` (200,000) characters of a reply
-are read (a config with its rationale takes about 2,000; the cut is noted, and the saved raw reply is
-whole), at most `MAX_DECODE_STARTS` positions are tried, and JSON nested too deeply for the decoder
-(a `RecursionError`) counts as not decoding.
+Extraction is bounded and never raises: a reply is cut to its first `MAX_REPLY_CHARS` (200,000) characters
+before anything reads it, key masking included (a config with its rationale takes about 2,000; the cut is
+noted in engineer_reply.md's header and in the log line, and the saved reply is the cut one), at most
+`MAX_DECODE_STARTS` positions are tried, and JSON nested too deeply for the decoder (a `RecursionError`)
+counts as not decoding.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ from typing import TYPE_CHECKING, Any
 
 from env import SIZES, EnvConfig
 from nodes.curricula import CLASSIC
-from nodes.files import append_text_atomic, stage_dir, write_text_atomic
 from nodes.inert import inert_reply, inert_value
 from nodes.summarize_failures import fill, load_template
+from trainer.files import append_text_atomic, stage_dir, write_text_atomic
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -345,6 +346,11 @@ def propose_config(
     _write(out_dir / "engineer_prompt.md", _messages_md(messages, header, kwargs), append)
     t0 = time.monotonic()
     text, parsed, meta = _ask(model, messages, kwargs, state, settings, run_dir)
+    # bounded work and files: a reply is cut to MAX_REPLY_CHARS before anything else reads it
+    cut = len(text) - MAX_REPLY_CHARS
+    if cut > 0:
+        text = text[:MAX_REPLY_CHARS]
+        meta["cut_chars"] = cut
     # the reply is untrusted: a key it echoes (or any key-shaped token), control sequences and HTML never
     # reach engineer_reply.md, validation.json, the graph state or a terminal; everything below reads this
     # (and `parsed`, made inert with the proposal)
@@ -359,6 +365,11 @@ def propose_config(
         if meta.get("error") is None
         else Extracted(None, error=f"the engineer call failed: {meta['error']}")
     )
+    if cut > 0:
+        what = f"the reply was cut to its first {MAX_REPLY_CHARS} characters ({cut} more not read)"
+        ex.notes.insert(0, what)
+        if ex.error:
+            ex.error += f"; only the first {MAX_REPLY_CHARS} of its {MAX_REPLY_CHARS + cut} characters were read"
     # decoded JSON strings can hold what the text pass could not see (\u001b, a key in \u escapes)
     proposal, rationale = inert_value(ex.config), inert_reply(ex.rationale)
     return {

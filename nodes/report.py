@@ -8,7 +8,7 @@ for any run folder, finished or not.
 Every file is read as untrusted: JSON of the wrong type (a list where an object belongs, a string where a
 number belongs) counts as absent, never as a crash; text that came from the engineer (its rationale, the
 reasons quoting it) and names of the run are escaped (`nodes.inert.for_markdown`: no HTML, no headings,
-no control characters) before they reach report.md. Files are written atomically (`nodes.files`).
+no control characters) before they reach report.md. Files are written atomically (`trainer.files`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 
 from env import SIZES
 from nodes.evaluate import final_table_md
-from nodes.files import write_bytes_atomic, write_text_atomic
 from nodes.inert import for_markdown, md_inline
+from trainer.files import write_bytes_atomic, write_text_atomic
 
 
 def _read_json(path: Path) -> dict | None:
@@ -350,7 +350,7 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             "groups with fresh ones that had signal (`train.resample_rounds`).",
             "",
         ]
-        for s in trained:  # checkpoint selection (train.select_instances, nodes.select_best)
+        for s in trained:  # checkpoint selection (train.select_instances, trainer.select_best)
             m = s["metrics"]
             if isinstance(m.get("train/select_step"), int):
                 lines += [f"Stage {s['stage']} ended on step {m['train/select_step']}'s weights of "

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from env import FAILURES, SIZES
-from nodes.files import RunFileError, stage_dir, write_text_atomic
+from trainer.files import RunFileError, stage_dir, write_text_atomic
 
 if TYPE_CHECKING:  # graph.settings imports this module (CONTEXT_VARIANTS)
     from langgraph.runtime import Runtime

@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from env import EnvConfig, generate, project
 from env.config import format_validation_error
-from nodes.files import stage_dir, write_json_atomic
+from trainer.files import stage_dir, write_json_atomic
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime

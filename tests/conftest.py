@@ -97,8 +97,8 @@ def stubs(monkeypatch):
 
     import graph.graph as gg
     from graph import run as gr
-    from nodes import stop
     from tests.support.graph_stubs import Stubs
+    from trainer import stop
 
     s = Stubs()
     for name in ("train_stage", "evaluate", "final_evaluate", "report"):

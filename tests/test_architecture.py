@@ -8,14 +8,15 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("env", "llm_backends", "nodes", "graph", "evals")
+PACKAGES = ("env", "llm_backends", "trainer", "nodes", "graph", "evals")
 # what each folder may import (ARCHITECTURE.md, "Dependency direction"); nodes -> graph.settings is for typing only
 ALLOWED = {
     "env": set(),
     "llm_backends": {"env"},
-    "nodes": {"env", "llm_backends"},
-    "graph": {"env", "llm_backends", "nodes"},
-    "evals": {"env", "llm_backends", "nodes", "graph"},
+    "trainer": {"env", "llm_backends"},
+    "nodes": {"env", "llm_backends", "trainer"},
+    "graph": {"env", "llm_backends", "trainer", "nodes"},
+    "evals": {"env", "llm_backends", "trainer", "nodes", "graph"},
 }
 
 
@@ -55,8 +56,8 @@ def _imports(path: Path, module: str, top_level_only: bool) -> set[str]:
 
 def test_every_file_named_in_architecture_md_exists():
     text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
-    named = set(re.findall(r"`((?:env|llm_backends|nodes|graph|evals|tests|prompts|docs)/[\w./-]*)`", text))
-    named |= set(re.findall(r"`((?:env|llm_backends|nodes|graph|evals|tests|prompts|docs)/[\w/-]+\.\w+)", text))
+    named = set(re.findall(r"`((?:env|llm_backends|trainer|nodes|graph|evals|tests|prompts|docs)/[\w./-]*)`", text))
+    named |= set(re.findall(r"`((?:env|llm_backends|trainer|nodes|graph|evals|tests|prompts|docs)/[\w/-]+\.\w+)", text))
     assert len(named) >= 25, sorted(named)
     missing = sorted(n for n in named if not (ROOT / n).exists())
     assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from evals.bench.bench_learning import main, paired_bootstrap, parse_holes, pool, summarize, training_draw
+from evals.bench.bench_learning import main, parse_holes, pool, summarize, training_draw
+from evals.intervals import crossed_interval
+from evals.packed import read_text
 
 RESULTS = Path(__file__).resolve().parents[1] / "evals" / "results" / "learning_cpu"
+PACKED = RESULTS / "answers.tar.xz"  # the folder's benchmark files, packed (evals.packed)
 
 
 def _run(seed: int, gain_bias: float) -> dict:
@@ -31,13 +34,14 @@ def _file(tmp_path, name, seeds, **over):
     return path
 
 
-def test_pooled_interval_is_the_bootstrap_over_every_seed(tmp_path):
+def test_pooled_interval_is_the_two_way_bootstrap_over_every_seed(tmp_path):
     a, b = _file(tmp_path, "a.json", [0, 1, 2]), _file(tmp_path, "b.json", [3, 4])
     s = pool([a, b])
     runs = [_run(k, 0.05) for k in range(5)]
     assert [r["seed"] for r in s["seeds"]] == [0, 1, 2, 3, 4]
     assert s["mean_gain"] == pytest.approx(sum(r["gain"] for r in runs) / 5)
-    assert s["gain_interval_bootstrap_95"] == list(paired_bootstrap([r["diffs"] for r in runs]))
+    assert s["gain_interval_bootstrap_95"] == list(crossed_interval([r["diffs"] for r in runs]))
+    assert "two-way" in s["interval"]
     assert s["warm_start"]["key"] == "abc" and s["pooled_from"] == [str(a), str(b)]
 
 
@@ -92,7 +96,7 @@ def test_training_draw_spreads_hole_ratios_as_asked_and_one_ratio_is_the_old_dra
 
 
 def test_a_setting_added_since_a_file_was_written_counts_at_its_default(tmp_path):
-    from nodes.train_config import TrainConfig
+    from trainer.config import TrainConfig
 
     now = TrainConfig().model_dump(mode="json")
     before = {k: v for k, v in now.items() if k != "localize_credit"}  # a file from before the setting existed
@@ -148,7 +152,7 @@ def test_resume_needs_its_file_and_refuses_another_experiment(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--grpo-sizes", "3,4", "--json", str(other), "--resume"])
     assert "--resume: " in (err := capsys.readouterr().err) and "train_config differs" in err
-    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+    from trainer.config import TRAIN_PRESETS, TrainConfig
 
     other_cfg = TrainConfig.model_validate(TRAIN_PRESETS["cpu"]).model_dump(mode="json")  # this run's own settings
     old = json.loads(_file(tmp_path, "old.json", [0], grpo_sizes=[3, 4, 5]).read_text())
@@ -303,11 +307,11 @@ def test_probe_branch_reads_rate_confidence_pairs_and_names_a_bad_one():
 
 def test_a_kept_start_answer_set_is_reused_only_for_its_spec_and_always_verified_again(tmp_path, monkeypatch):
     """`evals.bench.start_answers`: the start's greedy answers, kept per (weights, split, limit, prompt, machine), come
-    back with the figures `nodes.sft.score_texts` gives them now; another spec, another split or a broken file
+    back with the figures `trainer.sft.score_texts` gives them now; another spec, another split or a broken file
     answers again (None); a kept text that was edited is judged by what it says, not by what was kept."""
     import env
     from evals.bench import start_answers
-    from nodes.sft import score_texts
+    from trainer.sft import score_texts
 
     monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path))
     val = [x for x in env.load_split("val-small") if x.size == 3][:4]
@@ -336,14 +340,14 @@ def test_a_kept_start_answer_set_is_reused_only_for_its_spec_and_always_verified
 
 
 def test_the_cpu_long_preset_is_the_arm_its_figures_were_measured_with():
-    """The preset's documented gain (nodes.train_config) comes from stop 57's arm, run as `--preset cpu` with the
+    """The preset's documented gain (trainer.config) comes from stop 57's arm, run as `--preset cpu` with the
     values set by hand: `--preset cpu-long`'s settings and default GRPO sizes must be that arm's, so its runs pool
     with the committed seeds. A changed preset value fails here, as it should: the figures would no longer be its."""
     from evals.bench.bench_learning import GRPO_SIZES, same_setup
-    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+    from trainer.config import TRAIN_PRESETS, TrainConfig
 
-    measured_path = RESULTS / "bench_learning_s57_ws300_grpo96_g8_sizes34_rr0_seed0.json"
-    measured = json.loads(measured_path.read_text())
+    measured_path = f"{PACKED}:bench_learning_s57_ws300_grpo96_g8_sizes34_rr0_seed0.json"
+    measured = json.loads(read_text(measured_path))
     assert measured["preset"] == "cpu"
     mine = {**measured, "preset": "cpu-long", "grpo_sizes": sorted(int(x) for x in GRPO_SIZES["cpu-long"].split(",")),
             "train_config": TrainConfig.model_validate(TRAIN_PRESETS["cpu-long"]).model_dump(mode="json")}
@@ -351,3 +355,18 @@ def test_the_cpu_long_preset_is_the_arm_its_figures_were_measured_with():
     cpu = {**mine, "train_config": TrainConfig.model_validate(TRAIN_PRESETS["cpu"]).model_dump(mode="json")}
     with pytest.raises(ValueError, match=r"train_config differs .*max_steps: 24 vs 96"):
         same_setup(Path("cpu.json"), cpu, measured_path, measured)
+
+
+def test_the_cpu_long_headline_pools_again_from_the_packed_files():
+    """The 6-seed figure of the 96-step stage, pooled again from its packed per-run files: the same seeds and mean
+    gain as its committed pool file, and the two-way interval recomputed from their per-instance answers."""
+    names = ["bench_learning_s57_ws300_grpo96_g8_sizes34_rr0.json",
+             "bench_learning_s57_ws300_grpo96_g8_sizes34_rr0_seed3.json",
+             "bench_learning_s60_ws300_grpo96_g8_sizes34_rr0_seed4.json",
+             "bench_learning_s60_ws300_grpo96_g8_sizes34_rr0_seed5.json"]
+    s = pool([f"{PACKED}:{n}" for n in names])
+    committed = json.loads(read_text(f"{PACKED}:bench_learning_s57_ws300_grpo96_g8_sizes34_rr0_6seeds.json"))
+    assert [r["seed"] for r in s["seeds"]] == [r["seed"] for r in committed["seeds"]] == [0, 1, 2, 3, 4, 5]
+    assert s["mean_gain"] == pytest.approx(committed["mean_gain"])
+    lo, hi = s["gain_interval_bootstrap_95"]
+    assert round(100 * s["mean_gain"], 1) == 5.2 and (round(100 * lo, 1), round(100 * hi, 1)) == (-0.4, 10.9)

@@ -195,7 +195,7 @@ def test_held_out_splits_follow_the_paper_protocol():
     assert all(0.1 <= i.tags["hole"] <= 0.5 for i in test)
     assert _counts(load_split("test-extra")) == {(a, s, w): 50 for a in (4, 5) for s in SIZES if s < a for w in waits}
     assert _counts(load_split("test-cpu")) == {(a, s, w): 50 for a in (2, 3) for s in (3, 4, 5) for w in waits}
-    from nodes.train_data import _eval_layouts, _layout
+    from trainer.data import _eval_layouts, _layout
 
     cpu = load_split("test-cpu")
     assert not {_layout(i) for i in cpu} & {_layout(i) for i in test}  # two held-out splits, no shared instance

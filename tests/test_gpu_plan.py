@@ -12,10 +12,10 @@ import pytest
 
 from graph.settings import build_settings
 from llm_backends.policy import template_kwargs
-from nodes.gpu_plan import mock_cuda, plan_lines, training_plan
-from nodes.train_config import TRAIN_PRESETS, TrainConfig
-from nodes.train_data import build_dataset
-from nodes.trl_setup import grpo_config, lora_config, use_bf16
+from trainer.config import TRAIN_PRESETS, TrainConfig
+from trainer.data import build_dataset
+from trainer.gpu_plan import mock_cuda, plan_lines, training_plan
+from trainer.trl_setup import grpo_config, lora_config, use_bf16
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = TrainConfig.model_validate(TRAIN_PRESETS["paper"])

@@ -11,7 +11,7 @@ import llm_backends.vllm_server as vs
 from graph import loop
 from graph.settings import build_settings
 from llm_backends.vllm_server import VLLMServer, serving_defaults
-from nodes.files import stage_dir
+from trainer.files import stage_dir
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ from env import SIZES
 from graph import loop, progress
 from graph.prune import prune_older
 from graph.settings import build_settings
-from nodes.files import stage_dir
 from tests.support.fakeopenai import FakeOpenAI
 from tests.support.graph_stubs import run_cli, settings_for
+from trainer.files import stage_dir
 
 ENGINEER_REPLY = json.dumps({
     "rationale": "more small grids while large ones fail",
@@ -72,7 +72,7 @@ def test_dry_run_reply_without_a_config_is_said_not_fatal(tmp_path):
 
 
 def test_help_lists_train_settings_and_explains_the_smoke_caps(tmp_path):
-    from nodes.train_config import TrainConfig
+    from trainer.config import TrainConfig
 
     out = run_cli(["--help"], {}, cwd=tmp_path).stdout
     flat = " ".join(out.split())
@@ -121,7 +121,7 @@ def test_report_warns_about_zero_variance_stages(tmp_path):
 def test_trainer_log_dicts_go_to_the_log_file_not_stdout(tmp_path, capsys):
     from transformers.trainer_callback import PrinterCallback, TrainerState
 
-    from nodes.trl_setup import quiet_trainer
+    from trainer.trl_setup import quiet_trainer
 
     class FakeTrainer:
         def __init__(self):

@@ -29,9 +29,9 @@ import pytest
 import graph.graph as gg
 from graph import run as gr
 from graph.runfolder import RunLock, checkpoint_problem, relative_to_run, resolve_in_run
-from nodes import stop
 from tests.support.graph_stubs import SET, Stubs
 from tests.support.run_folder import files
+from trainer import stop
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -178,7 +178,7 @@ def test_resume_says_which_flags_it_ignores(tmp_path):
 
 
 def test_lora_is_automatic_for_large_models():
-    from nodes.train_config import wants_lora
+    from trainer.config import wants_lora
 
     assert build_settings({}, {}).train.lora == "auto"
     assert build_settings({}, {"PRESET": "paper"}).train.lora is True

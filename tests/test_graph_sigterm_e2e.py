@@ -23,7 +23,7 @@ LONG = ["--set", f"train.sft_steps={SFT_STEPS}", "--set", f"train.max_steps={GRP
 
 def private_cache(tmp_path: Path) -> Path:
     """A model cache of the test's own (the embedded model linked in), so that the SFT warm start is not
-    a cached one from an earlier run (nodes.sft caches it under the model cache)."""
+    a cached one from an earlier run (trainer.sft caches it under the model cache)."""
     from llm_backends.models import resolve_model
 
     model = resolve_model()

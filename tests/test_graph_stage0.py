@@ -18,7 +18,7 @@ import pytest
 
 from graph.settings import RunContext, Settings, build_settings
 from graph.stage0 import MAY_DIFFER, check_donor, compare_settings, seed_from_donor, update_as_evaluate
-from nodes.train_config import TrainConfig
+from trainer.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nodes.train_config import TRAIN_PRESETS, TrainConfig
-from nodes.trl_setup import rollout_dtype, rollout_prepack, use_autocast
+from trainer.config import TRAIN_PRESETS, TrainConfig
+from trainer.trl_setup import rollout_dtype, rollout_prepack, use_autocast
 
 
 @pytest.mark.parametrize("bf16_cpu", [True, False])
@@ -67,8 +67,8 @@ def test_packed_float32_copy_answers_as_the_model_and_follows_every_sync(embedde
     from transformers import GenerationConfig
 
     from llm_backends.checkpoints import load_checkpoint
-    from nodes.grpo_sampling import RolloutCopy
-    from nodes.trl_setup import freeze_lower_layers
+    from trainer.grpo_trainer import RolloutCopy
+    from trainer.trl_setup import freeze_lower_layers
 
     model, tok = load_checkpoint(embedded_model_path, trainable=True)
     if top:
@@ -130,8 +130,8 @@ def test_rollout_copy_samples_with_its_own_bf16_weights_and_follows_training(emb
     from datasets import Dataset
 
     from llm_backends.checkpoints import load_checkpoint
-    from nodes.grpo_sampling import make_trainer_class
-    from nodes.trl_setup import grpo_config
+    from trainer.grpo_trainer import make_trainer_class
+    from trainer.trl_setup import grpo_config
 
     model, tok = load_checkpoint(embedded_model_path, trainable=True)
     rows = [{"prompt": [{"role": "user", "content": f"Say a number ({i})."}]} for i in range(8)]
@@ -205,7 +205,7 @@ def test_gqa_attention_of_the_copy_answers_as_sdpa_without_repeating_kv_heads(em
     import transformers.integrations.sdpa_attention as sdpa_mod
 
     from llm_backends.checkpoints import load_checkpoint
-    from nodes.rollout_attention import GQA_SDPA, use_gqa_sdpa
+    from trainer.rollout_attention import GQA_SDPA, use_gqa_sdpa
 
     model, tok = load_checkpoint(embedded_model_path, trainable=False)
     model = model.to(torch.bfloat16).eval()
@@ -238,7 +238,7 @@ def test_gqa_attention_of_the_copy_answers_as_sdpa_without_repeating_kv_heads(em
 
     from transformers.cache_utils import DynamicLayer
 
-    from nodes.grpo_sampling import with_growing_cache
+    from trainer.grpo_trainer import with_growing_cache
 
     cat_update = DynamicLayer.update
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy_sdpa)
@@ -272,7 +272,7 @@ def test_gqa_attention_of_the_copy_answers_as_sdpa_without_repeating_kv_heads(em
 
 
 def test_growing_cache_holds_what_concatenation_would_across_its_growth():
-    from nodes.grpo_sampling import growing_cache
+    from trainer.grpo_trainer import growing_cache
 
     layer = growing_cache(1).layers[0]
     layer._room = 3  # grow often
@@ -294,7 +294,7 @@ def test_growing_cache_holds_what_concatenation_would_across_its_growth():
 def test_inverse_cdf_draws_the_softmax_distribution():
     """`InverseCdfSampling` samples softmax(scores): frequencies over 40,000 draws match it, a masked token (-inf)
     is never drawn, and what goes out is one-hot (0 at the draw, -inf elsewhere) for the loop's argmax."""
-    from nodes.rollout_sampling import _inverse_cdf_class
+    from trainer.rollout_sampling import _inverse_cdf_class
 
     torch.manual_seed(0)
     scores = torch.tensor([[2.0, 1.0, 0.0, -1.0, float("-inf"), 0.5], [0.0, 0.0, 3.0, 0.0, 0.0, float("-inf")]])
@@ -317,7 +317,7 @@ def test_copy_samples_by_inverse_cdf_after_transformers_warpers(embedded_model_p
     from transformers import GenerationConfig
 
     from llm_backends.checkpoints import load_checkpoint
-    from nodes.grpo_sampling import with_rollout_decoding
+    from trainer.grpo_trainer import with_rollout_decoding
 
     model, tok = load_checkpoint(embedded_model_path, trainable=False)
     model = model.eval()
@@ -353,7 +353,7 @@ def test_rollout_copy_prefills_each_prompt_once_with_the_same_answers(embedded_m
     from transformers import GenerationConfig
 
     from llm_backends.checkpoints import load_checkpoint
-    from nodes.grpo_sampling import RolloutCopy
+    from trainer.grpo_trainer import RolloutCopy
 
     model, tok = load_checkpoint(embedded_model_path, trainable=False)
     model = model.eval()
@@ -395,7 +395,7 @@ def test_rollout_copy_prefills_once_when_rows_need_no_padding(embedded_model_pat
     from transformers import GenerationConfig
 
     from llm_backends.checkpoints import load_checkpoint
-    from nodes.grpo_sampling import RolloutCopy
+    from trainer.grpo_trainer import RolloutCopy
 
     model, tok = load_checkpoint(embedded_model_path, trainable=False)
     model = model.eval()
@@ -423,7 +423,7 @@ def test_decode_attention_is_sdpa_with_repeated_kv_heads(mask, keys_first):
     (query head h reads KV head h // 3), with a boolean or additive padding mask or none, and a given scale; keys
     and values are views of larger buffers, as the growing cache passes them; both forms of the scores (keys times
     queries, and the bench's stop-33 queries times keys)."""
-    from nodes.rollout_attention import _decode_attention
+    from trainer.rollout_attention import _decode_attention
 
     torch.manual_seed(0)
     rows, heads, kv, dim, length = 4, 9, 3, 64, 37
@@ -457,8 +457,8 @@ def test_bf16_copy_decodes_without_torch_sdpa_and_scores_as_the_policy(embedded_
     from transformers import GenerationConfig
 
     from llm_backends.checkpoints import load_checkpoint
-    from nodes.grpo_sampling import RolloutCopy
-    from nodes.rollout_attention import use_gqa_sdpa
+    from trainer.grpo_trainer import RolloutCopy
+    from trainer.rollout_attention import use_gqa_sdpa
 
     model, tok = load_checkpoint(embedded_model_path, trainable=False)
     model = model.eval()
@@ -500,7 +500,7 @@ def test_branch_sampling_leaves_the_greedy_answer_once_at_an_uncertain_position(
     uncertain position (rate 1: the first one) for a token that is not the top one, drawn in proportion to the rest
     of the distribution, and are greedy after that, uncertain or not. What goes out is one-hot, and `branched`
     counts the rows that left."""
-    from nodes.rollout_sampling import _branch_class
+    from trainer.rollout_sampling import _branch_class
 
     torch.manual_seed(0)
     prompts = torch.tensor([[1, 2], [1, 2], [1, 2], [7, 8], [7, 8], [7, 8]])  # 2 prompts x 3 rows
@@ -530,7 +530,7 @@ def test_branch_sampling_leaves_the_greedy_answer_once_at_an_uncertain_position(
 def test_branch_sampling_anchors_each_run_of_a_prompt_and_never_branches_a_finished_row():
     """A prompt that comes back after another one starts a group of its own (its first row is greedy again), and a
     row whose last token is an end of answer neither leaves nor counts (transformers still scores finished rows)."""
-    from nodes.rollout_sampling import _branch_class
+    from trainer.rollout_sampling import _branch_class
 
     torch.manual_seed(0)
     prompts = torch.tensor([[1, 2], [1, 2], [7, 8], [1, 2], [1, 2]])  # groups: rows 0-1, 2, 3-4
@@ -554,7 +554,7 @@ def test_branched_rollouts_of_the_copy_leave_the_greedy_answer_at_most_once(embe
     from transformers import GenerationConfig
 
     from llm_backends.checkpoints import load_checkpoint
-    from nodes.grpo_sampling import RolloutCopy
+    from trainer.grpo_trainer import RolloutCopy
 
     model, tok = load_checkpoint(embedded_model_path, trainable=True)
     copy = RolloutCopy("bfloat16", (0.5, 0.9)).synced(model, 0)

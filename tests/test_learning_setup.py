@@ -14,7 +14,7 @@ import pytest
 
 from env import load_split, parse_plan, plan_text, render_compact_prompt, render_prompt
 from env.library import prompt_messages
-from nodes.train_config import TRAIN_PRESETS, TrainConfig
+from trainer.config import TRAIN_PRESETS, TrainConfig
 
 # ----------------------------------------------------------------------------------------------------
 # the compact prompt
@@ -126,7 +126,7 @@ def test_fused_head_scores_only_labelled_positions_with_the_same_values(embedded
     from transformers import AutoModelForCausalLM
     from trl.trainer.utils import add_fused_lm_head
 
-    from nodes import trl_cpu
+    from trainer import trl_cpu
 
     # start from TRL as shipped, whatever earlier tests patched (monkeypatch puts it back afterwards)
     monkeypatch.setattr(trl_utils, "_use_triton", getattr(trl_utils._use_triton, "original", trl_utils._use_triton))
@@ -169,7 +169,7 @@ def test_tiled_head_gives_trls_values_in_cpu_sized_tiles(monkeypatch):
     import trl.trainer.utils as trl_utils
     from trl.kernels import ChunkedLogProbFunction
 
-    from nodes import trl_cpu
+    from trainer import trl_cpu
 
     calls = []
 
@@ -232,7 +232,7 @@ def test_bench_head_times_both_sides_on_the_embedded_head(capsys):
 def test_replace_groups_repads_and_recounts():
     import torch
 
-    from nodes.grpo_sampling import replace_groups, zero_variance_groups
+    from trainer.grpo_trainer import replace_groups, zero_variance_groups
 
     g = 2
     batch = {
@@ -267,7 +267,7 @@ def test_replace_groups_repads_and_recounts():
 def test_sampling_metrics_never_divide_by_zero():
     import math
 
-    from nodes.grpo_sampling import sampling_metrics
+    from trainer.grpo_trainer import sampling_metrics
 
     m = sampling_metrics({})
     assert math.isnan(m["train/zero_std_groups_trained"]) and m["train/resample_replaced"] == 0
@@ -286,7 +286,7 @@ def _tiny(**kw) -> TrainConfig:
 
 
 def test_warm_start_key_follows_model_settings_and_seed(embedded_model_path, tmp_path):
-    from nodes.sft import warm_start_key, warm_start_spec
+    from trainer.sft import warm_start_key, warm_start_spec
 
     base = warm_start_key(warm_start_spec(embedded_model_path, _tiny(), 0))
     assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(), 0)) == base  # stable
@@ -320,7 +320,7 @@ def test_warm_start_key_follows_model_settings_and_seed(embedded_model_path, tmp
 def test_check_cached_detects_missing_truncated_and_corrupt_files(tmp_path):
     import hashlib
 
-    from nodes.sft import MANIFEST, check_cached
+    from trainer.sft import MANIFEST, check_cached
 
     entry = tmp_path / "k"
     entry.mkdir()
@@ -344,9 +344,9 @@ def test_check_cached_detects_missing_truncated_and_corrupt_files(tmp_path):
 def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(embedded_model_path, tmp_path):
     import os
 
-    from nodes.files import weights_sha256
-    from nodes.provenance import machine
-    from nodes.sft import build_warm_start, check_cached, warm_start_root
+    from trainer.files import weights_sha256
+    from trainer.provenance import machine
+    from trainer.sft import build_warm_start, check_cached, warm_start_root
 
     cfg = _tiny()
     first = build_warm_start(embedded_model_path, cfg, 0, cache_dir=tmp_path, progress=False)
@@ -380,7 +380,7 @@ def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(embedded
 
 @pytest.mark.slow
 def test_nodes_sft_cli_builds_then_reuses(embedded_model_path, tmp_path, monkeypatch, capsys):
-    from nodes.sft import main
+    from trainer.sft import main
 
     monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path))
     monkeypatch.setattr("llm_backends.models.resolve_model", lambda name, cache_dir=None: embedded_model_path)
@@ -406,8 +406,8 @@ def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(embedded_mode
     from datasets import Dataset
 
     from llm_backends.checkpoints import load_checkpoint
-    from nodes.grpo_sampling import make_trainer_class, sampling_metrics
-    from nodes.trl_setup import grpo_config
+    from trainer.grpo_trainer import make_trainer_class, sampling_metrics
+    from trainer.trl_setup import grpo_config
 
     model, tok = load_checkpoint(embedded_model_path, trainable=True)
     rows = [{"prompt": [{"role": "user", "content": f"Say a number ({i})."}], "dead": i % 2 == 0} for i in range(16)]
@@ -456,8 +456,8 @@ def test_num_iterations_reuses_each_generated_batch_for_several_optimiser_steps(
     from transformers import TrainerCallback
 
     from llm_backends.checkpoints import load_checkpoint
-    from nodes.grpo_sampling import make_trainer_class
-    from nodes.trl_setup import grpo_config
+    from trainer.grpo_trainer import make_trainer_class
+    from trainer.trl_setup import grpo_config
 
     model, tok = load_checkpoint(embedded_model_path, trainable=True)
     rows = [{"prompt": [{"role": "user", "content": f"Say a number ({i})."}]} for i in range(16)]
@@ -525,7 +525,7 @@ def test_shared_prompt_scores_and_gradients_equal_trls_path(embedded_model_path,
     from trl import GRPOTrainer
     from trl.trainer.utils import add_fused_lm_head
 
-    from nodes.trl_cpu import per_token_logps, score_with_shared_prompt, shared_prompt
+    from trainer.trl_cpu import per_token_logps, score_with_shared_prompt, shared_prompt
 
     model = AutoModelForCausalLM.from_pretrained(embedded_model_path, dtype=torch.float32)
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
@@ -585,7 +585,7 @@ def test_shared_prompt_refuses_batches_it_cannot_share():
 
     import torch
 
-    from nodes.trl_cpu import shared_prompt
+    from trainer.trl_cpu import shared_prompt
 
     ids, mask = _shared_prompt_batch()
     model = types.SimpleNamespace(base_model=object())

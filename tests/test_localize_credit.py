@@ -1,4 +1,4 @@
-"""Credit localized by the verifier (`env.verify.first_error`, `nodes.localize.localize_credit`): where an
+"""Credit localized by the verifier (`env.verify.first_error`, `trainer.localize.localize_credit`): where an
 invalid answer's first error stands, and which of its tokens GRPO's loss keeps."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def test_first_error_follows_the_text_not_the_agent_numbers():
 
 
 def test_loss_keeps_the_error_side_its_advantage_speaks_for(embedded_policy):
-    from nodes.localize import localize_credit, localize_metrics
+    from trainer.localize import localize_credit, localize_metrics
 
     _, tok = embedded_policy
     hole = plan_text([A0, [(1, 1), (2, 1), (2, 2), (1, 2)]])
@@ -102,7 +102,7 @@ def test_loss_keeps_the_error_side_its_advantage_speaks_for(embedded_policy):
 def test_each_sign_of_advantage_is_scaled_by_its_own_weight():
     import torch
 
-    from nodes.localize import weigh_advantages
+    from trainer.localize import weigh_advantages
 
     batch = {"advantages": torch.tensor([1.5, -2.0, 0.0, -0.5]), "completion_ids": torch.zeros(4, 3)}
     assert weigh_advantages(batch, 1.0, 1.0) is batch
@@ -118,7 +118,7 @@ def test_each_sign_of_advantage_is_scaled_by_its_own_weight():
 def test_advantage_weights_are_one_by_default_and_checked(field):
     from pydantic import ValidationError
 
-    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+    from trainer.config import TRAIN_PRESETS, TrainConfig
 
     assert getattr(TrainConfig(), field) == 1.0
     assert all(p.get(field, 1.0) == 1.0 for p in TRAIN_PRESETS.values())
@@ -129,7 +129,7 @@ def test_advantage_weights_are_one_by_default_and_checked(field):
 
 
 def test_setting_is_off_by_default_and_in_no_preset():
-    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+    from trainer.config import TRAIN_PRESETS, TrainConfig
 
     assert TrainConfig().localize_credit is False
     assert all(not p.get("localize_credit", False) for p in TRAIN_PRESETS.values())
@@ -146,11 +146,11 @@ def test_stage_localizes_every_batch_it_trains_on(tmp_path, monkeypatch):
 
     from env import write_jsonl
     from llm_backends.models import resolve_model
-    from nodes import localize as localize_module
-    from nodes.train_config import TRAIN_PRESETS, TrainConfig
-    from nodes.train_data import MapfReward
-    from nodes.train_stage import run_stage
     from tests.support.small_maps import three_by_three
+    from trainer import localize as localize_module
+    from trainer.config import TRAIN_PRESETS, TrainConfig
+    from trainer.data import MapfReward
+    from trainer.stage import run_stage
 
     train = tmp_path / "train.jsonl"
     write_jsonl(train, three_by_three(6, seed=11))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from nodes.lora_sync import exact_merged_params, install_exact_lora_sync
+from trainer.lora_sync import exact_merged_params, install_exact_lora_sync
 
 CYCLES = 1000
 
@@ -138,9 +138,10 @@ def test_run_stage_installs_the_exact_sync_before_any_vllm_stage(tmp_path, monke
 
     from env import generate, uniform_config, write_jsonl
     from llm_backends.models import resolve_model
-    from nodes import stage_resume, train_stage
-    from nodes.gpu_plan import mock_cuda
-    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+    from trainer import resume as stage_resume
+    from trainer import train_stage
+    from trainer.config import TRAIN_PRESETS, TrainConfig
+    from trainer.gpu_plan import mock_cuda
 
     for attr in ("_iter_named_params", "_exact_lora_sync", "_trl_iter_named_params"):
         if attr in VLLMGeneration.__dict__:
@@ -171,5 +172,5 @@ def test_run_stage_installs_the_exact_sync_before_any_vllm_stage(tmp_path, monke
         train_stage.run_stage(train_path=train, init_checkpoint=base, out_dir=tmp_path / "s1", cfg=paper,
                               seed=0, reward_state=None, progress=False)
     assert VLLMGeneration._iter_named_params is not trl_own
-    assert VLLMGeneration._iter_named_params.__doc__.endswith("(nodes.lora_sync).")
+    assert VLLMGeneration._iter_named_params.__doc__.endswith("(trainer.lora_sync).")
     assert VLLMGeneration._trl_iter_named_params is trl_own

@@ -196,8 +196,8 @@ def test_answers_of_another_policy_or_a_cut_off_line_are_never_reused(tmp_path):
 
 
 def test_a_stop_request_ends_the_evaluation_at_the_next_batch_and_keeps_its_answers(tmp_path):
-    from nodes import stop
     from nodes.evaluate import JOURNAL
+    from trainer import stop
 
     settings = make_settings(final_limit=12)
     instances = limit_instances(load_split(settings.final_split), 12)

@@ -1,4 +1,4 @@
-"""nodes.stop (the stop flag and the trainer callback) and nodes.files (atomic writes)."""
+"""trainer.stop (the stop flag and the trainer callback) and trainer.files (atomic writes)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from nodes import stop
-from nodes.files import append_text_atomic, write_json_atomic, write_text_atomic
+from trainer import stop
+from trainer.files import append_text_atomic, write_json_atomic, write_text_atomic
 
 
 @pytest.fixture(autouse=True)

@@ -56,3 +56,35 @@ def test_an_unknown_figure_format_is_refused(tmp_path, capsys):
         plot_learning.main([str(_file(tmp_path / "a.json", [0.01])), "--out", str(tmp_path / "g.jpg")])
     err = capsys.readouterr().err
     assert "--out" in err and "g.jpg" in err and ".png" in err
+
+
+def test_the_interval_is_recomputed_two_way_from_the_seeds_answers(tmp_path):
+    """A file whose seeds carry their per-instance differences gets the two-way interval of those, whatever
+    interval it recorded; one without them keeps its own, and its label says so."""
+    from evals.intervals import crossed_interval
+
+    diffs = [[1, 0, 0, -1, 1, 0] * 5, [0, 1, 0, 0, 1, -1] * 5]
+    path = tmp_path / "bench_learning_x.json"
+    path.write_text(json.dumps({"seeds": [{"seed": i, "gain": sum(d) / len(d), "diffs": d} for i, d in enumerate(diffs)],
+                                "gain_interval_bootstrap_95": [0.0, 0.01], "train_config": {}}))
+    a = plot_learning.arm(path)
+    assert a["interval"] == pytest.approx([100 * v for v in crossed_interval(diffs)]) != [0.0, 1.0]
+    assert "recorded interval" not in a["label"]
+    assert "recorded interval" in plot_learning.arm(_file(tmp_path / "old.json", [0.02]))["label"]
+
+
+def test_arms_are_read_from_a_results_folders_archive(tmp_path, capsys):
+    from evals import packed
+
+    folder = tmp_path / "res"
+    folder.mkdir()
+    _file(folder / "bench_learning_a.json", [0.02, 0.04])
+    _file(folder / "bench_learning_a_seed0.json", [0.02])
+    packed.main([str(folder)])
+    assert sorted(p.name for p in folder.iterdir()) == ["answers.tar.xz"]
+    arms = plot_learning.main([f"{folder}/answers.tar.xz:bench_learning*.json", "--exclude", "_seed",
+                               "--out", str(tmp_path / "g.png")])
+    assert [a["label"].split()[0] for a in arms] == ["a"] and arms[0]["mean"] == pytest.approx(3.0)
+    with pytest.raises(SystemExit):
+        plot_learning.main([f"{folder}/answers.tar.xz:nothing*.json", "--out", str(tmp_path / "h.png")])
+    assert "no member" in capsys.readouterr().err

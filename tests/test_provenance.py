@@ -14,7 +14,7 @@ import pytest
 from graph import run as gr
 from graph.settings import ENV_VARS, Settings, SettingsError, build_settings
 from graph.stage0 import compare_settings
-from nodes import provenance
+from trainer import provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 

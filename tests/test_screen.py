@@ -1,4 +1,4 @@
-"""Prompt screening (`nodes.screen`): which instances a GRPO stage keeps, the saved choice, and a real stage on it."""
+"""Prompt screening (`trainer.screen`): which instances a GRPO stage keeps, the saved choice, and a real stage on it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from env import write_jsonl
-from nodes import screen
-from nodes.train_config import TRAIN_PRESETS, TrainConfig
 from tests.support.small_maps import three_by_three
+from trainer import screen
+from trainer.config import TRAIN_PRESETS, TrainConfig
 
 
 class LiveOn:
@@ -39,7 +39,7 @@ def test_informative_is_reward_variance():
 
 
 def test_screen_keeps_the_instances_whose_answers_scored_apart(embedded_policy):
-    from nodes.train_data import build_dataset
+    from trainer.data import build_dataset
 
     model, tok = embedded_policy
     insts = three_by_three(6, seed=3)
@@ -61,7 +61,7 @@ def test_screen_keeps_the_instances_whose_answers_scored_apart(embedded_policy):
 
 
 def test_screen_keeps_everything_when_too_few_instances_pass(embedded_policy):
-    from nodes.train_data import build_dataset
+    from trainer.data import build_dataset
 
     model, tok = embedded_policy
     insts = three_by_three(4, seed=5)
@@ -96,9 +96,9 @@ def test_stage_trains_only_on_the_screened_rows_and_reads_its_screen_back(tmp_pa
     """A real smoke stage with screening on: a stage that finds its screen.json (as a resumed stage does) trains
     on exactly those rows, with the trainer's own sampler; without one it screens, saves and reports it."""
     from llm_backends.models import resolve_model
-    from nodes import stage_resume
-    from nodes.train_data import MapfReward
-    from nodes.train_stage import run_stage
+    from trainer import resume as stage_resume
+    from trainer.data import MapfReward
+    from trainer.stage import run_stage
 
     base = resolve_model("smollm2-135m")
     train = tmp_path / "train.jsonl"

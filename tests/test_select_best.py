@@ -1,4 +1,4 @@
-"""Checkpoint selection within a stage (nodes.select_best, train.select_instances / select_every)."""
+"""Checkpoint selection within a stage (trainer.select_best, train.select_instances / select_every)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from pydantic import ValidationError
 
 from env import SIZES, EnvConfig, generate
-from nodes.select_best import SelectBest, hold_out
-from nodes.train_config import TrainConfig
+from trainer.config import TrainConfig
+from trainer.select_best import SelectBest, hold_out
 
 
 def mixed(n: int, seed: int = 5) -> list:
@@ -89,7 +89,7 @@ def test_a_stage_that_only_got_worse_leaves_the_start():
 
 
 def test_a_stop_request_neither_answers_nor_restores():
-    from nodes import stop
+    from trainer import stop
 
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
@@ -128,10 +128,10 @@ def test_stage_ends_on_the_selected_weights(tmp_path, monkeypatch):
     from env import write_jsonl
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
-    from nodes import select_best
-    from nodes.train_config import TRAIN_PRESETS
-    from nodes.train_stage import run_stage
     from tests.support.small_maps import three_by_three
+    from trainer import select_best
+    from trainer.config import TRAIN_PRESETS
+    from trainer.stage import run_stage
 
     train = tmp_path / "train.jsonl"
     write_jsonl(train, three_by_three(10, seed=11))
@@ -208,7 +208,7 @@ def test_the_report_says_which_step_a_stage_ended_on(tmp_path):
 def test_several_processes_skip_selection_with_a_warning(caplog):
     """Selection runs in one process only; a trainer of several (a stand-in: no second process here) trains on
     without it, said in the log and the metrics."""
-    from nodes.train_stage import _selector
+    from trainer.stage import _selector
 
     trainer = SimpleNamespace(accelerator=SimpleNamespace(num_processes=2), add_callback=lambda cb: 1 / 0)
     metrics: dict = {}

@@ -1,4 +1,4 @@
-"""The SFT term in GRPO's loss (`nodes.sft_mix`): its answers, its batching, its setting and a real stage with it."""
+"""The SFT term in GRPO's loss (`trainer.sft_mix`): its answers, its batching, its setting and a real stage with it."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from env import load_split, parse_plan, write_jsonl
-from nodes.sft_mix import SftMix, batch_tensors, sft_examples
-from nodes.train_config import TRAIN_PRESETS, TrainConfig
 from tests.support.small_maps import three_by_three
+from trainer.config import TRAIN_PRESETS, TrainConfig
+from trainer.sft_mix import SftMix, batch_tensors, sft_examples
 
 
 def _true_logps(model, ids, attn, keep):
@@ -28,7 +28,7 @@ def test_solver_answers_parse_back_end_with_eos_and_skip_evaluation_layouts(embe
     insts = three_by_three(5, seed=21)
     held = next(i for i in load_split("val-small") if i.num_agents == 2 and i.size == 3)
     examples = sft_examples([*insts, held], tok, "compact")
-    from nodes.train_data import _eval_layouts, _layout
+    from trainer.data import _eval_layouts, _layout
 
     fresh = [i for i in insts if _layout(i) not in _eval_layouts()]
     assert len(examples) == len(fresh) >= 1  # the evaluation instance is left out
@@ -83,7 +83,7 @@ def test_stage_with_the_sft_term_learns_the_solver_answers(tmp_path):
 
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
-    from nodes.train_stage import run_stage
+    from trainer.stage import run_stage
 
     base = resolve_model("smollm2-135m")
     train = tmp_path / "train.jsonl"

@@ -1,4 +1,4 @@
-"""nodes.stage_child: each stage's training runs in a child process; what it leaves behind dies with it."""
+"""trainer.child: each stage's training runs in a child process; what it leaves behind dies with it."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import time
 import pytest
 
 from llm_backends.checkpoints import CheckpointError
-from nodes import stop
-from nodes.stage_child import StageProcessError, run_in_child
-from nodes.stop import StageInterrupted
-from nodes.train_config import TRAIN_PRESETS, TrainConfig
+from trainer import stop
+from trainer.child import StageProcessError, run_in_child
+from trainer.config import TRAIN_PRESETS, TrainConfig
+from trainer.stop import StageInterrupted
 
 DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -114,13 +114,13 @@ def test_a_sigint_sent_to_the_child_itself_is_a_clean_stop(tmp_path):
 
 
 def test_train_stage_node_trains_in_a_child(monkeypatch, tmp_path):
-    """The graph node goes through nodes.stage_child (never run_stage in its own process)."""
-    import nodes.stage_child as sc
-    import nodes.train_stage as ts
+    """The graph node goes through trainer.child (never run_stage in its own process)."""
+    import nodes.train_stage as node
+    import trainer.stage as ts
 
     calls = []
     monkeypatch.setattr(ts, "run_stage", lambda **kw: pytest.fail("run_stage ran in the graph's process"))
-    monkeypatch.setattr(sc, "run_stage_in_child", lambda **kw: calls.append(kw) or {
+    monkeypatch.setattr(node, "run_stage_in_child", lambda **kw: calls.append(kw) or {
         "checkpoint": "c", "reward_state": {}, "metrics": {"train/steps": 1, "train/seconds": 1.0,
                                                              "train/reward_mean": 0.5}})
     from types import SimpleNamespace
@@ -128,8 +128,8 @@ def test_train_stage_node_trains_in_a_child(monkeypatch, tmp_path):
     cfg = TrainConfig.model_validate(TRAIN_PRESETS["smoke"])
     runtime = SimpleNamespace(context=SimpleNamespace(
         settings=SimpleNamespace(train=cfg, policy_model="smollm2-135m", seed=0), run_dir=tmp_path))
-    up = ts.train_stage({"stage": 1, "train_path": "t.jsonl", "checkpoint": str(tmp_path), "reward_state": {}},
-                        runtime)
+    up = node.train_stage({"stage": 1, "train_path": "t.jsonl", "checkpoint": str(tmp_path), "reward_state": {}},
+                          runtime)
     assert up["checkpoint"] == "c" and calls and calls[0]["out_dir"] == tmp_path / "stage_1"
     assert calls[0]["label"] == "stage 1 training"
 

@@ -14,15 +14,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from nodes import stage_resume as sr
-from nodes.train_config import TRAIN_PRESETS, TrainConfig
-from nodes.trl_setup import grpo_config
+from trainer import resume as sr
+from trainer.config import TRAIN_PRESETS, TrainConfig
+from trainer.trl_setup import grpo_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_paper_saves_every_50_steps_and_cpu_never(tmp_path):
-    from nodes.gpu_plan import mock_cuda
+    from trainer.gpu_plan import mock_cuda
 
     with mock_cuda():
         paper = grpo_config(TrainConfig.model_validate(TRAIN_PRESETS["paper"]), tmp_path, seed=0)
@@ -89,7 +89,7 @@ def _stage_cmd(tmp_path: Path, base: Path) -> tuple[list[str], dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN__")}
     env.update({"PYTHONPATH": str(ROOT), "TRAIN__SAVE_STEPS": "1", "TRAIN__MAX_STEPS": str(STEPS),
                 "TRAIN__SFT_WARM_START": "false", "TRAIN__MAX_COMPLETION_LENGTH": "16"})
-    cmd = [sys.executable, "-m", "nodes.train_stage", "--preset", "smoke", "--train-path", str(tmp_path / "train.jsonl"),
+    cmd = [sys.executable, "-m", "trainer.stage", "--preset", "smoke", "--train-path", str(tmp_path / "train.jsonl"),
            "--init", str(base), "--out", str(tmp_path / "stage_0"), "--seed", "5", "--warm-start", "no"]
     return cmd, env
 

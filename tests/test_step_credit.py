@@ -1,4 +1,4 @@
-"""Step credit from the verifier (`nodes.step_credit`, `train.step_credit`): how each cell of an answer is judged,
+"""Step credit from the verifier (`trainer.step_credit`, `train.step_credit`): how each cell of an answer is judged,
 which tokens get its centred reward, and that a real stage trains on those per-token advantages."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from env import Instance, plan_text
-from nodes.step_credit import step_credit, step_credit_metrics, step_rewards
 from tests.support.batches import completion_batch
+from trainer.step_credit import step_credit, step_credit_metrics, step_rewards
 
 # 3x3, one hole at (2,1); agent 0 (0,0) -> (0,2), agent 1 (1,1) -> (1,2)
 INST = Instance(id="t", size=3, grid=["FFF", "FFF", "FHF"], starts=[(0, 0), (1, 1)], goals=[(0, 2), (1, 2)],
@@ -104,8 +104,8 @@ def test_tokens_get_their_steps_centred_reward_on_top_of_the_outcome(embedded_po
 def test_setting_is_off_by_default_checked_and_not_with_localized_credit():
     from pydantic import ValidationError
 
-    from nodes.localize import Credit
-    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+    from trainer.config import TRAIN_PRESETS, TrainConfig
+    from trainer.localize import Credit
 
     assert TrainConfig().step_credit == 0.0
     assert all(not p.get("step_credit", 0.0) for p in TRAIN_PRESETS.values())
@@ -135,10 +135,10 @@ def test_stage_trains_on_per_token_advantages(tmp_path, monkeypatch):
 
     from env import write_jsonl
     from llm_backends.models import resolve_model
-    from nodes import step_credit as step_module
-    from nodes.train_config import TRAIN_PRESETS, TrainConfig
-    from nodes.train_stage import run_stage
     from tests.support.small_maps import three_by_three
+    from trainer import step_credit as step_module
+    from trainer.config import TRAIN_PRESETS, TrainConfig
+    from trainer.stage import run_stage
 
     train = tmp_path / "train.jsonl"
     write_jsonl(train, three_by_three(6, seed=11))

@@ -14,8 +14,8 @@ import pytest
 import graph.graph as gg
 from graph import loop, preflight, tracking
 from graph.settings import SettingsError, build_settings
-from nodes.files import stage_dir
 from tests.support.graph_stubs import settings_for
+from trainer.files import stage_dir
 
 STEPS = {0: 3, 1: 2, 2: 4}
 

@@ -16,10 +16,11 @@ import pytest
 from env import SIZES, EnvConfig, Instance, generate, plan_text, uniform_config, verify, write_jsonl
 from env.library import prompt_messages
 from llm_backends.checkpoints import META_FILE, CheckpointError, load_checkpoint, save_checkpoint
-from nodes.train_config import TRAIN_PRESETS, TrainConfig
-from nodes.train_data import MapfReward, build_dataset
-from nodes.train_stage import init_from_arg, main, run_stage, train_stage
-from nodes.trl_setup import check_generation_backend, freeze_lower_layers, tb_callback
+from nodes.train_stage import train_stage
+from trainer.config import TRAIN_PRESETS, TrainConfig
+from trainer.data import MapfReward, build_dataset
+from trainer.stage import init_from_arg, main, run_stage
+from trainer.trl_setup import check_generation_backend, freeze_lower_layers, tb_callback
 
 
 def _only_size(size: int) -> EnvConfig:
@@ -50,7 +51,7 @@ def test_presets_validate_and_describe_every_field():
 
 
 def test_warm_start_instances_are_fresh_solvable_and_of_the_asked_sizes():
-    from nodes.train_data import warm_start_instances
+    from trainer.data import warm_start_instances
 
     def key(x):  # what the model sees: the map and the agents' starts and goals
         return (tuple(x.grid), str(x.starts), str(x.goals))
@@ -317,7 +318,7 @@ def test_only_process_zero_writes_checkpoint_and_tb(tmp_path):
 def test_accelerate_configs_load_and_are_documented():
     from accelerate.commands.config.config_args import load_config_from_file
 
-    import nodes.train_stage as ts
+    import trainer.stage as ts
 
     root = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
     kinds = {f.name: str(load_config_from_file(str(f)).distributed_type) for f in sorted(root.glob("*.yaml"))}
@@ -440,7 +441,7 @@ def _answer_nll(model, tok, instances, style: str) -> float:
     """Mean negative log-likelihood per answer token of the solver's plans after their chat prompts."""
     import torch
 
-    from nodes.train_data import format_answer
+    from trainer.data import format_answer
 
     model.eval()
     total = count = 0.0
@@ -460,7 +461,7 @@ def _answer_nll(model, tok, instances, style: str) -> float:
 @pytest.mark.slow
 def test_warm_start_on_3x3_gives_valid_plans_on_held_out_3x3(tmp_path):
     from llm_backends.models import resolve_model
-    from nodes.sft import greedy_valid_rate, warm_start
+    from trainer.sft import greedy_valid_rate, warm_start
 
     def key(x):  # what the model sees: the map and the agents' starts and goals
         return (tuple(x.grid), str(x.starts), str(x.goals))

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if checkpoint is None:
         from graph.settings import build_settings  # the cpu preset's own warm-start settings and cache key
         from llm_backends.models import resolve_model
-        from nodes.sft import build_warm_start
+        from trainer.sft import build_warm_start
 
         settings = build_settings({"preset": "cpu"}, env={})
         checkpoint = build_warm_start(resolve_model(settings.policy_model), settings.train, settings.seed)["path"]

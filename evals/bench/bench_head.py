@@ -9,7 +9,7 @@ hidden states and targets, with the log-probs and entropies GRPO asks for, and t
 the log-probs (an advantage per row, as GRPO's loss):
 
 - `trl`: TRL as shipped, 4096 rows x 32,768 vocabulary columns per tile;
-- `tiled`: `nodes.trl_cpu.tile_head_on_cpu`'s tiles (`CPU_HEAD_ROWS` x `CPU_HEAD_VOCAB`).
+- `tiled`: `trainer.trl_cpu.tile_head_on_cpu`'s tiles (`CPU_HEAD_ROWS` x `CPU_HEAD_VOCAB`).
 
 The sides alternate for `--repeats` rounds and the median is reported, with the largest difference between the
 two sides' log-probs, entropies and hidden-state gradients.
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
-    from nodes.trl_cpu import CPU_HEAD_ROWS, CPU_HEAD_VOCAB, _CpuTiledHead
+    from trainer.trl_cpu import CPU_HEAD_ROWS, CPU_HEAD_VOCAB, _CpuTiledHead
 
     model, _ = load_checkpoint(resolve_model(a.model), trainable=False)
     weight = model.get_output_embeddings().weight.detach()

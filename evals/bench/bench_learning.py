@@ -11,20 +11,21 @@
 With `--json`, the file is rewritten after every seed, so a stopped bench keeps its finished seeds; `--resume`
 reads them back (refused if the file's settings, split or warm start differ) and trains only the missing ones.
 
-1. The preset's cached SFT warm start (`nodes.sft.build_warm_start`, keyed by model, settings and
+1. The preset's cached SFT warm start (`trainer.sft.build_warm_start`, keyed by model, settings and
    `--warm-seed`): built once, reused by every later call, as a run's stage 0 reuses it.
 2. The warm-started policy answers the evaluation split greedily (in-process, every answer verified).
-3. For each GRPO seed: one cpu-preset GRPO stage from the warm start (`nodes.train_stage.run_stage`, exactly
+3. For each GRPO seed: one cpu-preset GRPO stage from the warm start (`trainer.stage.run_stage`, exactly
    as a run's stage 0 trains after its warm start) on fresh 2-agent instances of `--grpo-sizes` and
    `--grpo-holes` (hole ratio 0.2 unless asked; only those of optimal makespan `--grpo-min-makespan` or more if
    asked), then the same evaluation.
 
 Printed: the valid rate per size before and after each seed's stage, the gain per seed, the mean gain with two
-95 % intervals (a paired bootstrap over seeds and instances, and Student's t over the seeds' gains), the mean gain
+95 % intervals (a two-way bootstrap: seeds, and once for all of them the instances they share; and Student's t
+over the seeds' gains), the mean gain
 within each hole ratio of the evaluation maps, GRPO's
 reward-variance figures (share of zero-variance groups generated and trained on, groups replaced by dynamic
 sampling), and seconds per step. The gain is measured on answers re-verified by `env.verify`, never on training
-rewards. With checkpoint selection (`--set select_instances=N`, `nodes.select_best`) a stage that ended on an earlier
+rewards. With checkpoint selection (`--set select_instances=N`, `trainer.select_best`) a stage that ended on an earlier
 check's weights is also scored on its last step's: `gain_last` per seed and `mean_gain_last`, the same stages unguarded.
 """
 
@@ -42,9 +43,11 @@ from collections import Counter
 from pathlib import Path
 
 from evals.bench import start_answers
-from evals.intervals import paired_bootstrap, t_interval
+from evals.intervals import crossed_interval, t_interval
 
 GRPO_SIZES = {"cpu-long": "3,4"}  # the bench's default GRPO sizes per preset (--grpo-sizes)
+INTERVAL = ("95 % two-way bootstrap: each draw takes the seeds with replacement and, once for all of them, the "
+            "instances they share (evals.intervals.crossed_interval)")
 QUICK = {"sft_steps": 2, "sft_instances": 8, "max_steps": 1, "instances_per_stage": 8, "max_completion_length": 32}
 
 
@@ -114,7 +117,7 @@ def parse_holes(text: str) -> tuple[float, ...]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from nodes.train_config import TRAIN_PRESETS
+    from trainer.config import TRAIN_PRESETS
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="cpu", choices=sorted(TRAIN_PRESETS))
@@ -170,9 +173,9 @@ def main(argv: list[str] | None = None) -> dict:
     from env import write_jsonl
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
-    from nodes.sft import build_warm_start, greedy_valid_rate
-    from nodes.train_config import TrainConfig
-    from nodes.train_stage import run_stage
+    from trainer.config import TrainConfig
+    from trainer.sft import build_warm_start, greedy_valid_rate
+    from trainer.stage import run_stage
 
     raw = dict(TRAIN_PRESETS[a.preset])
     if a.quick:
@@ -348,12 +351,13 @@ def summarize(head: dict, runs: list[dict]) -> dict:
     last = {}
     if runs and all("gain_last" in r for r in runs):  # checkpoint selection: the same stages ended on their last step
         last = {"mean_gain_last": statistics.fmean(r["gain_last"] for r in runs),
-                "gain_last_interval_bootstrap_95": list(paired_bootstrap([r["diffs_last"] for r in runs]))}
+                "gain_last_interval_bootstrap_95": list(crossed_interval([r["diffs_last"] for r in runs]))}
     return {
         **head,
         "seeds": runs,
         "mean_gain": statistics.fmean(gains),
-        "gain_interval_bootstrap_95": list(paired_bootstrap([r["diffs"] for r in runs])),
+        "gain_interval_bootstrap_95": list(crossed_interval([r["diffs"] for r in runs])),
+        "interval": INTERVAL,
         "gain_interval_t_95": list(t_interval(gains)),
         "zero_std_groups_trained_mean": statistics.fmean(zero) if zero else None,
         **last,
@@ -391,7 +395,7 @@ def same_setup(path: Path, f: dict, ref_path: Path, ref: dict) -> None:
 def _with_defaults(cfg: dict) -> dict:
     """A recorded train_config with the settings added since it was written at their defaults: a file from before
     a setting existed ran without it, which is what its default means."""
-    from nodes.train_config import TrainConfig
+    from trainer.config import TrainConfig
 
     return {**TrainConfig().model_dump(mode="json"), **cfg}
 
@@ -430,7 +434,9 @@ def finished_seeds(path: Path, f: dict) -> list[dict]:
 
 def pool(paths: list[Path]) -> dict:
     """One summary over the seeds of several `--json` files of the same experiment (ValueError otherwise)."""
-    files = [json.loads(Path(p).read_text()) for p in paths]
+    from evals.packed import read_text
+
+    files = [json.loads(read_text(p)) for p in paths]
     first = files[0]
     for path, f in zip(paths, files, strict=True):
         same_start(path, f, paths[0], first, key_only=True)
@@ -442,7 +448,7 @@ def pool(paths: list[Path]) -> dict:
         raise ValueError(f"seeds {seeds}: a seed appears twice; pool runs of different seeds")
     head = {k: first[k] for k in first if k not in ("seeds", "mean_gain", "gain_interval_bootstrap_95",
                                                     "gain_interval_t_95", "zero_std_groups_trained_mean",
-                                                    "mean_gain_last", "gain_last_interval_bootstrap_95")}
+                                                    "mean_gain_last", "gain_last_interval_bootstrap_95", "interval")}
     if "eval_holes" not in head:  # a file from before stop 51: its answers are the split's sizes 3-5 in order
         val = evaluation_set(head["split"])
         if len(val) == head["instances"] and (holes_of_val := eval_holes(val)) is not None:
@@ -474,7 +480,7 @@ def table(s: dict) -> str:
         lines.append(row(f"GRPO seed {r['seed']}", r["by_size"], r["valid_rate"]))
     lo, hi = s["gain_interval_bootstrap_95"]
     tlo, thi = s["gain_interval_t_95"]
-    lines.append(f"mean gain {100 * s['mean_gain']:+.1f} points; 95% interval (bootstrap over seeds and instances) "
+    lines.append(f"mean gain {100 * s['mean_gain']:+.1f} points; 95% interval (two-way bootstrap over seeds and instances) "
                  f"[{100 * lo:+.1f}, {100 * hi:+.1f}]; Student's t over seeds [{100 * tlo:+.1f}, {100 * thi:+.1f}]")
     if s.get("eval_holes") and s["seeds"]:
         lines.append("mean gain by the evaluation maps' hole ratio: " + by_hole(s))

@@ -11,7 +11,7 @@ the way TRL's transformers path calls it. The paths, each an addition to the one
 - `bf16`: a bf16 copy of its weights (stop 26's `RolloutCopy`);
 - `bf16+gqa`: the copy's attention passes GQA to torch's CPU kernel instead of repeating the KV heads;
 - `bf16+gqa+cache`: and its KV cache grows into spare room instead of being concatenated every token;
-- `rollout-flash`: `nodes.grpo_sampling.RolloutCopy` before its decode matmuls: all of the above, each distinct
+- `rollout-flash`: `trainer.grpo_trainer.RolloutCopy` before its decode matmuls: all of the above, each distinct
   prompt prefilled once (TRL repeats every prompt once per completion), and sampled tokens drawn by inverse CDF
   instead of `torch.multinomial` (the same distribution, one uniform variate per row instead of an exponential
   variate per vocabulary entry);
@@ -22,7 +22,7 @@ the way TRL's transformers path calls it. The paths, each an addition to the one
 - `rollout-fp32`: `RolloutCopy` in float32: every lever above but bf16 (`train.rollout_dtype=float32`, what `auto`
   picks on a CPU without bf16 hardware, where bf16 is multiplied in software), its linears on MKL's matmul;
 - `rollout-fp32-packed`: and its linears on weights packed once for oneDNN (`train.rollout_prepack`, what a float32
-  copy does by default: `nodes.rollout_linear.prepack_linears`).
+  copy does by default: `trainer.rollout_linear.prepack_linears`).
 
 Tokens are sampled at `--temperature` (0.7, the cpu preset's) through a `GenerationConfig`, as TRL calls it;
 `--greedy` decodes greedily instead, and then every path's answers are compared token for token with the first
@@ -50,8 +50,8 @@ def build(model, path: str):
     """The sampler of `path`; the last one is `RolloutCopy` itself, the others stop part of the way."""
     import torch
 
-    from nodes.grpo_sampling import RolloutCopy
-    from nodes.rollout_attention import use_gqa_sdpa
+    from trainer.grpo_trainer import RolloutCopy
+    from trainer.rollout_attention import use_gqa_sdpa
 
     if path == "fp32":
         return model
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     from env.library import prompt_messages
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
-    from nodes.train_data import warm_start_instances
+    from trainer.data import warm_start_instances
 
     model, tok = load_checkpoint(resolve_model(a.model), trainable=False)
     model.eval()

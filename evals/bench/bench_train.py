@@ -20,7 +20,7 @@
 `--share-prompt` (GRPO only) asks the same of `train.share_prompt`: the preset's GRPO step with every completion
 scored over its own copy of the prompt (TRL's path), and over one forward of the prompt shared by all 16.
 
-`--head-tiles` (GRPO only) asks the same of the fused LM head's CPU tiles (`nodes.trl_cpu.tile_head_on_cpu`;
+`--head-tiles` (GRPO only) asks the same of the fused LM head's CPU tiles (`trainer.trl_cpu.tile_head_on_cpu`;
 `ENV_ENGINEER_HEAD_TILES=0` in the child keeps TRL's own).
 
 `--dtypes` (GRPO only) asks whether the bf16 levers pay on this CPU: the cpu preset's GRPO step (1 prompt x 16,
@@ -69,7 +69,7 @@ SHARE_ARMS = {  # --share-prompt: the cpu preset's GRPO step with each row score
 }
 HEAD_ARMS = {  # --head-tiles: the environment of each arm's child (the settings are the preset's)
     "trl_tiles": {"ENV_ENGINEER_HEAD_TILES": "0"},  # TRL's 4096 x 32,768 tiles
-    "cpu_tiles": {},  # nodes.trl_cpu's 512 x 2048
+    "cpu_tiles": {},  # trainer.trl_cpu's 512 x 2048
 }
 DTYPE_ARMS = {  # --dtypes: the cpu preset's GRPO step with each bf16 lever off or on
     "fp32": {"rollout_dtype": "model", "autocast_bf16": False},
@@ -85,11 +85,11 @@ def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], se
     from env import generate, uniform_config, write_jsonl
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
-    from nodes.sft import sft_layers, warm_start
-    from nodes.train_config import TrainConfig
-    from nodes.train_data import warm_start_instances
-    from nodes.train_stage import run_stage
-    from nodes.trl_setup import freeze_lower_layers
+    from trainer.config import TrainConfig
+    from trainer.data import warm_start_instances
+    from trainer.sft import sft_layers, warm_start
+    from trainer.stage import run_stage
+    from trainer.trl_setup import freeze_lower_layers
 
     base = resolve_model(model)
     out: dict = {}
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
                       "shared forward of it (train.share_prompt)")
     mode.add_argument("--head-tiles", action="store_true",
                       help="GRPO s/step with TRL's fused LM head in TRL's own tiles and in CPU-sized ones "
-                      "(nodes.trl_cpu.tile_head_on_cpu)")
+                      "(trainer.trl_cpu.tile_head_on_cpu)")
     p.add_argument("--arms", default=None,
                    help=f"--dtypes: a comma list of arms to run, the first the base (default: all, "
                    f"{','.join(DTYPE_ARMS)})")
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(measure(json.loads(a.child), a.sft_steps, a.grpo_steps, sizes, a.seed, a.model)))
         return {}
 
-    from nodes.train_config import TRAIN_PRESETS
+    from trainer.config import TRAIN_PRESETS
 
     preset = dict(TRAIN_PRESETS[a.preset])
     if a.dtypes:
@@ -248,7 +248,7 @@ def run_arms(preset: dict, a, arms: dict, base: str, note: str = "", envs: dict 
     each in its own child process; the medians and each arm's speed-up over the `base` arm."""
     import statistics
 
-    from nodes.train_config import TrainConfig
+    from trainer.config import TrainConfig
 
     cfg = TrainConfig.model_validate(preset)
     seconds: dict[str, list[float]] = {k: [] for k in arms}

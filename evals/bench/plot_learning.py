@@ -1,12 +1,14 @@
 """Every `bench_learning` arm at a glance: a forest plot of the GRPO stage's gain over its warm start.
 
-    python -m evals.bench.plot_learning evals/results/learning_cpu/bench_learning_s5*.json --out gains.png
     python -m evals.bench.plot_learning a.json b.json --out gains.png --target 5
+    python -m evals.bench.plot_learning 'evals/results/learning_cpu/answers.tar.xz:bench_learning*.json' \
+        --exclude _seed --out gains.png      # every arm packed in a results folder's archive (evals.packed)
 
 One row per file given (a `bench_learning --json` or `--pool` file), top to bottom in the order given: each seed's
-gain in greedy valid rate as a dot, the mean as a square with the file's 95 % interval (the paired bootstrap over
-seeds and instances that `bench_learning` printed), a line at 0 and a dotted line at `--target` (issue 16's +5
-points). Each row is labelled with the file's name, its GRPO steps, its warm start's SFT steps and its seeds.
+gain in greedy valid rate as a dot, the mean as a square with its 95 % interval (the two-way bootstrap over
+seeds and the instances they share, `evals.intervals.crossed_interval`, recomputed from the seeds' per-instance
+differences; a file without them keeps the interval it recorded, and its label says so), a line at 0 and a dotted line at `--target` (+5 points, the gain the
+cpu-long preset was built to reach). Each row is labelled with the file's name, its GRPO steps, its warm start's SFT steps and its seeds.
 The figures are the files' own: nothing is trained or answered again.
 """
 
@@ -16,6 +18,9 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from evals.intervals import crossed_interval
+from evals.packed import PackError, expand, read_text, split_spec
 
 PREFIX = "bench_learning_"
 
@@ -27,7 +32,7 @@ class NotAnArm(ValueError):
 def arm(path: Path) -> dict[str, Any]:
     """The row of one bench_learning file: label, per-seed gains and mean (points), interval (points or None)."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_text(path))
     except (OSError, json.JSONDecodeError) as e:
         raise NotAnArm(f"{path}: cannot be read as JSON ({e.__class__.__name__}); allowed: a --json or --pool file "
                        "of evals.bench.bench_learning") from None
@@ -38,11 +43,16 @@ def arm(path: Path) -> dict[str, Any]:
     gains = [100 * s["gain"] for s in seeds]
     cfg = data.get("train_config") or {}
     interval = data.get("gain_interval_bootstrap_95")
+    diffs = [s.get("diffs") for s in seeds]
+    recomputed = all(isinstance(d, list) and d and len(d) == len(diffs[0]) for d in diffs)
+    if recomputed:
+        interval = list(crossed_interval(diffs))
     steps = cfg.get("max_steps")
     sft = cfg.get("sft_steps")
-    name = Path(path).stem.removeprefix(PREFIX)
+    name = Path(split_spec(path)[1] or path).stem.removeprefix(PREFIX)
     detail = ", ".join([f"{steps if steps else '?'} GRPO steps", f"{sft if sft else '?'}-step start",
-                        f"{len(gains)} seed{'s' if len(gains) != 1 else ''}"])
+                        f"{len(gains)} seed{'s' if len(gains) != 1 else ''}"]
+                       + ([] if recomputed or not interval else ["recorded interval"]))
     return {
         "label": f"{name} ({detail})",
         "gains": gains,
@@ -74,7 +84,8 @@ def write_plot(arms: list[dict[str, Any]], out: Path, target: float | None = 5.0
         ax.legend(fontsize=8, loc="lower right")
     ax.set_yticks(range(len(arms)))
     ax.set_yticklabels([a["label"] for a in reversed(arms)], fontsize=7)
-    ax.set_xlabel("gain in greedy valid % over the warm start, points\n(dots: seeds; square: mean with its 95 % bootstrap interval)")
+    ax.set_xlabel("gain in greedy valid % over the warm start, points\n(dots: seeds; square: mean with its 95 % two-way "
+                  "bootstrap interval over seeds and instances)")
     ax.set_title("GRPO stage gains (green: interval above 0)", fontsize=9)
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
@@ -86,15 +97,19 @@ def write_plot(arms: list[dict[str, Any]], out: Path, target: float | None = 5.0
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p = argparse.ArgumentParser(prog="python -m evals.bench.plot_learning", description=__doc__.split("\n\n")[0])
-    p.add_argument("files", type=Path, nargs="+", metavar="JSON", help="bench_learning --json or --pool files")
+    p.add_argument("files", nargs="+", metavar="JSON", help="bench_learning --json or --pool files, or ARCHIVE:MEMBER "
+                   "(a pattern names every member it matches) of a results folder's answers.tar.xz")
+    p.add_argument("--exclude", action="append", default=[], metavar="TEXT",
+                   help="leave out every file whose name contains TEXT (repeatable), e.g. _seed for single seeds")
     p.add_argument("--out", type=Path, required=True, help="the figure to write (.png, .svg or .pdf)")
     p.add_argument("--target", type=float, default=5.0, help="gain in points to mark (default 5; negative: none)")
     args = p.parse_args(argv)
     if args.out.suffix.lower() not in (".png", ".svg", ".pdf"):
         p.error(f"--out {args.out}: allowed suffixes: .png, .svg, .pdf")
     try:
-        arms = [arm(f) for f in args.files]
-    except NotAnArm as e:
+        files = [f for f in expand(args.files) if not any(x in Path(split_spec(f)[1] or f).name for x in args.exclude)]
+        arms = [arm(f) for f in files]
+    except (NotAnArm, PackError) as e:
         p.error(str(e))
     write_plot(arms, args.out, None if args.target < 0 else args.target)
     for a in arms:

@@ -3,7 +3,7 @@
 `python -m evals.bench.probe_branch --instances 16 --branch 0.15:0.9,0.3:0.9,1:0.9`: the preset's cached warm start
 (`ENV_ENGINEER_CACHE`) answers a GRPO seed's training draw of N instances (`bench_learning.training_draw`) 16 times
 each with the bf16 rollout copy at the preset's temperature (no top-k, as TRL samples), once with plain sampling and once per
-RATE:CONFIDENCE pair with `nodes.rollout_sampling.BranchSampling`. Printed per sampler: the share of valid answers, the
+RATE:CONFIDENCE pair with `trainer.rollout_sampling.BranchSampling`. Printed per sampler: the share of valid answers, the
 share of groups whose first answer is valid (with branching: the greedy answer), the groups with reward variance
 (the preset's reward with partial credit 0.25), the groups where some answer outscores the first, the distinct
 answers per group, and the rows that left the greedy answer. No training; a few minutes per sampler on 2 cores.
@@ -47,11 +47,11 @@ def main(argv: list[str] | None = None) -> None:
     from evals.bench.bench_learning import training_draw
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
-    from nodes.grpo_sampling import RolloutCopy
-    from nodes.screen import sample_answers
-    from nodes.sft import build_warm_start
-    from nodes.train_config import TRAIN_PRESETS, TrainConfig
-    from nodes.train_data import MapfReward, build_dataset
+    from trainer.config import TRAIN_PRESETS, TrainConfig
+    from trainer.data import MapfReward, build_dataset
+    from trainer.grpo_trainer import RolloutCopy
+    from trainer.screen import sample_answers
+    from trainer.sft import build_warm_start
 
     cfg = TrainConfig.model_validate(TRAIN_PRESETS["cpu"])
     ws = build_warm_start(resolve_model("smollm2-135m"), cfg, 0)

@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> dict:
     from env import load_split
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
-    from nodes.sft import build_warm_start, greedy_valid_rate
-    from nodes.train_config import TRAIN_PRESETS, TrainConfig
+    from trainer.config import TRAIN_PRESETS, TrainConfig
+    from trainer.sft import build_warm_start, greedy_valid_rate
 
     cfg = TrainConfig.model_validate(TRAIN_PRESETS["cpu"])
     ws = build_warm_start(resolve_model("smollm2-135m"), cfg, a.warm_seed)

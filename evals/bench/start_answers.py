@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from nodes.provenance import cpu_id
+from trainer.provenance import cpu_id
 
 
 def spec(weights: dict, split: str, val: list, max_new: int, prompt_style: str) -> dict:
@@ -35,9 +35,9 @@ def path(spec: dict) -> Path:
 
 
 def cached(spec: dict, val: list) -> dict | None:
-    """The start's figures from its kept answers, each verified again (`nodes.sft.score_texts`), or None when none
+    """The start's figures from its kept answers, each verified again (`trainer.sft.score_texts`), or None when none
     were kept for this spec, or the file is unreadable or names another spec (then the start answers again)."""
-    from nodes.sft import score_texts
+    from trainer.sft import score_texts
 
     f = path(spec)
     try:

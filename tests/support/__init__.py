@@ -4,7 +4,7 @@ repository root is on ``sys.path`` (pytest's ``pythonpath`` setting in pyproject
 - ``fakeopenai``: a local OpenAI-protocol server with scripted replies and faults (the ``fake_openai`` fixture).
 - ``smoke_grid``: the smoke comparison grid the slow end-to-end tests share (the ``smoke_grid`` fixture).
 - ``node_helpers``: small settings, a scripted chat model and policy, the engineer loop without LangGraph.
-- ``stage_child_targets``: functions ``nodes.stage_child`` runs in a child process
+- ``stage_child_targets``: functions ``trainer.child`` runs in a child process
   (``target="tests.support.stage_child_targets:<name>"``).
 - ``graph_stubs``: the slow nodes stubbed for fast in-process graph.run tests (the ``stub_nodes`` and ``stubs``
   fixtures), `settings_for()`, `run_cli()` (graph.run in a subprocess), `sizes()`.

@@ -14,7 +14,7 @@ from pathlib import Path
 import graph.graph as gg
 from env import SIZES
 from graph.settings import build_settings
-from nodes.files import stage_dir
+from trainer.files import stage_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""Targets for tests/test_stage_child.py, run by `nodes.stage_child` in a child process as
+"""Targets for tests/test_stage_child.py, run by `trainer.child` in a child process as
 `tests.support.stage_child_targets:<name>` (run_in_child puts the repository root on the child's PYTHONPATH)."""
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def die(sig: int) -> None:
 
 def wait_for_stop(started: str, timeout_s: float = 60.0) -> None:
     """A trainer's loop in miniature: step until the stop flag is set, then raise StageInterrupted as run_stage
-    does after its StopCallback ended training (nodes.trl_setup.raise_if_stopped)."""
-    from nodes.stop import stop_requested
-    from nodes.trl_setup import raise_if_stopped
+    does after its StopCallback ended training (trainer.trl_setup.raise_if_stopped)."""
+    from trainer.stop import stop_requested
+    from trainer.trl_setup import raise_if_stopped
 
     Path(started).write_text(str(os.getpid()))
     t0 = time.monotonic()

@@ -1,0 +1,107 @@
+"""Checkpoints within a stage, and resuming a half-trained stage from the last one (issue 18).
+
+With `TrainConfig.save_steps = N > 0` the GRPO trainer saves every N optimiser steps into
+`stage_<k>/trl/checkpoint-<step>/` (transformers' own: model or adapter, optimiser, scheduler, RNG states,
+trainer state with the step count and log history). `ResumeCallback.on_save` then adds `stage_resume.json`
+(the reward's running state and its per-batch history, the stage's identity), written last and atomically:
+a checkpoint folder without it is incomplete and never resumed from. Older checkpoints are removed only after
+the newer one is complete, so one complete checkpoint exists at any time.
+
+A stage that starts again (after a crash, a kill or SIGTERM, via `python -m graph.run --resume`) finds the
+newest complete checkpoint of the *same* stage (same training set, starting checkpoint, seed and training
+settings: `stage_key`) and continues from it: the trainer restores weights, optimiser, scheduler, RNG and
+skips the batches already trained on; the reward's state and history come from `stage_resume.json`. A
+checkpoint of another configuration is removed with a log line, and the stage starts over. The whole `trl/`
+folder is removed when the stage finishes (its final checkpoint is `stage_<k>/checkpoint/`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MARKER = "stage_resume.json"
+_CKPT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def stage_key(*, train_path, init_checkpoint, seed: int, cfg) -> str:
+    """What makes two attempts the same stage: an in-stage checkpoint resumes only an attempt with this key."""
+    keep = cfg.model_dump(mode="json")
+    for bookkeeping in ("logging_steps", "log_completions", "save_steps"):
+        keep.pop(bookkeeping, None)
+    if keep.get("rollout_prepack") is None:  # its default (stop 56) leaves the keys of earlier attempts as they were
+        keep.pop("rollout_prepack", None)
+    spec = {"train_path": str(Path(train_path).resolve()), "init": str(Path(init_checkpoint).resolve()),
+            "seed": int(seed), "cfg": keep}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def checkpoints(trl_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every `checkpoint-<step>` in `trl_dir`, oldest first."""
+    if not Path(trl_dir).is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in Path(trl_dir).iterdir() if p.is_dir() and (m := _CKPT.match(p.name))]
+    return sorted(found)
+
+
+def find_resume(trl_dir: Path, key: str) -> tuple[Path, dict] | None:
+    """The newest complete in-stage checkpoint of the stage with `key` and its marker; None when there is none.
+    Checkpoints of another key are removed (they belong to another configuration of this stage folder)."""
+    best = None
+    for _step, folder in reversed(checkpoints(trl_dir)):
+        try:
+            marker = json.loads((folder / MARKER).read_text())
+        except (OSError, ValueError):
+            continue  # killed while saving: incomplete
+        if marker.get("stage_key") != key:
+            log.warning("in-stage checkpoint %s belongs to another configuration of this stage: removed", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
+        if (folder / "trainer_state.json").is_file() and best is None:
+            best = (folder, marker)
+    return best
+
+
+def resume_callback(reward, key: str, main: bool = True):
+    """A transformers `TrainerCallback` that completes each in-stage checkpoint with the reward state (see doc)."""
+    from transformers import TrainerCallback
+
+    from trainer.files import write_text_atomic
+
+    class ResumeCallback(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            if not main:
+                return control
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if not folder.is_dir():
+                return control
+            marker = {"stage_key": key, "global_step": int(state.global_step),
+                      "reward_state": reward.state.model_dump(mode="json"), "history": reward.history}
+            write_text_atomic(folder / MARKER, json.dumps(marker) + "\n")
+            for _step, old in checkpoints(folder.parent):  # only now: a complete checkpoint always exists
+                if old != folder:
+                    shutil.rmtree(old, ignore_errors=True)
+            log.info("in-stage checkpoint at step %d: %s", state.global_step, folder)
+            return control
+
+    return ResumeCallback()
+
+
+def restore_reward(reward, marker: dict[str, Any]) -> None:
+    """Put the reward's running state and per-batch history back as they were at the checkpoint."""
+    from env import RewardState
+
+    reward.state = RewardState.model_validate(marker["reward_state"])
+    reward.history = list(marker.get("history") or [])
+
+
+def remove(trl_dir: Path) -> None:
+    if Path(trl_dir).exists():
+        shutil.rmtree(trl_dir, ignore_errors=True)
