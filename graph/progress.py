@@ -116,9 +116,7 @@ def describe_start(node: str, state: dict[str, Any], settings: Settings) -> str 
     stage = int(state.get("stage") or 0)
     if node == "apply":
         k = stage + 1 if state.get("train_path") else stage
-        held = settings.train.select_instances  # trainer.select_best: held out of training to choose its weights
-        return (f"[stage {k}] apply: generating {settings.train.instances_per_stage} training instances"
-                + (f" + {held} held out" if held else "") + " ...")
+        return f"[stage {k}] apply: generating {settings.train.instances_per_stage} training instances ..."
     if node == "train_stage":
         steps = settings.train.max_steps
         return f"[stage {stage}] train_stage" + (f": {steps} GRPO steps" if steps > 0 else "") + " ..."

@@ -122,8 +122,7 @@ def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
             }
         )
         how = state.get("decision") or "accepted"
-    # with checkpoint selection (train.select_instances) the stage holds that many out of training
-    n = settings.train.instances_per_stage + settings.train.select_instances
+    n = settings.train.instances_per_stage
     cfg, restricted = restrict_sizes(cfg.model_copy(update={"num_instances": n}), settings.train.max_train_size)
     seed = stage_seed(settings.seed, stage)
     out_dir = stage_dir(run_dir, stage)

@@ -350,15 +350,6 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             "groups with fresh ones that had signal (`train.resample_rounds`).",
             "",
         ]
-        for s in trained:  # checkpoint selection (train.select_instances, trainer.select_best)
-            m = s["metrics"]
-            if isinstance(m.get("train/select_step"), int):
-                lines += [f"Stage {s['stage']} ended on step {m['train/select_step']}'s weights of "
-                          f"{m.get('train/steps')} (held-out greedy valid: start "
-                          f"{_pct(m.get('train/select_start_valid_rate'))} %, kept "
-                          f"{_pct(m.get('train/select_valid_rate'))} %, last step "
-                          f"{_pct(m.get('train/select_last_valid_rate'))} %, on "
-                          f"{m.get('train/select_instances')} instances held out of training).", ""]
         for k in zero_variance_stages(data):
             lines += [f"**Warning: stage {k} had zero reward variance in every GRPO group: it learned nothing "
                       "(every completion of a prompt scored the same).**", ""]

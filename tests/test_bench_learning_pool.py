@@ -99,12 +99,12 @@ def test_a_setting_added_since_a_file_was_written_counts_at_its_default(tmp_path
     from trainer.config import TrainConfig
 
     now = TrainConfig().model_dump(mode="json")
-    before = {k: v for k, v in now.items() if k != "localize_credit"}  # a file from before the setting existed
+    before = {k: v for k, v in now.items() if k != "share_prompt"}  # a file from before the setting existed
     a = _file(tmp_path, "a.json", [0], train_config=before)
     b = _file(tmp_path, "b.json", [1], train_config=now)
     assert [r["seed"] for r in pool([a, b])["seeds"]] == [0, 1]
-    c = _file(tmp_path, "c.json", [2], train_config={**now, "localize_credit": True})
-    with pytest.raises(ValueError, match=r"c.json: train_config differs .*\(localize_credit: True vs False\)"):
+    c = _file(tmp_path, "c.json", [2], train_config={**now, "share_prompt": False})
+    with pytest.raises(ValueError, match=r"c.json: train_config differs .*\(share_prompt: False vs True\)"):
         pool([a, c])
 
 
@@ -267,10 +267,9 @@ def test_stop_bias_cli_names_a_bad_bias(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("item, says", [
-    ("positive_weight=2", "--set positive_weight=2: Input should be less than or equal to 1"),
-    ("negative_weight=-0.5", "--set negative_weight=-0.5: Input should be greater than or equal to 0"),
+    ("top_p=2", "--set top_p=2: Input should be less than or equal to 1"),
+    ("temperature=-0.5", "--set temperature=-0.5: Input should be greater than 0"),
     ("learning_rate=fast", "--set learning_rate='fast': Input should be a valid number"),
-    ("step_credit=1 localize_credit=true", "--set: Value error, localize_credit=true with step_credit=1.0: both"),
 ])
 def test_bench_set_names_a_bad_value_in_one_line(capsys, item, says):
     from evals.bench.bench_learning import main

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 LORA_AUTO_PARAMS = 1e9  # `lora="auto"` turns LoRA on above this many parameters
 
@@ -24,7 +24,8 @@ def wants_lora(lora: bool | str, num_params: int) -> bool:
 class TrainConfig(BaseModel):
     """Every GRPO / SFT hyper-parameter of a stage (defaults = the `cpu` preset's values)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # every float finite: `1e400` reads as inf, which no bound refuses, and a run on it dies after one step
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     # --- data
     prompt_style: Literal["full", "compact", "moves"] = Field(
@@ -70,20 +71,6 @@ class TrainConfig(BaseModel):
     max_completion_length: int = Field(128, ge=8, description="token limit of one sampled answer")
     temperature: float = Field(0.7, gt=0, description="sampling temperature of GRPO completions")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of GRPO completions")
-    rollout_branch: float = Field(
-        0.0,
-        ge=0,
-        le=1,
-        description="branched rollouts (trainer.rollout_sampling.BranchSampling): the first completion of each group is "
-        "the greedy answer, and each other one follows it until it leaves it once, with this probability at each "
-        "position where the sampling distribution puts less than branch_confidence on its top token, for a token "
-        "drawn without the top one; greedy again after. Groups then contrast the greedy answer the evaluation scores "
-        "with its one-decision variants. Not in the paper; the rollout copy only (CPU, no LoRA, no vLLM; 0: off, "
-        "plain sampling)",
-    )
-    branch_confidence: float = Field(
-        0.9, gt=0, le=1, description="rollout_branch: the top-token probability below which a position is a decision"
-    )
     beta: float = Field(
         0.0, ge=0, description="KL coefficient to the reference model (0: no reference model)"
     )
@@ -126,14 +113,6 @@ class TrainConfig(BaseModel):
         description="dynamic sampling (DAPO): extra generations per batch that replace groups whose completions all "
         "scored the same with fresh groups that did not (0: off; trainer.grpo_trainer)",
     )
-    screen_samples: int = Field(
-        0,
-        ge=0,
-        le=64,
-        description="prompt screening (trainer.screen): before a stage, answer each of its instances this many times "
-        "as GRPO samples, and train only on those whose answers did not all score alike, i.e. where the policy is "
-        "sometimes right (0: off; fewer than 4 such instances: all kept)",
-    )
     partial_credit: float = Field(
         0.0,
         ge=0,
@@ -150,74 +129,6 @@ class TrainConfig(BaseModel):
         "shortest distance over the map: answers that all fail still rank by how far they read the map right; "
         "env.reward.agents_progress)",
     )
-    localize_credit: bool = Field(
-        False,
-        description="restrict each invalid answer's loss by where it first went wrong (the verifier's "
-        "env.verify.first_error): below its group, only that token is pushed down (not the sound cells before it, "
-        "nor what follows; a path stopped short of its goal keeps its whole loss); above it (partial credit), only "
-        "the tokens before it are pushed up. Not in the paper "
-        "(off: every token of an answer shares its advantage; trainer.localize)",
-    )
-    positive_weight: float = Field(
-        1.0,
-        ge=0,
-        le=1,
-        description="scale every positive GRPO advantage by this (answers scored above their group); 1: GRPO as "
-        "published; 0.1 with negative_weight 1: Weighted-REINFORCE (Zhu et al. 2025, arXiv 2506.01347), which "
-        "teaches mostly by pushing down what went wrong. Not in the paper. From the cpu start the positive side is "
-        "what shortens the answers (0: they keep their length), but no weighting gained more than 1 and 1 "
-        "(evals/results/learning_cpu, stop 47; trainer.localize.weigh_advantages)",
-    )
-    negative_weight: float = Field(
-        1.0,
-        ge=0,
-        le=1,
-        description="scale every negative GRPO advantage by this (answers scored below their group); 1: GRPO as "
-        "published; 0: positive-sample reinforcement only, which raises pass@1 in Zhu et al. 2025 (here it did not, "
-        "and shortened the answers more: evals/results/learning_cpu, stop 47). Not in the paper",
-    )
-    step_credit: float = Field(
-        0.0,
-        ge=0,
-        le=4,
-        description="GRPO with process supervision (DeepSeekMath, Shao et al. 2024) judged by the map: each cell "
-        "of each agent's path is a step, +1 for a sound move nearer the goal than the path has been, "
-        "step_credit_idle for one that is not, -1 for a hole, "
-        "a jump, leaving the map or a collision; the group's step rewards are centred and this weight times them is "
-        "added to the advantage of the tokens that wrote each cell, and a sound path's stop is judged (+1 on its goal, "
-        "-1 short of it). Not in the paper (0: off; trainer.step_credit); not with localize_credit. At 1 with "
-        "step_credit_idle=-0.5 and every block trained, the cpu stage gained 0.0 points [-5.0, +4.9] over 6 seeds "
-        "(evals/results/learning_cpu, stops 48-49)",
-    )
-    step_credit_idle: float = Field(
-        0.0,
-        ge=-1,
-        le=0,
-        description="with step_credit: the reward of a sound step that gets no nearer the goal than its path has "
-        "been (a wait, on the goal or off it, a step aside or back). 0: not credited, left to the outcome; below 0: "
-        "such a step is judged like the others, between a hole (-1) and progress (+1). Not in the paper",
-    )
-    select_instances: int = Field(
-        0,
-        ge=0,
-        le=1024,
-        description="checkpoint selection (trainer.select_best): hold this many of the stage's instances out of "
-        "training (every size in proportion; the loop generates instances_per_stage + this many), answer them "
-        "greedily at the stage's start and every select_every steps, and end the stage on the weights that answered "
-        "most of them validly (the earliest best, the start included: a stage that only made the policy worse "
-        "leaves it as it was). Not in the paper (0: off, the stage ends on its last step). Single process only",
-    )
-    select_every: int = Field(8, ge=1, description="with select_instances: optimiser steps between checks "
-                              "(the start and the last step are always checked)")
-    sft_mix: float = Field(
-        0.0,
-        ge=0,
-        le=10,
-        description="weight of an SFT term in GRPO's loss: the mean NLL per token of the solver's optimal answers to "
-        "the stage's own instances (evaluation layouts left out), sft_mix_batch of them per micro-batch. An anchor "
-        "against GRPO teaching the 135M policy to stop short of the goal. Not in the paper (0: off; trainer.sft_mix)",
-    )
-    sft_mix_batch: int = Field(4, ge=1, le=64, description="solver answers in each micro-batch's SFT term (sft_mix)")
     share_prompt: bool = Field(
         True,
         description="score a GRPO batch whose completions share one prompt (one prompt per step, as the cpu preset "
@@ -323,20 +234,6 @@ class TrainConfig(BaseModel):
         if not parts or any(p not in ("tensorboard", "wandb") for p in parts):
             raise ValueError(f"report_to={v!r}: allowed: tensorboard, wandb, tensorboard,wandb, none")
         return ",".join(p for p in ("tensorboard", "wandb") if p in parts)
-
-    @model_validator(mode="after")
-    def _one_credit_placement(self) -> TrainConfig:
-        if self.rollout_branch and (self.use_vllm or self.lora is True):
-            raise ValueError(f"rollout_branch={self.rollout_branch} with {'use_vllm' if self.use_vllm else 'lora'}="
-                             "true: branched rollouts are drawn by the CPU rollout copy of a full fine-tune; allowed: "
-                             "rollout_branch=0, or use_vllm=false and lora=false")
-        if self.step_credit_idle and not self.step_credit:
-            raise ValueError(f"step_credit_idle={self.step_credit_idle} with step_credit=0: it judges steps only "
-                             "when step credit is on; allowed: step_credit > 0, or step_credit_idle=0")
-        if self.localize_credit and self.step_credit:
-            raise ValueError(f"localize_credit=true with step_credit={self.step_credit}: both place credit inside an "
-                             "answer; allowed: one of them (step_credit=0 or localize_credit=false)")
-        return self
 
     @field_validator("sft_sizes", mode="before")
     @classmethod

@@ -25,10 +25,6 @@ zero-variance share left in the batches that were trained on) and reported by `t
 Only one training process is supported (every CPU run): with several, each process would call TRL's
 gathering generation a different number of times. With more than one process the trainer warns once and
 leaves the batch as TRL made it.
-
-The trainer also carries three stage options of `trainer.stage`: `restrict_dataset` (prompt screening,
-`trainer.screen`), `sft_mix` (an SFT term on the solver's answers in every micro-batch's loss, `trainer.sft_mix`) and
-`credit` (advantages weighed, localized or credited per step once sampled, `trainer.localize.Credit`).
 """
 
 from __future__ import annotations
@@ -38,10 +34,9 @@ import logging
 import random
 from typing import Any
 
-from trainer.localize import Credit
 from trainer.rollout_attention import use_gqa_sdpa
 from trainer.rollout_linear import pack_linear, prepack_linears
-from trainer.rollout_sampling import _branch_class, _inverse_cdf_class
+from trainer.rollout_sampling import _inverse_cdf_class
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +218,7 @@ def _rollout_decode(model, input_ids, logits_processor, stopping_criteria, gener
 
     - Each distinct prompt is prefilled once (`_prefill_each_prompt_once`).
     - Sampled generation: `generate` has built the processors, warpers included, from the sampling config; the loop
-      runs with `InverseCdfSampling` appended (`BranchSampling` where the model carries a `rollout_branch`) and a
+      runs with `InverseCdfSampling` appended and a
       copy of that config whose `do_sample` is off, so its token selection is the argmax of the one-hot scores.
       Greedy generation runs the loop as it is.
     """
@@ -235,15 +230,7 @@ def _rollout_decode(model, input_ids, logits_processor, stopping_criteria, gener
     if generation_config.do_sample:
         generation_config = copy.copy(generation_config)
         generation_config.do_sample = False
-        branch = getattr(model, "rollout_branch", None)  # (rate, confidence): set on RolloutCopy's model
-        last = _branch_class()(*branch, generation_config.eos_token_id) if branch else _inverse_cdf_class()()
-        logits_processor = LogitsProcessorList([*logits_processor, last])
-        out = type(model)._sample(model, input_ids, logits_processor=logits_processor,
-                                  stopping_criteria=stopping_criteria, generation_config=generation_config,
-                                  **model_kwargs)
-        if branch:  # rows that left the greedy answer, over the model's life (RolloutCopy: the screen's and the stage's)
-            model.rollout_branched = getattr(model, "rollout_branched", 0) + last.branched
-        return out
+        logits_processor = LogitsProcessorList([*logits_processor, _inverse_cdf_class()()])
     return type(model)._sample(model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
                                generation_config=generation_config, **model_kwargs)
 
@@ -285,11 +272,10 @@ class RolloutCopy:
     With `prepack` its linear layers run on oneDNN-packed weights (`trainer.rollout_linear`), re-packed at every sync.
     """
 
-    def __init__(self, dtype, branch: tuple[float, float] | None = None, prepack: bool = False):
+    def __init__(self, dtype, prepack: bool = False):
         import torch
 
         self.dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        self.branch = branch  # (rate, confidence) of BranchSampling, or None: plain sampling
         self.prepack = bool(prepack)  # linear layers on oneDNN-packed weights (`prepack_linears`)
         self.packed: dict = {}  # id of a packed weight -> its Linear modules, when prepack
         self.model = None
@@ -323,7 +309,6 @@ class RolloutCopy:
             use_gqa_sdpa(self.model)  # the copy only: training keeps transformers' attention
             with_growing_cache(self.model)
             with_rollout_decoding(self.model)
-            self.model.rollout_branch = self.branch
             self._params = dict(self.model.named_parameters())
             self._train = [n for n, p in trained.named_parameters() if p.requires_grad]
             if self.prepack:
@@ -348,19 +333,13 @@ def make_trainer_class():
         """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""
 
         def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, group_key=None, rollout_dtype=None,
-                     share_prompt: bool = False, sft_mix=None, credit=None, rollout_branch=None,
-                     rollout_prepack: bool = False, **kwargs):
+                     share_prompt: bool = False, rollout_prepack: bool = False, **kwargs):
             super().__init__(*args, **kwargs)
-            self.credit = credit or Credit()  # trainer.localize.Credit: weights, localized or step credit
-            self.sft_mix = sft_mix  # trainer.sft_mix.SftMix: an SFT term on solver answers in every loss, or None
             self.share_prompt = bool(share_prompt)
             self.shared_prompt_batches = 0  # scoring calls that ran their rows' common prompt once
-            self.rollout = (RolloutCopy(rollout_dtype, rollout_branch, prepack=rollout_prepack)
+            self.rollout = (RolloutCopy(rollout_dtype, prepack=rollout_prepack)
                             if rollout_dtype is not None and not self.use_vllm
                             else None)
-            if rollout_branch and self.rollout is None:
-                raise ValueError(f"rollout_branch={rollout_branch[0]}: branched rollouts are drawn by the rollout copy "
-                                 "(transformers on CPU, no LoRA, no vLLM); allowed here: rollout_branch=0")
             self.resample_rounds = int(resample_rounds)
             self._rng = random.Random(resample_seed)
             self.group_key = group_key
@@ -381,17 +360,6 @@ def make_trainer_class():
             """The model that samples GRPO's completions now: the synced rollout copy, or the trained model."""
             model = self.accelerator.unwrap_model(self.model)
             return model if self.rollout is None else self.rollout.synced(model, self.state.global_step)
-
-        def restrict_dataset(self, keep: list[int]) -> None:
-            """Train (and draw dynamic sampling's replacements) only on the rows `keep` of the training set
-            (`trainer.screen`). Call before `train()`. Fewer rows than one generation batch has prompts are repeated
-            to fill it: TRL's sampler drops an incomplete batch, and a stage would train no step at all."""
-            need = max(1, self.args.generation_batch_size // self.num_generations)
-            if not keep:
-                raise ValueError("restrict_dataset: no rows to train on")
-            keep = [keep[i % len(keep)] for i in range(max(need, len(keep)))]
-            self.train_dataset = self.train_dataset.select(keep)
-            self._index_rows()
 
         def _fresh_rows(self, n_groups: int) -> list[dict[str, Any]]:
             data = self.train_dataset
@@ -426,14 +394,6 @@ def make_trainer_class():
                 return super()._generate_single_turn(*args, **kwargs)
             finally:
                 self.model_wrapped = trained
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            if self.sft_mix is not None and self.sft_mix.weight > 0 and self.model.training:
-                nll = self.sft_mix.nll(self._get_per_token_logps_and_entropies, model, loss.device)
-                self._metrics["train"]["sft_mix_nll"].append(float(nll.detach()))
-                loss = loss + self.sft_mix.weight * nll / self.current_gradient_accumulation_steps
-            return loss
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, **kw):
             from trainer.trl_cpu import per_token_logps
@@ -479,9 +439,7 @@ def make_trainer_class():
             self.stats["rounds"] += rounds
             self.stats["trained_groups"] += batch["advantages"].numel() // g
             self.stats["trained_zero_groups"] += len(zero)
-            if self.rollout is not None and self.rollout.branch:
-                self.stats["branched"] = getattr(self.rollout.model, "rollout_branched", 0)
-            return self.credit(batch, rows, self.processing_class)
+            return batch
 
     return DynamicSamplingGRPOTrainer
 
@@ -495,5 +453,4 @@ def sampling_metrics(stats: dict) -> dict[str, float]:
         "train/resample_replaced": stats.get("replaced", 0),
         "train/resample_rounds": stats.get("rounds", 0),
         "train/zero_std_groups_trained": stats.get("trained_zero_groups", 0) / trained if trained else float("nan"),
-        **({"train/rollout_branched": stats["branched"]} if "branched" in stats else {}),
     }

@@ -15,8 +15,6 @@ Outputs in the stage folder (`run_dir/stage_<k>/`):
   completions all got the same reward, i.e. no learning signal; valid rate of sampled completions; steps;
   seconds; seconds per step; `train/outside_loop_share` = share of the stage's wall time spent outside TRL's
   own training loops).
-- `screen.json` (with `train.screen_samples`): the instances the stage kept after screening (`trainer.screen`), read
-  back if the stage resumes.
 - `tb/`: TensorBoard logs: TRL's per-step scalars under `train/...` (`train/reward`, `train/reward_std`,
   `train/loss`, `train/frac_reward_zero_std`, ...) plus ours (`train/valid_rate`, `train/optimal_rate`,
   `train/zero_std_groups`, `train/w_acc`, `train/w_len`, `train/completion_tokens`), and one point per stage
@@ -65,7 +63,6 @@ from llm_backends.checkpoints import CheckpointError, check_checkpoint, save_che
 from llm_backends.policy import template_kwargs
 from trainer.config import TRAIN_PRESETS, TrainConfig
 from trainer.data import MapfReward, build_dataset, reward_summary, row_size
-from trainer.localize import Credit
 from trainer.trl_setup import (
     check_generation_backend,
     grpo_config,
@@ -94,7 +91,6 @@ def run_stage(
     reward_state: dict | None,
     progress: bool = True,
     warm_start: bool | None = None,
-    keep_last: bool = False,
 ) -> dict:
     """Train one stage and write `out_dir/checkpoint/`, `out_dir/metrics.json`, `out_dir/tb/`.
 
@@ -110,11 +106,9 @@ def run_stage(
         progress: log progress lines (INFO) while training.
         warm_start: run the SFT warm start; None: when `cfg.sft_warm_start` and `init_checkpoint` is a
             base model (not a checkpoint of this module), i.e. at the first stage.
-        keep_last: with checkpoint selection (`cfg.select_instances`) choosing an earlier step, also return the
-            last step's trainable weights as `last_weights` (name -> tensor), to evaluate both side by side.
 
     Returns:
-        {"checkpoint": str, "reward_state": dict, "metrics": dict} (+ "last_weights", see keep_last)
+        {"checkpoint": str, "reward_state": dict, "metrics": dict}
     """
     t_start = time.perf_counter()
     loop_s = 0.0
@@ -142,11 +136,6 @@ def run_stage(
     instances = read_jsonl(train_path)
     if not instances:
         raise ValueError(f"training set {train_path} holds no instances")
-    held: list = []
-    if cfg.select_instances:  # trainer.select_best: instances to choose the stage's best weights with, not trained on
-        from trainer.select_best import hold_out
-
-        instances, held = hold_out(instances, cfg.select_instances, seed)
     score_labelled_positions_only()  # TRL's fused LM head: only answer positions on CPU too (trainer.trl_cpu)
     tile_head_on_cpu()  # and in tiles that stay in cache on CPU
     if cfg.use_vllm:  # LoRA syncs into vLLM merge into copies: the bf16 base never drifts (trainer.lora_sync)
@@ -205,13 +194,6 @@ def run_stage(
     from trainer.grpo_trainer import make_trainer_class, sampling_metrics
 
     sampler_dtype = rollout_dtype(cfg, model)  # resolved here ("auto" -> this machine's choice) and recorded
-    mix = None
-    if cfg.sft_mix > 0:
-        from trainer.sft_mix import SftMix, sft_examples
-
-        mix = SftMix(sft_examples(instances, tok, cfg.prompt_style, template_kwargs(cfg.enable_thinking)),
-                     weight=cfg.sft_mix, batch=cfg.sft_mix_batch, seed=seed,
-                     pad_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
     trainer = make_trainer_class()(
         model=model,
         reward_funcs=[reward],
@@ -226,13 +208,7 @@ def run_stage(
         rollout_dtype=sampler_dtype,
         rollout_prepack=rollout_prepack(cfg, sampler_dtype),
         share_prompt=cfg.share_prompt,
-        sft_mix=mix,
-        credit=Credit.from_config(cfg),
-        rollout_branch=(cfg.rollout_branch, cfg.branch_confidence) if cfg.rollout_branch else None,
     )
-    if cfg.screen_samples:
-        _screen(trainer, dataset, cfg, key, out_dir, reward_state, tok, metrics, progress)
-    select = _selector(trainer, held, cfg, tok, metrics, keep_last) if held else None
     quiet_trainer(trainer, progress, label=f"GRPO {out_dir.name}")
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=str(resume[0]) if resume is not None else None)
@@ -241,14 +217,7 @@ def run_stage(
     raise_if_stopped(f"GRPO of {out_dir.name}")
     steps = int(trainer.state.global_step)
     metrics.update(sampling_metrics(trainer.stats))
-    metrics.update(trainer.credit.metrics())
     metrics["train/shared_prompt_batches"] = trainer.shared_prompt_batches
-    select_s = 0.0
-    if select is not None:
-        metrics.update(select.metrics())
-        select_s = select.seconds
-    if mix is not None:
-        metrics.update(mix.metrics())
 
     meta = {
         "reward_state": reward.state.model_dump(mode="json"),
@@ -258,7 +227,6 @@ def run_stage(
         "train_path": str(train_path),
         "seed": seed,
         "grpo_steps": steps,
-        "selected_step": select.best_step if select is not None else None,  # trainer.select_best: the weights kept
         "sft_warm_start": bool(do_sft),
         "warm_start_cache": warm_info,
         "prompt_style": cfg.prompt_style,
@@ -286,8 +254,7 @@ def run_stage(
             "train/w_acc": reward.state.weights()[0],
             "train/w_len": reward.state.weights()[1],
             "train/grpo_seconds": grpo_s,
-            # the selection's greedy answering (train/select_seconds) runs inside TRL's loop: not a step's cost
-            "train/seconds_per_step": (grpo_s - select_s) / steps if steps else None,
+            "train/seconds_per_step": grpo_s / steps if steps else None,
             "train/seconds": wall,
             "train/outside_loop_seconds": wall - loop_s,
             "train/outside_loop_share": (wall - loop_s) / wall,
@@ -311,55 +278,7 @@ def run_stage(
             ckpt,
         )
     del trainer, model
-    out = {"checkpoint": str(ckpt), "reward_state": meta["reward_state"], "metrics": metrics}
-    if keep_last and select is not None and select.last_weights is not None:
-        out["last_weights"] = select.last_weights
-    return out
-
-
-def _screen(trainer, dataset, cfg: TrainConfig, key: str, out_dir: Path, reward_state, tok, metrics: dict,
-            progress: bool) -> None:
-    """Restrict `trainer` to the instances where the policy is sometimes right (`trainer.screen`), screened with the
-    trainer's own sampler and generation settings and a reward of its own on the stage's starting state; a
-    resumed stage reads its earlier screen back from `screen.json`."""
-    from trainer import screen
-
-    if cfg.use_vllm or trainer.accelerator.num_processes > 1:
-        log.warning("train.screen_samples=%d ignored: screening runs in a single process without vLLM (CPU runs); "
-                    "this stage trains on all %d instances", cfg.screen_samples, len(dataset))
-        metrics["train/screen_skipped"] = True
-        return
-    found = screen.load_screen(out_dir, key, len(dataset))
-    if found is None:
-        own = MapfReward(tok, reward_state, cfg.prompt_style, cfg.optimality, cfg.partial_credit,
-                         cfg.partial_credit_kind)
-        keep, stats = screen.screen_dataset(
-            dataset, model=trainer.sampler_model(), tokenizer=tok, reward=own, samples=cfg.screen_samples,
-            generation_config=trainer.generation_config, template_kwargs=template_kwargs(cfg.enable_thinking),
-            progress=progress)
-        if main_process():
-            screen.save_screen(out_dir, key, keep, stats)
-    else:
-        keep, stats = found
-    trainer.restrict_dataset(keep)
-    metrics.update(screen.screen_metrics(stats))
-
-
-def _selector(trainer, held: list, cfg: TrainConfig, tok, metrics: dict, keep_last: bool):
-    """The `trainer.select_best.SelectBest` callback on the held-out instances, added to `trainer` (None, with a
-    warning, where it cannot run: several processes or vLLM generation)."""
-    from trainer.select_best import SelectBest, greedy_scorer
-
-    if cfg.use_vllm or trainer.accelerator.num_processes > 1:
-        log.warning("train.select_instances=%d ignored: checkpoint selection runs in a single process without vLLM "
-                    "(CPU runs); this stage ends on its last step", cfg.select_instances)
-        metrics["train/select_skipped"] = True
-        return None
-    select = SelectBest(greedy_scorer(held, tok, max_new_tokens=cfg.max_completion_length,
-                                      prompt_style=cfg.prompt_style), cfg.select_every, keep_last=keep_last)
-    trainer.add_callback(select)
-    metrics["train/select_instances"] = len(held)
-    return select
+    return {"checkpoint": str(ckpt), "reward_state": meta["reward_state"], "metrics": metrics}
 
 
 def init_from_arg(text: str) -> Path:

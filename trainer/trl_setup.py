@@ -85,21 +85,15 @@ def rollout_dtype(cfg: TrainConfig, model) -> str | None:
     once, a growing KV cache, GQA attention, inverse-CDF draws) without bf16, which such a CPU multiplies in software
     (on an AVX2-only AMD EPYC Zen 3, 16 x 96 sampled tokens: 23.3 s against 42.8 s for transformers' generate on the
     model itself and 51.3 s for the bf16 copy, `evals.bench.bench_rollout`).
-    Branched rollouts (`train.rollout_branch`) are drawn by the copy: with them, a copy in the model's own dtype
-    where none would be made, and a ValueError on CUDA (the trainer's error names a peft adapter).
     """
     import torch
 
-    if cfg.rollout_branch and (cfg.use_vllm or torch.cuda.is_available()):
-        raise ValueError(f"train.rollout_branch={cfg.rollout_branch} with {'vLLM' if cfg.use_vllm else 'CUDA'}: "
-                         "branched rollouts are drawn by the CPU rollout copy; allowed there: rollout_branch=0")
-    own = str(next(model.parameters()).dtype).removeprefix("torch.") if cfg.rollout_branch else None
     if cfg.rollout_dtype == "model" or cfg.use_vllm or torch.cuda.is_available():
-        return own
+        return None
     if hasattr(model, "peft_config"):
         return None
     if next(model.parameters()).dtype != torch.float32:
-        return own
+        return None
     if cfg.rollout_dtype == "auto":
         from llm_backends.vllm_server import cpu_has_bf16
 

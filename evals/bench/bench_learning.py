@@ -25,8 +25,7 @@ over the seeds' gains), the mean gain
 within each hole ratio of the evaluation maps, GRPO's
 reward-variance figures (share of zero-variance groups generated and trained on, groups replaced by dynamic
 sampling), and seconds per step. The gain is measured on answers re-verified by `env.verify`, never on training
-rewards. With checkpoint selection (`--set select_instances=N`, `trainer.select_best`) a stage that ended on an earlier
-check's weights is also scored on its last step's: `gain_last` per seed and `mean_gain_last`, the same stages unguarded.
+rewards.
 """
 
 from __future__ import annotations
@@ -241,9 +240,9 @@ def main(argv: list[str] | None = None) -> dict:
             with a.answers.open("a") as f:
                 f.writelines(json.dumps({"who": who, **x}) + "\n" for x in r["answers"])
 
-    try:  # every seed's GRPO instances (with checkpoint selection the stage holds select_instances of them out),
+    try:  # every seed's GRPO instances,
         # drawn before the warm start so that a draw that cannot be made fails at once
-        draws = {seed: training_draw(sizes, cfg.instances_per_stage + cfg.select_instances, seed, holes,
+        draws = {seed: training_draw(sizes, cfg.instances_per_stage, seed, holes,
                                      a.grpo_min_makespan) for seed in seeds}
     except ValueError as e:
         p.error(str(e))
@@ -287,7 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
             train = Path(tmp) / "train.jsonl"
             write_jsonl(train, draws[seed])
             res = run_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=Path(tmp) / "stage_0", cfg=cfg,
-                            seed=seed, reward_state=None, progress=False, warm_start=False, keep_last=True)
+                            seed=seed, reward_state=None, progress=False, warm_start=False)
             if a.keep_checkpoints:
                 kept = a.keep_checkpoints / f"seed_{seed}"
                 shutil.rmtree(kept, ignore_errors=True)
@@ -295,11 +294,6 @@ def main(argv: list[str] | None = None) -> dict:
             model, tok = load_checkpoint(res["checkpoint"])
             after = score(model, tok)
             keep_answers(seed, after)
-            last = None
-            if "last_weights" in res:  # selection kept an earlier step: the last step's weights, scored too
-                model.load_state_dict(res["last_weights"], strict=False)
-                last = score(model, tok)
-                keep_answers(f"{seed} last", last)
             del model
         m = res["metrics"]
         run = {
@@ -309,21 +303,13 @@ def main(argv: list[str] | None = None) -> dict:
             "failures": after["failures"],
             "gain": after["valid_rate"] - before["valid_rate"],
             "diffs": [int(x) - int(y) for x, y in zip(after["valid"], before["valid"], strict=True)],
-            # with checkpoint selection: the gain had the stage ended on its last step (= gain when it did)
-            **({"gain_last": (last or after)["valid_rate"] - before["valid_rate"],
-                "diffs_last": [int(x) - int(y) for x, y in zip((last or after)["valid"], before["valid"], strict=True)]}
-               if "train/select_step" in res["metrics"] else {}),
             **{k: m.get(k) for k in ("train/steps", "train/seconds_per_step", "train/reward_mean", "train/valid_rate",
                                      "train/zero_std_groups", "train/zero_std_groups_trained",
                                      "train/resample_zero_std_generated", "train/resample_replaced")},
-            # when the stage was screened, had an SFT term, or localized or credited per step
-            **{k: v for k, v in m.items()
-               if k.startswith(("train/screen_", "train/sft_mix_", "train/localized_", "train/step_credit_",
-                                "train/select_"))},
         }
         runs.append(run)
         runs.sort(key=lambda r: seeds.index(r["seed"]))
-        print(f"seed {seed}", json.dumps({k: v for k, v in run.items() if k not in ("diffs", "diffs_last")}),
+        print(f"seed {seed}", json.dumps({k: v for k, v in run.items() if k != "diffs"}),
               flush=True)
         if a.json:  # a stopped bench keeps every finished seed (--resume)
             write_json(a.json, summarize(head, runs))
@@ -348,10 +334,6 @@ def summarize(head: dict, runs: list[dict]) -> dict:
     the mean gain and its two 95 % intervals."""
     gains = [r["gain"] for r in runs]
     zero = [r["train/zero_std_groups_trained"] for r in runs if r.get("train/zero_std_groups_trained") is not None]
-    last = {}
-    if runs and all("gain_last" in r for r in runs):  # checkpoint selection: the same stages ended on their last step
-        last = {"mean_gain_last": statistics.fmean(r["gain_last"] for r in runs),
-                "gain_last_interval_bootstrap_95": list(crossed_interval([r["diffs_last"] for r in runs]))}
     return {
         **head,
         "seeds": runs,
@@ -360,7 +342,6 @@ def summarize(head: dict, runs: list[dict]) -> dict:
         "interval": INTERVAL,
         "gain_interval_t_95": list(t_interval(gains)),
         "zero_std_groups_trained_mean": statistics.fmean(zero) if zero else None,
-        **last,
     }
 
 
@@ -447,8 +428,7 @@ def pool(paths: list[Path]) -> dict:
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds {seeds}: a seed appears twice; pool runs of different seeds")
     head = {k: first[k] for k in first if k not in ("seeds", "mean_gain", "gain_interval_bootstrap_95",
-                                                    "gain_interval_t_95", "zero_std_groups_trained_mean",
-                                                    "mean_gain_last", "gain_last_interval_bootstrap_95", "interval")}
+                                                    "gain_interval_t_95", "zero_std_groups_trained_mean", "interval")}
     if "eval_holes" not in head:  # a file from before stop 51: its answers are the split's sizes 3-5 in order
         val = evaluation_set(head["split"])
         if len(val) == head["instances"] and (holes_of_val := eval_holes(val)) is not None:
@@ -484,11 +464,6 @@ def table(s: dict) -> str:
                  f"[{100 * lo:+.1f}, {100 * hi:+.1f}]; Student's t over seeds [{100 * tlo:+.1f}, {100 * thi:+.1f}]")
     if s.get("eval_holes") and s["seeds"]:
         lines.append("mean gain by the evaluation maps' hole ratio: " + by_hole(s))
-    if "mean_gain_last" in s:
-        llo, lhi = s["gain_last_interval_bootstrap_95"]
-        steps = ", ".join(f"seed {r['seed']}: step {r.get('train/select_step')}" for r in s["seeds"])
-        lines.append(f"checkpoint selection kept {steps}; ended on their last step instead: mean gain "
-                     f"{100 * s['mean_gain_last']:+.1f} points [{100 * llo:+.1f}, {100 * lhi:+.1f}]")
     return "\n".join(lines)
 
 
