@@ -81,7 +81,8 @@ class SettingsError(ValueError):
 class Settings(BaseModel):
     """Every fixed setting of a run (see `--help` of `python -m graph.run`)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # every float finite (inf and NaN refused, `1e400` included); TrainConfig does the same
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     preset: Literal[tuple(PRESETS)] = Field("cpu", description="named bundle of defaults")  # type: ignore[valid-type]
     engineer: str = Field(
