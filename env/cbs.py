@@ -1,21 +1,27 @@
 """Conflict-Based Search for 3+ agents (`env.solver` is the entry point): the sum-of-costs search and the
 makespan search, their space-time low levels and the conflict scan they share.
 
-- `_cbs`: best-first over constraint nodes by sum of costs, fewer conflicts first on ties; each agent's
+- `cbs`: best-first over constraint nodes by sum of costs, fewer conflicts first on ties; each agent's
   low level is a space-time A* that breaks ties towards fewer conflicts with the others.
-- `_cbs_makespan`: best-first by a lower bound on the latest arrival (the largest of the agents' shortest
+- `cbs_makespan`: best-first by a lower bound on the latest arrival (the largest of the agents' shortest
   constrained arrivals), each agent replanned to the fewest conflicts among its paths that meet the bound.
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .errors import SolverBudgetExceeded, Unsolvable
 
-if TYPE_CHECKING:
-    from .solver import GridMap
+
+class GridMap(Protocol):
+    """What the searches read of a map (`env.solver.GridMap` is one): its side, its cell count, and each
+    cell's moves (the cell itself first, then its ice 4-neighbours)."""
+
+    size: int
+    n: int
+    moves: list[tuple[int, ...]]
 
 
 
@@ -132,7 +138,7 @@ def _avoid_tables(paths: list[list[int] | None], skip: int, n: int) -> tuple[dic
     return avoid, goal
 
 
-def _cbs(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]], max_nodes: int) -> list[list[int]]:
+def cbs(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]], max_nodes: int) -> list[list[int]]:
     """Best-first over constraint nodes by sum of costs, fewer conflicts first on ties."""
     k = len(s)
     n = gm.n
@@ -237,8 +243,8 @@ def _bounded_low_level(gm: GridMap, s: int, g: int, dist: list[int], vcons: froz
     return None
 
 
-def _cbs_makespan(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]],
-                  max_nodes: int, bounded: bool = True) -> list[list[int]]:
+def cbs_makespan(gm: GridMap, s: list[int], g: list[int], dists: list[list[int]],
+                 max_nodes: int, bounded: bool = True) -> list[list[int]]:
     """CBS on the latest arrival. A node's bound is the largest of the agents' shortest constrained arrivals:
     a lower bound on the makespan of every plan that meets its constraints. Nodes are expanded best-first on
     (bound, conflicts), and each replanned agent takes, among its paths that arrive by the bound, one with the

@@ -15,7 +15,7 @@ Exact searches, all pure Python:
 - `cbs` (the default for 3+ agents): Conflict-Based Search with a space-time A* low level, a
   conflict-avoidance tie-break and the earliest conflict split first (`env.cbs`).
 - for the makespan: breadth-first over joint positions for up to 2 agents; for more, CBS best-first on a
-  lower bound of the makespan (`env.cbs._cbs_makespan`), run with two replanning rules in turn.
+  lower bound of the makespan (`env.cbs.cbs_makespan`), run with two replanning rules in turn.
 
 Both stop after `max_nodes` expansions (joint states, or CBS high-level nodes) and raise
 `SolverBudgetExceeded`; an instance proven impossible raises `Unsolvable`.
@@ -27,7 +27,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from .cbs import _cbs, _cbs_makespan
+from .cbs import cbs, cbs_makespan
 from .errors import SolverBudgetExceeded, Unsolvable
 
 Cell = tuple[int, int]
@@ -154,7 +154,7 @@ def solve_on(gm: GridMap, starts: list[Cell], goals: list[Cell], max_nodes: int 
         paths = _joint(gm, s, g, dists, max_nodes)
     elif method == "cbs":
         paths = _cbs_makespan_portfolio(gm, s, g, dists, max_nodes) if objective == "makespan" \
-            else _cbs(gm, s, g, dists, max_nodes)
+            else cbs(gm, s, g, dists, max_nodes)
     else:
         raise ValueError(f"unknown method {method!r}; use 'auto', 'joint' or 'cbs'")
     return _plan(gm, paths, dists, s)
@@ -176,9 +176,9 @@ def _cbs_makespan_portfolio(gm: GridMap, s: list[int], g: list[int], dists: list
     """The makespan CBS with bounded replanning, then (if it passes `max_nodes`) with shortest replanning: both
     are exact, and on the held-out suite each proves optima the other cannot within the budget."""
     try:
-        return _cbs_makespan(gm, s, g, dists, max_nodes, bounded=True)
+        return cbs_makespan(gm, s, g, dists, max_nodes, bounded=True)
     except SolverBudgetExceeded:
-        return _cbs_makespan(gm, s, g, dists, max_nodes, bounded=False)
+        return cbs_makespan(gm, s, g, dists, max_nodes, bounded=False)
 
 
 def _plan(gm: GridMap, paths: list[list[int]], dists: list[list[int]], s: list[int]) -> Plan:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llm_backends.engineers import CLASSIC_ENGINEERS, MODEL_ENGINEERS
-from nodes.summarize_failures import CONTEXT_VARIANTS
+from nodes.context_variants import CONTEXT_VARIANTS
 from trainer.config import TRAIN_PRESETS, TrainConfig
 
 # The cpu presets' run: the embedded model, answered through vLLM where it is installed

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from env import FAILURES, SIZES
+from nodes.context_variants import CONTEXT_VARIANTS, VARIANTS  # noqa: F401 (CONTEXT_VARIANTS: evals)
 from trainer.files import RunFileError, stage_dir, write_text_atomic
 
-if TYPE_CHECKING:  # graph.settings imports this module (CONTEXT_VARIANTS)
+if TYPE_CHECKING:
     from langgraph.runtime import Runtime
 
     from graph.settings import RunContext, Settings
@@ -42,15 +43,6 @@ if TYPE_CHECKING:  # graph.settings imports this module (CONTEXT_VARIANTS)
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
-VARIANTS: dict[str, tuple[str, ...]] = {
-    "V1": ("F",),
-    "V2": ("F", "G"),
-    "V3": ("F", "G", "H0"),
-    "V4": ("F", "G", "H"),
-    "V5": ("F", "G", "H", "S"),
-    "V6": ("F", "G", "H", "T"),
-}
-CONTEXT_VARIANTS: tuple[str, ...] = tuple(VARIANTS)  # the variant names, in order (Settings.context, --context)
 FENCE_OPEN = "<<<UNTRUSTED POLICY ANSWER"
 FENCE_CLOSE = "<<<END UNTRUSTED POLICY ANSWER"
 QUOTE = "│ "
