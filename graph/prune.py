@@ -1,4 +1,4 @@
-"""`keep_checkpoints=last` (issue 20): delete older stages' checkpoint weights once nothing can need them.
+"""`keep_checkpoints=last`: delete older stages' checkpoint weights once nothing can need them.
 
 A full checkpoint of the embedded model is about 517 MB per stage. With `keep_checkpoints=last`, when stage
 k's evaluation starts (so stage k's checkpoint is saved and the state that points to it is committed),

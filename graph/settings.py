@@ -37,7 +37,7 @@ _CPU_RUN: dict[str, Any] = {
     "final_split": "test-mini",
     "eval_max_tokens": 160,
     "eval_limit": None,
-    "final_limit": 36,  # 12 per agent count and per wait subset, every size; all 72 of env 1.0.0's took 414 s (issue 6)
+    "final_limit": 36,  # 12 per agent count and per wait subset, every size; all 72 of env 1.0.0's took 414 s
     "engineer_max_tokens": 512,
 }
 
@@ -64,7 +64,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eval_split": "val",
         "final_split": "test",
         # 128 answers in flight on the GPU server (continuous batching): 3,150 benchmark answers of up to 4,096
-        # tokens take minutes, not the hours of batches of 8 (issue 18)
+        # tokens take minutes, not the hours of batches of 8
         "eval_batch_size": 128,
         "eval_max_tokens": 4096,
         "eval_limit": None,

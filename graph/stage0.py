@@ -46,7 +46,7 @@ MAY_DIFFER = frozenset({
     "context", "context_details", "evidence_examples", "evidence_chars", "prompts_dir",
     # run side: the folder, the person at the terminal, how the policy server is kept (not what it answers)
     "run_dir", "run_id", "approve", "keep_server",
-    # bookkeeping and tracking (issue 20): where and with what the run started, what it keeps and logs to
+    # bookkeeping and tracking: where and with what the run started, what it keeps and logs to
     "provenance", "keep_checkpoints", "train.report_to",
 })
 

@@ -1,4 +1,4 @@
-"""Tracking of one loop (issue 20): one TensorBoard run and, when asked for, one Weights & Biases run per
+"""Tracking of one loop: one TensorBoard run and, when asked for, one Weights & Biases run per
 loop, on one global step across stages.
 
 `train.report_to` (`tensorboard` default, `wandb`, `tensorboard,wandb`, `none`) chooses the targets. The

@@ -1,4 +1,4 @@
-"""--approve (issue 20, point 8): the proposal as an old -> new table per size, explicit y / n / e answers
+"""--approve: the proposal as an old -> new table per size, explicit y / n / e answers
 (Enter alone and a path are asked again, never taken), e opens $EDITOR on a prefilled file whose result is
 re-validated, and the applied config is confirmed. Stub nodes (tests/test_graph_wiring.py): fast."""
 

@@ -339,7 +339,7 @@ def test_a_kept_start_answer_set_is_reused_only_for_its_spec_and_always_verified
 
 
 def test_the_cpu_long_preset_is_the_arm_its_figures_were_measured_with():
-    """The preset's documented gain (trainer.config) comes from stop 57's arm, run as `--preset cpu` with the
+    """The preset's documented gain (trainer.config) comes from the arm measured in evals/results/learning_cpu, run as `--preset cpu` with the
     values set by hand: `--preset cpu-long`'s settings and default GRPO sizes must be that arm's, so its runs pool
     with the committed seeds. A changed preset value fails here, as it should: the figures would no longer be its."""
     from evals.bench.bench_learning import GRPO_SIZES, same_setup

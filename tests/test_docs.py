@@ -1,4 +1,4 @@
-"""The repository is self-contained (issue 20): its docs live in docs/, nothing tracked points outside the
+"""The repository is self-contained: its docs live in docs/, nothing tracked points outside the
 repository to the shared notes, every relative link in the README and docs/ resolves, and the README's
 library example runs as shown."""
 

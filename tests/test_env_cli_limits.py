@@ -1,4 +1,4 @@
-"""The env CLI's limits (issue 17): a huge --n is refused with the value and the range, an error echoing a
+"""The env CLI's limits: a huge --n is refused with the value and the range, an error echoing a
 huge or hostile field is one short line, and Ctrl-C ends with one line and no output file."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The testbed as a library (issue 20): dataset rows and a Hugging Face Dataset, reasoning-gym-style
+"""The testbed as a library: dataset rows and a Hugging Face Dataset, reasoning-gym-style
 create_dataset / score_answer, the public TRL-signature reward, `verify` reporting unanswered instances,
 `export` carrying the prompt, and `show --png --steps` drawing the steps."""
 

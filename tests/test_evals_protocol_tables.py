@@ -1,4 +1,4 @@
-"""evals/: the paper's table layout, honest intervals and committed tables that stay true (issue 21).
+"""evals/: the paper's table layout, honest intervals and committed tables that stay true.
 
 - Sum is the unweighted mean of the per-size rates (per seed, then over seeds), not the pooled rate.
 - Intervals stay inside [0, 100] % for rates near 0 and near 100 (1 seed and 3 seeds), gaps inside

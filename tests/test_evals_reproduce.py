@@ -1,4 +1,4 @@
-"""Reproduce on purpose (issue 20): the eval scripts take `--out DIR` or `--fresh`, committed results folders are
+"""Reproduce on purpose: the eval scripts take `--out DIR` or `--fresh`, committed results folders are
 never overwritten, and a config whose settings differ from its committed results refuses to mix them in one line.
 
 Fast: dry runs, `--tables-only` on copies of committed verdicts, and `run_grid` replaced by a stub that fails the

@@ -165,7 +165,7 @@ def _committed_cfg(tmp_path, models: str) -> Path:
 
 
 def test_committed_results_are_never_added_to_without_out_or_fresh(tmp_path, capsys):
-    """Reproduce on purpose (issue 20): a model with answers left in a committed folder is refused in one line;
+    """Reproduce on purpose: a model with answers left in a committed folder is refused in one line;
     --out DIR plans into DIR; --out with --fresh is refused; the committed folder is untouched."""
     from evals.solve_direct import main
 

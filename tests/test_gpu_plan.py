@@ -1,4 +1,4 @@
-"""The paper preset's GPU configuration, built on a CPU with CUDA mocked (issue 18): TRL's GRPOConfig, the
+"""The paper preset's GPU configuration, built on a CPU with CUDA mocked: TRL's GRPOConfig, the
 LoRA config, `python -m graph.run --dry-run`'s plan, and the thinking switch reaching every place it must."""
 
 from __future__ import annotations

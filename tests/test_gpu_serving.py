@@ -1,4 +1,4 @@
-"""The GPU serving path, checked on a CPU (issue 18): vLLM's command line and environment on a GPU build
+"""The GPU serving path, checked on a CPU: vLLM's command line and environment on a GPU build
 (`is_cpu_build` mocked False), and no kept server while a stage trains (the graph with stub nodes)."""
 
 from __future__ import annotations

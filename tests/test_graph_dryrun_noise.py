@@ -1,5 +1,5 @@
-"""--dry-run asks for one real proposal and keeps nothing unless asked (issue 20, point 8), and less noise
-(point 9): train.* and the presets in --help, the zero-variance warning line, trainer log dicts to the
+"""--dry-run asks for one real proposal and keeps nothing unless asked, and less noise:
+train.* and the presets in --help, the zero-variance warning line, trainer log dicts to the
 stage's log file, keep_checkpoints=last. Fast: subprocesses of graph.run on the smoke preset with a
 classic or a fake HTTP engineer, stub nodes in-process."""
 

@@ -175,7 +175,7 @@ def test_approve_lets_a_person_replace_the_proposal(tmp_path, smoke_grid):
 
 def test_cpu_preset_end_to_end_through_the_stage_child(tmp_path):
     """The cpu preset (compact prompt, cached SFT warm start, dynamic sampling, vLLM evaluation and
-    self-engineer) runs end to end with every stage trained in its own child process (issue 18), shrunk in
+    self-engineer) runs end to end with every stage trained in its own child process, shrunk in
     length only: 2 stages, 1 GRPO step each of completions of at most 48 tokens, a 2-step warm start in a cache of
     its own, 12 answers of at most 64 tokens per evaluation."""
     run_dir = tmp_path / "cpu-run"

@@ -1,4 +1,4 @@
-"""A run never loses finished work (issue 17), fast: `python -m graph.run`'s main() in-process with the
+"""A run never loses finished work, fast: `python -m graph.run`'s main() in-process with the
 slow nodes stubbed (train_stage writes a small real checkpoint folder, evaluate writes eval.jsonl and
 metrics.json); apply, propose_config (the fixed engineer), validate_config and summarize_failures are real.
 

@@ -1,5 +1,5 @@
 """SIGTERM during SFT, during GRPO and during the final evaluation stops `python -m graph.run` at the next step
-or batch, then it resumes (issue 17): the real smoke preset with the embedded model. The trainers' progress bars
+or batch, then it resumes: the real smoke preset with the embedded model. The trainers' progress bars
 (on stderr) say when each has started and how far it got: a stopped trainer never reaches its last step. A
 stopped evaluation keeps the answers it has (`eval.partial.jsonl`) and the resumed one asks only the rest."""
 

@@ -1,4 +1,4 @@
-"""LangGraph tooling (issue 20, point 7): the graph langgraph.json names runs with a plain dict of settings
+"""LangGraph tooling: the graph langgraph.json names runs with a plain dict of settings
 as its context (Studio, the SDK, the HTTP API) through the same Settings validation as graph.run;
 `langgraph dev` serves it (tested through the SDK against a real dev server, stopped before training so it
 stays fast; the full smoke run through the server is the `slow` test at the end); .env.example lists

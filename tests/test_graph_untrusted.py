@@ -1,4 +1,4 @@
-"""Untrusted text stays inert, and a fork never writes into its donor (issue 17), fast and in-process.
+"""Untrusted text stays inert, and a fork never writes into its donor, fast and in-process.
 
 - An engineer (a scripted OpenAI-compatible endpoint) replies with `<script>`, an `<img onerror>`, ANSI
   clear-screen and title sequences, a fake heading and the API key, raw and inside JSON `\\u` escapes: none

@@ -1,4 +1,4 @@
-"""GRPO's rollout copy and bf16 autocast (issue 16): completions sampled by a bf16 copy of the policy that follows
+"""GRPO's rollout copy and bf16 autocast: completions sampled by a bf16 copy of the policy that follows
 every optimiser step, training under autocast over float32 weights; where each is on, and where it is not."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""install.sh and the gpu extra (issue 18): a vLLM that TRL supports, and no GPU install into a CPU venv."""
+"""install.sh and the gpu extra: a vLLM that TRL supports, and no GPU install into a CPU venv."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`pip check` after ./install.sh prints only the exceptions install.sh documents, one line each (issue 20)."""
+"""`pip check` after ./install.sh prints only the exceptions install.sh documents, one line each."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What makes the 135M policy learn at CPU scale (issue 16): the compact prompt, the cached SFT warm start,
+"""What makes the 135M policy learn at CPU scale: the compact prompt, the cached SFT warm start,
 TRL's fused head scoring only answer positions, and dynamic sampling of GRPO groups.
 
 The slow tests build real warm starts of the embedded SmolLM2-135M (a few SFT steps each) in a private cache.

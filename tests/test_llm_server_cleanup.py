@@ -1,4 +1,4 @@
-"""No vLLM process outlives the run, and retries stop on a dead server (issue 17), fast: the server
+"""No vLLM process outlives the run, and retries stop on a dead server, fast: the server
 processes are stand-ins (python scripts), the cleanup code is the real one.
 
 - `VLLMServer.stop()` kills a descendant that left the server's process group (an engine core in a

@@ -1,4 +1,4 @@
-"""LoRA syncs into vLLM without drift (issue 18): 1,000 sync cycles of a bf16 LoRA model leave the base weights
+"""LoRA syncs into vLLM without drift: 1,000 sync cycles of a bf16 LoRA model leave the base weights
 bit-exact, while TRL's own merge/unmerge drifts; and vLLM receives the same values and names as TRL's merge."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Provenance (issue 20, point 4): settings.json records the git commit and dirty flag, package versions,
+"""Provenance: settings.json records the git commit and dirty flag, package versions,
 the machine and the start time; report.md opens with a header naming run, preset, engineer, seed, policy
 model, commit and wall time; a different commit or machine is never a settings change (resume, the
 evals' drift check, --stage0-from); no environment variable (no secret) reaches settings.json."""

@@ -1,4 +1,4 @@
-"""The policy server's weights dtype (issue 16): bf16 where the CPU multiplies bf16 in hardware (AMX or AVX-512
+"""The policy server's weights dtype: bf16 where the CPU multiplies bf16 in hardware (AMX or AVX-512
 BF16), float32 on other CPUs, vLLM's own on
 a GPU; resolved once in Settings so settings.json says what the run used, and carried to every server the run
 starts (evaluation, the self/base engineer, the kept server)."""

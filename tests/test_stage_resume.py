@@ -1,4 +1,4 @@
-"""Checkpoints within a stage and resuming a half-trained stage (issue 18). The fast tests check the
+"""Checkpoints within a stage and resuming a half-trained stage. The fast tests check the
 bookkeeping; the slow one kills a real tiny stage after its first in-stage checkpoint and resumes it."""
 
 from __future__ import annotations

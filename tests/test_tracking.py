@@ -1,4 +1,4 @@
-"""Tracking (issue 20, point 3): `train.report_to` is a setting; one TensorBoard run per loop (run_dir/tb)
+"""Tracking: `train.report_to` is a setting; one TensorBoard run per loop (run_dir/tb)
 on a global step across stages with train/* per step, eval/* per stage (and by_stage/*) and final/*,
 read back with TensorBoard's EventAccumulator; a W&B run in offline mode with the same scalars plus a
 config table per stage (when wandb is installed). Stub nodes: a stage "trains" by writing its own

@@ -34,7 +34,7 @@ class TrainConfig(BaseModel):
         "compact (map, hole list, agents and answer format only, no default system prompt: 2.3x fewer tokens, "
         "for small models) or moves (compact plus each ice cell's legal moves: 2-3.5x compact's tokens; its "
         "warm start was 2.4x slower per step and no better, 3.3 against 13.3 % greedy after 800 examples: "
-        "evals/results/learning_cpu, stop 51). The same instance and verifier in every style",
+        "evals/results/learning_cpu). The same instance and verifier in every style",
     )
     instances_per_stage: int = Field(64, ge=1, description="training instances generated per stage")
     max_train_size: int | None = Field(
@@ -208,7 +208,7 @@ class TrainConfig(BaseModel):
         "scheduler, RNG, reward state) in stage_<k>/trl/, so that a crash or stop loses at most N steps and "
         "--resume continues the stage from there (trainer.resume); 0: none",
     )
-    # --- chat template (issue 18)
+    # --- chat template
     enable_thinking: bool | None = Field(
         None,
         description="Qwen3-style thinking mode of the chat template (its enable_thinking switch), the same at "
@@ -216,7 +216,7 @@ class TrainConfig(BaseModel):
         "(the template's own default; SmolLM2's template has no such switch). True is refused by the loop: its "
         "evaluation is greedy, which Qwen advises against in thinking mode",
     )
-    # --- tracking (issue 20): the loop's own tracker (graph/tracking.py), one run per loop
+    # --- tracking: the loop's own tracker (graph/tracking.py), one run per loop
     report_to: str = Field(
         "tensorboard",
         description="where the loop logs its scalars (train/* per step, eval/* per stage, final/*) on one global "
@@ -299,15 +299,15 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # right 1 time in 10 gives a group of 8 no variance 43 % of the time, of 16 only 19 %). 24 steps is what 3
     # stages afford in the 30-minute default run.
     "cpu": {},
-    # The stage that learns measurably on 2 cores, for a run that has hours rather than 30 minutes (issue 16): the
+    # The stage that learns measurably on 2 cores, for a run that has hours rather than 30 minutes: the
     # embedded 135M model from a 300-step warm start (2,400 solver plans; 14-28 min to build, once, cached), then per
     # stage 96 GRPO steps of 2 prompts x 8 completions, every group trained as sampled (no dynamic sampling).
     # On 3x3/4x4 maps this stage raised the greedy valid rate on val-small's 150 2-agent answers by +4.9 points,
-    # 95 % interval [+0.7, +9.1], over 3 pre-registered seeds on a Xeon (stop 57), +5.2 [+2.0, +8.4] over 6 (stop
-    # 60); 144 steps gained no more (+0.4 per paired seed, [-3.7, +4.6], stop 59), so the stage stops at 96. About
+    # 95 % interval [+0.7, +9.1], over 3 pre-registered seeds on a Xeon, +5.2 [+2.0, +8.4] over 6; 144
+    # steps gained no more (+0.4 per paired seed, [-3.7, +4.6]), so the stage stops at 96. About
     # 30 min a stage alone on a 2-core Xeon (18-20 s a step, evals/results/cpu_long_run_xeon), where `cpu`'s
     # 24-step stage (+0.7 to +1.6 points) keeps the default run within 30 minutes.
-    # The `cpu` preset's group shape instead (1 prompt x 16 with dynamic sampling, stop 62) kept zero-variance groups
+    # The `cpu` preset's group shape instead (1 prompt x 16 with dynamic sampling) kept zero-variance groups
     # trained at 47 % but gained +1.1 [-3.1, +5.1] over 3 pre-registered seeds: half as many maps a stage.
     # evals/results/learning_cpu/README.md, "The cpu-long preset".
     "cpu-long": {

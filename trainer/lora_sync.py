@@ -3,7 +3,7 @@
 TRL 1.16 pushes a PEFT model's weights to vLLM (`VLLMGeneration._iter_named_params`, colocate and server
 mode) by `model.merge_adapter()` (base += delta, in place), reading every parameter, then
 `model.unmerge_adapter()` (base -= delta, in place). In bf16, (w + d) - d is not w: each sync leaves a
-rounding error in the frozen base weights, and a paper stage syncs about 1,000 times (TRL issue #6688 measured
+rounding error in the frozen base weights, and a paper stage syncs about 1,000 times (huggingface/trl#6688 measured
 the drift growing). tests/test_lora_sync.py measures it on a bf16 layer and shows the replacement exact.
 
 `install_exact_lora_sync()` replaces that method for the plain case (one GPU or DDP, no FSDP): the base weights

@@ -1,4 +1,4 @@
-"""Provenance of a run (issue 20): what code, packages and machine it was started with, and when.
+"""Provenance of a run: what code, packages and machine it was started with, and when.
 
 `collect()` returns a small JSON-able dict that `graph.run` stores in settings.json (`provenance`, a
 bookkeeping field: resume, `--stage0-from` and the evals' settings-drift check never count it as a

@@ -1,4 +1,4 @@
-"""Checkpoints within a stage, and resuming a half-trained stage from the last one (issue 18).
+"""Checkpoints within a stage, and resuming a half-trained stage from the last one.
 
 With `TrainConfig.save_steps = N > 0` the GRPO trainer saves every N optimiser steps into
 `stage_<k>/trl/checkpoint-<step>/` (transformers' own: model or adapter, optimiser, scheduler, RNG states,
@@ -36,7 +36,7 @@ def stage_key(*, train_path, init_checkpoint, seed: int, cfg) -> str:
     keep = cfg.model_dump(mode="json")
     for bookkeeping in ("logging_steps", "log_completions", "save_steps"):
         keep.pop(bookkeeping, None)
-    if keep.get("rollout_prepack") is None:  # its default (stop 56) leaves the keys of earlier attempts as they were
+    if keep.get("rollout_prepack") is None:  # at its default, the keys of attempts made before the setting existed stay as they were
         keep.pop("rollout_prepack", None)
     spec = {"train_path": str(Path(train_path).resolve()), "init": str(Path(init_checkpoint).resolve()),
             "seed": int(seed), "cfg": keep}

@@ -1,4 +1,4 @@
-"""The GRPO rollout copy's attention on CPU (issue 16): GQA left to torch's kernel for prefills, and each bf16
+"""The GRPO rollout copy's attention on CPU: GQA left to torch's kernel for prefills, and each bf16
 decode step computed as two grouped matmuls (`_decode_attention`). Used by `trainer.grpo_trainer.RolloutCopy` only;
 the trained model keeps transformers' own attention."""
 
@@ -78,7 +78,7 @@ def use_gqa_sdpa(model, decode_matmul: bool = True, keys_first: bool = True) -> 
     """Switch `model` (an sdpa model) to `_sdpa_gqa_attention_forward`, registered once. False if not sdpa.
 
     `decode_matmul=False` keeps torch's kernel for decode steps too (the sampler before the decode matmuls; the
-    benchmark's `rollout-flash` path); `keys_first=False` scores the decode step as stop 33 did (`rollout-qk`)."""
+    benchmark's `rollout-flash` path); `keys_first=False` scores the decode step as the first decode-matmul sampler did (`rollout-qk`)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 

@@ -1,4 +1,4 @@
-"""The GRPO rollout copy's linear layers on CPU (issue 16): weights packed once for oneDNN (`prepack_linears`). Used by
+"""The GRPO rollout copy's linear layers on CPU: weights packed once for oneDNN (`prepack_linears`). Used by
 `trainer.grpo_trainer.RolloutCopy` with `train.rollout_prepack`; the trained model keeps torch's own linears."""
 
 from __future__ import annotations
