@@ -46,27 +46,75 @@ def _edit_in_editor(path: Path, config: dict[str, Any]) -> Any:
         raise ValueError(f"{path} is not JSON any more: {str(e).splitlines()[0]}") from None
 
 
+def decide(answer: Any, values: dict[str, Any], settings: Settings, run_dir: Path,
+           source: str | None = None) -> tuple[dict[str, Any] | None, list[str]]:
+    """A person's answer to the validated proposal: `y`, `n`, or an edited config (a dict, or its JSON text)
+    that goes through validate_config's own checks (strict validation, else projection, then the generator's
+    feasibility dry-run on the next stage's data seed). A usable answer is recorded in stage_k/validation.json
+    (`record_person`, `by: person`) and gives (the state update, the lines that say what will be applied); an
+    unusable one gives (None, [why]) and records nothing. `--approve` and a LangGraph interrupt both answer
+    through here."""
+    from nodes.apply import stage_seed
+    from nodes.validate_config import check_proposal, config_diff, feasibility, record_person
+
+    accepted, current = values["accepted"], values["config"]
+    stage = int(values.get("stage", 0))
+    attempts = int(values.get("attempts") or 1)  # the engineer's; the person's answer is numbered after them
+    if isinstance(answer, str):
+        word = answer.strip().lower()
+        if word in ("y", "yes"):
+            record_person(run_dir, stage, attempts, {
+                "decision": "approved (person)", "accepted": accepted,
+                "reason": f"a person approved the engineer's {values.get('decision')} config",
+                "diff": config_diff(current, accepted)})
+            return {}, [f"[approve] applying the engineer's config to stage {stage + 1}: "
+                        f"{diff_summary(config_diff(current, accepted))}"]
+        if word in ("n", "no"):
+            record_person(run_dir, stage, attempts, {"decision": "kept_previous (person)", "accepted": current,
+                                                     "reason": "a person kept the current config", "diff": {}})
+            return ({"accepted": current, "decision": "kept_previous (person)"},
+                    [f"[approve] keeping stage {stage}'s config for stage {stage + 1} (no change)"])
+        try:
+            answer = json.loads(answer)
+        except ValueError:
+            return None, [f"please answer y, n or an edited config (got {answer.strip()[:40]!r})"
+                          if answer.strip() else "please answer y, n or an edited config"]
+    checked = check_proposal(answer if isinstance(answer, dict) else None, current)
+    if checked["config"] is None:
+        return None, [f"cannot use the edit: {'; '.join(checked['errors'])}".splitlines()[0][:500]]
+    feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, stage + 1))
+    if not feas["ok"]:
+        return None, [f"cannot use the edit: infeasible: {'; '.join(feas['problems'])}"[:500]]
+    lines = []
+    if checked["decision"] == "projected":
+        lines.append(f"the edit was projected onto allowed values: {'; '.join(checked['notes'])}"[:500])
+    edited = checked["config"].model_dump(mode="json")
+    record_person(run_dir, stage, attempts, {
+        "decision": "edited (person)", "accepted": edited, **({"source": source} if source else {}),
+        "reason": f"a person replaced the engineer's config ({checked['decision']} by validation)",
+        "errors": checked["errors"], "notes": checked["notes"], "diff": config_diff(current, edited),
+        "feasibility": {k: v for k, v in feas.items() if k != "stats"},
+    })
+    lines += [f"[approve] applying the edited config to stage {stage + 1} ({checked['decision']} by validation):",
+              config_table(current, edited)]
+    return {"accepted": edited, "decision": "edited (person)"}, lines
+
+
 def ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) -> None:
     """Interrupted before apply: let a person apply, reject or edit the validated proposal.
 
     The proposal is shown as a table (old -> new per size and knob); the answer is explicit: `y` applies
     it, `n` keeps the current config, `e` opens $VISUAL/$EDITOR on a prefilled file
-    (stage_k/approve_edit.json). An edited config goes through validate_config's own checks (strict
-    validation, else projection, then the generator's feasibility dry-run on the next stage's data seed);
-    an unusable edit is explained and asked about again. Anything else (Enter alone included) is asked
+    (stage_k/approve_edit.json). An edited config goes through validate_config's own checks (`decide`); an
+    unusable edit is explained and asked about again. Anything else (Enter alone included) is asked
     again. Every answer is recorded in stage_k/validation.json as a decision `by: person`, and the line
     after it says what will be applied."""
     snap = graph.get_state(cfg)
     values = snap.values
     if not values.get("accepted") or "config" not in values:
         return  # stage 0: nothing proposed yet
-    from nodes.apply import stage_seed
-    from nodes.validate_config import check_proposal, config_diff, feasibility, record_person
-
-    accepted = values["accepted"]
-    current = values["config"]
+    accepted, current = values["accepted"], values["config"]
     stage = int(values.get("stage", 0))
-    attempts = int(values.get("attempts") or 1)  # the engineer's; the person's answer is numbered after them
     say(f"\nProposed config for stage {stage + 1} (decision: {values.get('decision')}; * = changed):")
     say(config_table(current, accepted))
     if values.get("rationale"):
@@ -79,48 +127,53 @@ def ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) 
         if not line:
             raise RunError("--approve needs answers on standard input; none came (end of input)")
         answer = line.strip().lower()
-        if answer in ("y", "yes"):
-            record_person(run_dir, stage, attempts, {
-                "decision": "approved (person)", "accepted": accepted,
-                "reason": f"a person approved the engineer's {values.get('decision')} config",
-                "diff": config_diff(current, accepted)})
-            say(f"[approve] applying the engineer's config to stage {stage + 1}: "
-                f"{diff_summary(config_diff(current, accepted))}")
-            return
-        if answer in ("n", "no"):
-            graph.update_state(cfg, {"accepted": current, "decision": "kept_previous (person)"})
-            record_person(run_dir, stage, attempts, {"decision": "kept_previous (person)", "accepted": current,
-                                                     "reason": "a person kept the current config", "diff": {}})
-            say(f"[approve] keeping stage {stage}'s config for stage {stage + 1} (no change)")
-            return
-        if answer not in ("e", "edit"):
+        if answer in ("y", "yes", "n", "no"):
+            update, lines = decide(answer, values, settings, run_dir)
+        elif answer not in ("e", "edit"):
             say(f"please answer y, n or e (got {answer[:40]!r})" if answer else "please answer y, n or e")
             continue
-        try:
-            raw = _edit_in_editor(edit_path, draft)
-        except ValueError as e:
-            say(f"cannot use the edit: {e}"[:500])
+        else:
+            try:
+                raw = _edit_in_editor(edit_path, draft)
+            except ValueError as e:
+                say(f"cannot use the edit: {e}"[:500])
+                continue
+            if isinstance(raw, dict) and isinstance(raw.get("sizes"), dict):
+                draft = raw  # a second [e] reopens the person's own last edit
+            update, lines = decide(raw if isinstance(raw, dict) else [], values, settings, run_dir,
+                                   source=str(edit_path))
+        for text in lines:
+            say(text)
+        if update is None:
             continue
-        if isinstance(raw, dict) and isinstance(raw.get("sizes"), dict):
-            draft = raw  # a second [e] reopens the person's own last edit
-        checked = check_proposal(raw if isinstance(raw, dict) else None, current)
-        if checked["config"] is None:
-            say(f"cannot use the edit: {'; '.join(checked['errors'])}".splitlines()[0][:500])
-            continue
-        feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, stage + 1))
-        if not feas["ok"]:
-            say(f"cannot use the edit: infeasible: {'; '.join(feas['problems'])}"[:500])
-            continue
-        if checked["decision"] == "projected":
-            say(f"the edit was projected onto allowed values: {'; '.join(checked['notes'])}"[:500])
-        edited = checked["config"].model_dump(mode="json")
-        graph.update_state(cfg, {"accepted": edited, "decision": "edited (person)"})
-        record_person(run_dir, stage, attempts, {
-            "decision": "edited (person)", "accepted": edited, "source": str(edit_path),
-            "reason": f"a person replaced the engineer's config ({checked['decision']} by validation)",
-            "errors": checked["errors"], "notes": checked["notes"], "diff": config_diff(current, edited),
-            "feasibility": {k: v for k, v in feas.items() if k != "stats"},
-        })
-        say(f"[approve] applying the edited config to stage {stage + 1} ({checked['decision']} by validation):")
-        say(config_table(current, edited))
+        if update:
+            graph.update_state(cfg, update)
         return
+
+
+def interrupt_for_approval(state: dict[str, Any], settings: Settings, run_dir: Path) -> dict[str, Any]:
+    """`approve` on the LangGraph server (Studio, the SDK): before apply, the run pauses in a LangGraph
+    interrupt whose value shows the proposal; the value it is resumed with (`Command(resume=...)`) is the
+    person's decision, as at the `--approve` prompt: "y", "n" or an edited config ({"sizes": ...}). An unusable
+    answer pauses again, its reason in the interrupt's `error`. Returns the state update (`accepted`,
+    `decision`) apply then runs with; recorded in validation.json as `--approve` records it."""
+    from langgraph.types import interrupt
+
+    from nodes.validate_config import config_diff
+
+    accepted, current = state["accepted"], state["config"]
+    stage = int(state.get("stage", 0))
+    payload: dict[str, Any] = {
+        "question": f"apply the proposed config to stage {stage + 1}? resume with \"y\" (apply it), \"n\" (keep "
+                    f"stage {stage}'s config) or an edited config {{\"sizes\": ...}}",
+        "stage": stage + 1, "decision": state.get("decision"), "rationale": state.get("rationale"),
+        "diff": config_diff(current, accepted), "table": config_table(current, accepted),
+        "proposed": accepted, "current": current,
+    }
+    while True:
+        update, lines = decide(interrupt(payload), state, settings, run_dir)
+        if update is not None:
+            for text in lines:
+                say(text)
+            return update
+        payload = {**payload, "error": lines[0]}

@@ -3,7 +3,7 @@ a plain function in nodes/, fixed settings reach it through the runtime context 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from langgraph.graph import END, START, StateGraph
 
@@ -17,6 +17,9 @@ from nodes.report import report
 from nodes.summarize_failures import summarize_failures
 from nodes.train_stage import train_stage
 from nodes.validate_config import validate_config
+
+if TYPE_CHECKING:
+    from langgraph_sdk.runtime import ServerRuntime
 
 
 def route_after_evaluate(state: LoopState, runtime) -> Literal["summarize_failures", "final_evaluate"]:
@@ -52,7 +55,8 @@ def gpu_freed_first(node):
 def tracked(name: str, node):
     """`node` with the run's bookkeeping around it, whoever runs the graph (graph.run, LangGraph's server):
     - a plain dict as the runtime context (LangGraph Studio / SDK) becomes a validated `RunContext`
-      (`graph.studio.context_from`), through the same Settings validation as `python -m graph.run`;
+      (`graph.studio.context_from`), through the same Settings validation as `python -m graph.run`; with
+      `approve` in it, apply first waits for a person's decision in a LangGraph interrupt (graph.approve);
     - before `evaluate` with `keep_checkpoints=last`, older stages' weights are deleted (graph.prune);
     - after it, the loop's TensorBoard / W&B run gets what it produced (graph.tracking)."""
 
@@ -60,8 +64,16 @@ def tracked(name: str, node):
         from graph.studio import context_from
 
         ctx = context_from(runtime.context, runtime)
-        if ctx is not runtime.context:
+        from_dict = ctx is not runtime.context  # LangGraph's server (Studio, the SDK), not graph.run
+        if from_dict:
             runtime = runtime.override(context=ctx)
+        extra: dict = {}
+        if (name == "apply" and from_dict and ctx.settings.approve and state.get("accepted")
+                and "config" in state):  # `approve` on the LangGraph server: a person decides through an interrupt
+            from graph.approve import interrupt_for_approval
+
+            extra = interrupt_for_approval(state, ctx.settings, ctx.run_dir)
+            state = {**state, **extra}
         if name == "evaluate" and ctx.settings.keep_checkpoints == "last":
             from graph.prune import prune_older
             from graph.runfolder import resolve_in_run
@@ -70,6 +82,8 @@ def tracked(name: str, node):
             prune_older(ctx.run_dir, int(state.get("stage") or 0),
                         resolve_in_run(ckpt, ctx.run_dir) if ckpt else None)
         update = node(state, runtime)
+        if extra:
+            update = {**extra, **(update or {})}
         from graph.tracking import track
 
         track(name, state, update, ctx.run_dir, ctx.settings)
@@ -80,17 +94,45 @@ def tracked(name: str, node):
     return wrapped
 
 
-def build_graph(context_schema=RunContext) -> StateGraph:
+def cancellable(node):
+    """`node` as a coroutine for LangGraph's server, which cancels a run by cancelling its task: the node runs
+    in a worker thread, and a cancellation sets the stop flag (trainer.stop), so a training stage stops at
+    its next step boundary (its child process saves the step it finishes) and an evaluation after its
+    batch, keeping what is saved, instead of running on alone. The flag is cleared once the node has ended."""
+    import asyncio
+    import contextvars
+
+    async def wrapped(state, runtime):
+        from trainer import stop
+
+        work = asyncio.get_running_loop().run_in_executor(None, contextvars.copy_context().run, node, state,
+                                                          runtime)
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if not work.done():
+                stop.request_stop("the run was cancelled")
+                work.add_done_callback(lambda f: (f.cancelled() or f.exception(), stop.reset()))
+            raise
+
+    wrapped.__name__ = getattr(node, "__name__", "node")
+    wrapped.__doc__ = node.__doc__
+    return wrapped
+
+
+def build_graph(context_schema=RunContext, server: bool = False) -> StateGraph:
+    """The loop's graph; `server=True`: its nodes as coroutines that a cancelled run stops (`cancellable`)."""
     g = StateGraph(LoopState, context_schema=context_schema)
+    wrap = cancellable if server else (lambda node: node)
     # Every node sees state paths resolved in the run folder and returns them relative to it.
-    g.add_node("apply", tracked("apply", in_run_folder(apply)))
-    g.add_node("train_stage", tracked("train_stage", in_run_folder(gpu_freed_first(train_stage))))
-    g.add_node("evaluate", tracked("evaluate", in_run_folder(evaluate)))
-    g.add_node("summarize_failures", tracked("summarize_failures", in_run_folder(summarize_failures)))
-    g.add_node("propose_config", tracked("propose_config", in_run_folder(propose_config)))
-    g.add_node("validate_config", tracked("validate_config", in_run_folder(validate_config)))
-    g.add_node("final_evaluate", tracked("final_evaluate", in_run_folder(final_evaluate)))
-    g.add_node("report", tracked("report", in_run_folder(report)))
+    g.add_node("apply", wrap(tracked("apply", in_run_folder(apply))))
+    g.add_node("train_stage", wrap(tracked("train_stage", in_run_folder(gpu_freed_first(train_stage)))))
+    g.add_node("evaluate", wrap(tracked("evaluate", in_run_folder(evaluate))))
+    g.add_node("summarize_failures", wrap(tracked("summarize_failures", in_run_folder(summarize_failures))))
+    g.add_node("propose_config", wrap(tracked("propose_config", in_run_folder(propose_config))))
+    g.add_node("validate_config", wrap(tracked("validate_config", in_run_folder(validate_config))))
+    g.add_node("final_evaluate", wrap(tracked("final_evaluate", in_run_folder(final_evaluate))))
+    g.add_node("report", wrap(tracked("report", in_run_folder(report))))
 
     # Stage 0: apply generates the training set of the random stage-0 config.
     g.add_edge(START, "apply")
@@ -115,11 +157,18 @@ def make_graph(checkpointer=None, interrupt_before: list[str] | None = None):
     return build_graph().compile(checkpointer=checkpointer, interrupt_before=interrupt_before or None)
 
 
-def studio_graph():
+def studio_graph(runtime: ServerRuntime = None):
     """The graph `langgraph.json` names (`./graph/graph.py:studio_graph`), for LangGraph's own tooling:
     compiled without a checkpointer, because the LangGraph server brings its own. Its runtime context is a
     plain dict of settings, e.g. `{"preset": "smoke", "engineer": "fixed"}` (graph.studio: the same Settings
-    validation as `python -m graph.run`); its schema lists every setting, so Studio shows them as a form."""
-    from graph.studio import StudioContext
+    validation as `python -m graph.run`); its schema lists every setting, typed, so Studio shows them as a form.
 
-    return build_graph(context_schema=StudioContext).compile()
+    The server calls it once per run with `runtime` (a graph factory): the run's context as sent, before the
+    server keeps only the schema's keys, so that an unknown key (a misspelling) is refused in one line rather
+    than dropped. Its nodes are coroutines that a cancelled run stops (`cancellable`)."""
+    from graph.studio import StudioContext, check_context_keys
+
+    execution = getattr(runtime, "execution_runtime", None) if runtime is not None else None
+    if execution is not None and isinstance(getattr(execution, "context", None), dict):
+        check_context_keys(execution.context)
+    return build_graph(context_schema=StudioContext, server=True).compile()

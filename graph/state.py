@@ -7,7 +7,9 @@ being run (graph.runfolder.in_run_folder), so a moved or copied run reads its ow
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any
+
+from typing_extensions import TypedDict  # pydantic (Studio's schemas) reads typing.TypedDict only from Python 3.12
 
 PATH_KEYS = ("train_path", "checkpoint")
 

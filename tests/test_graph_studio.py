@@ -6,6 +6,7 @@ every environment variable the code reads, with no values."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -29,8 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(autouse=True)
 def _fresh_cache():
     studio._CACHE.clear()
+    studio._BY_THREAD.clear()
     yield
     studio._CACHE.clear()
+    studio._BY_THREAD.clear()
 
 
 def test_studio_graph_runs_with_a_plain_dict_context(tmp_path, monkeypatch, stub_nodes):  # noqa: F811
@@ -39,7 +42,7 @@ def test_studio_graph_runs_with_a_plain_dict_context(tmp_path, monkeypatch, stub
     run_dir = tmp_path / "studio-run"
     ctx = {"preset": "smoke", "engineer": "fixed", "stages": "2", "seed": 4, "run_dir": str(run_dir),
            "train": {"instances_per_stage": 8}}
-    final = gg.studio_graph().invoke({}, context=ctx)
+    final = asyncio.run(gg.studio_graph().ainvoke({}, context=ctx))  # the server's nodes are coroutines
     assert final["stage"] == 1 and final["final_metrics"]
     saved = json.loads((run_dir / "settings.json").read_text())
     assert saved["preset"] == "smoke" and saved["seed"] == 4 and saved["train"]["instances_per_stage"] == 8
@@ -54,7 +57,33 @@ def test_studio_context_schema_lists_the_settings():
     assert not {"run_id", "provenance"} & props  # the run's own bookkeeping is not for callers
 
 
+def test_studio_schemas_are_typed():
+    """Studio reads the input, output and context schemas as JSON schema (pydantic): every one builds, without
+    a warning, and the context's settings carry their types."""
+    import warnings
+
+    g = gg.studio_graph()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        schemas = {"input": g.get_input_jsonschema(), "output": g.get_output_jsonschema(),
+                   "context": g.get_context_jsonschema()}
+    assert schemas["input"]["properties"]["stage"]["type"] == "integer"
+    assert schemas["output"]["properties"]["final_metrics"]["anyOf"][0]["type"] == "object"
+    props = schemas["context"]["properties"]
+    assert props["preset"]["enum"] == ["smoke", "cpu", "cpu-long", "paper"]
+    assert props["seed"]["type"] == "integer" and props["approve"]["type"] == "boolean"
+    assert props["stages"]["description"].startswith("number of training stages")
+    train = schemas["context"]["$defs"][props["train"]["$ref"].split("/")[-1]]["properties"]
+    assert train["learning_rate"]["type"] == "number" and train["max_steps"]["type"] == "integer"
+
+
 @pytest.mark.parametrize("ctx, match", [
+    ({"preset": "smoke", "seeed": 1}, r"^unknown context key 'seeed': did you mean 'seed'\?$"),
+    ({"preset": "smoke", "train": {"max_stepz": 1}}, r"^unknown context key 'train.max_stepz': did you mean "
+                                                     r"'train.max_steps'\?$"),
+    ({"preset": "smoke", "wibble": 1}, r"^unknown context key 'wibble'; allowed settings: preset, engineer, .*seed,"),
+    ({"preset": "smoke", "train": 3}, r"^bad context key 'train': 3: a dict of training settings is expected"),
+
     ({"preset": "smoke", "seed": "-1"}, r"bad setting seed from the run's context key 'seed': '-1'"),
     ({"preset": "nope"}, r"PRESET='nope' is not a preset; allowed: smoke, cpu, cpu-long, paper"),
     ({"preset": "smoke", "train": {"report_to": "mlflow"}}, r"train.report_to .*'mlflow'"),
@@ -218,3 +247,62 @@ def test_langgraph_dev_runs_the_smoke_preset_to_the_end(tmp_path, dev_server):
     assert state["next"] == [] and state["values"]["final_metrics"]["final/n"] == 2
     assert (run_dir / "report.md").read_text().startswith(f"# Run report: {run_dir.name}")
     assert (run_dir / "stage_0" / "checkpoint").is_dir() and (run_dir / "tb").is_dir()
+
+
+def _server_graph():
+    """The studio graph as the LangGraph server runs it (async nodes), with an in-memory checkpointer."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    return gg.build_graph(context_schema=studio.StudioContext, server=True).compile(checkpointer=InMemorySaver())
+
+
+def test_approve_in_the_context_pauses_in_an_interrupt_whose_resume_value_decides(tmp_path, stubs):  # noqa: F811
+    """`approve` on the server path: before stage 1's apply the run pauses in an interrupt showing the
+    proposal; an unusable answer pauses again with the reason; an edited config is checked, applied and recorded in
+    validation.json as `--approve` records it."""
+    from langgraph.types import Command
+
+    from tests.support.graph_stubs import sizes
+
+    run_dir = tmp_path / "run"
+    ctx = {"preset": "smoke", "engineer": "fixed", "stages": 2, "approve": True, "run_dir": str(run_dir),
+           "feasibility_n": 4, "train": {"instances_per_stage": 8}}
+    g, cfg = _server_graph(), {"configurable": {"thread_id": "t-approve"}}
+
+    async def go(value):
+        return await g.ainvoke(value, cfg, context=ctx)
+
+    out = asyncio.run(go({}))
+    (pause,) = out["__interrupt__"]
+    assert pause.value["stage"] == 1 and "resume with \"y\"" in pause.value["question"]
+    assert pause.value["proposed"]["sizes"] and "size" in pause.value["table"]
+    assert not (run_dir / "stage_1").exists()  # nothing applied before the answer
+    out = asyncio.run(go(Command(resume="maybe")))
+    assert out["__interrupt__"][0].value["error"] == "please answer y, n or an edited config (got 'maybe')"
+    edited = {"sizes": sizes({3: 1.0}, hole=0.05, wait=0.0)}
+    out = asyncio.run(go(Command(resume=edited)))
+    assert "__interrupt__" not in out and out["final_metrics"] and out["decision"] == "edited (person)"
+    applied = json.loads((run_dir / "stage_1" / "config.json").read_text())
+    assert applied["sizes"]["3"]["data_ratio"] == 1.0 and applied["sizes"]["4"]["data_ratio"] == 0.0
+    validation = json.loads((run_dir / "stage_0" / "validation.json").read_text())
+    assert validation["final"] == "edited (person)"
+    person = [r for r in validation["decisions"] if r.get("by") == "person"]
+    assert len(person) == 1 and person[0]["accepted"]["sizes"]["3"]["data_ratio"] == 1.0
+
+
+@pytest.mark.parametrize("answer, final", [("y", "approved (person)"), ("N", "kept_previous (person)")])
+def test_approve_answers_y_and_n_as_the_cli_records_them(tmp_path, stubs, answer, final):  # noqa: F811
+    from langgraph.types import Command
+
+    run_dir = tmp_path / "run"
+    ctx = {"preset": "smoke", "engineer": "fixed", "stages": 2, "approve": True, "run_dir": str(run_dir),
+           "feasibility_n": 4, "train": {"instances_per_stage": 8}}
+    g, cfg = _server_graph(), {"configurable": {"thread_id": f"t-{answer}"}}
+    out = asyncio.run(g.ainvoke({}, cfg, context=ctx))
+    proposed = out["__interrupt__"][0].value["proposed"]
+    out = asyncio.run(g.ainvoke(Command(resume=answer), cfg, context=ctx))
+    assert "__interrupt__" not in out and out["final_metrics"]
+    assert json.loads((run_dir / "stage_0" / "validation.json").read_text())["final"] == final
+    stage0 = json.loads((run_dir / "stage_0" / "config.json").read_text())
+    stage1 = json.loads((run_dir / "stage_1" / "config.json").read_text())
+    assert stage1["sizes"] == (proposed["sizes"] if answer == "y" else stage0["sizes"])
