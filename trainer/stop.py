@@ -4,9 +4,11 @@
 raises nothing: an exception raised from a handler can land inside a `__del__`, where Python ignores it,
 and training then goes on); a second signal stops at once. Who checks the flag:
 
-- the trainers, through `StopCallback` (in their `callbacks=`): at the next step boundary it sets
-  `control.should_training_stop`, the trainer returns, and train_stage raises `StageInterrupted` instead
-  of saving a checkpoint, so the state stays at "train_stage next" and `--resume` trains the stage again;
+- the trainers, through `StopCallback` (in their `callbacks=`): the step under way is finished (or, between
+  the micro-batches of a step, given up) and then training stops; with `StopCallback(save=True)` (GRPO, whose
+  in-stage checkpoints `trainer.resume` completes) the finished step is saved as an in-stage checkpoint first,
+  so the wait for it is not lost: train_stage raises `StageInterrupted`, the state stays at "train_stage
+  next", and `--resume` continues the stage from that step;
 - the evaluations, between batches of answers (`nodes.evaluate.answer_and_verify`): they raise
   `StageInterrupted`; the answers so far are kept in the journal, and `--resume` answers only the rest;
 - the loop, between nodes (`graph.loop.run_graph`): it stops streaming after the node that just finished,
@@ -60,12 +62,16 @@ def _callback_class() -> type:
         from transformers import TrainerCallback
 
         class StopCallback(TrainerCallback):
-            """Stops a transformers/TRL trainer at the next step boundary once `request_stop` was called."""
+            """Stops a transformers/TRL trainer at the next step boundary once `request_stop` was called;
+            `save=True`: the step it finished is saved as a checkpoint first (it is not trained again)."""
 
-            def _check(self, control):
+            def __init__(self, save: bool = False):
+                self.save = save
+
+            def _check(self, control, step_done: bool = False):
                 if _STOP.is_set():
                     control.should_training_stop = True
-                    control.should_save = False
+                    control.should_save = self.save and step_done
                 return control
 
             def on_step_begin(self, args, state, control, **kwargs):
@@ -75,7 +81,7 @@ def _callback_class() -> type:
                 return self._check(control)
 
             def on_step_end(self, args, state, control, **kwargs):
-                return self._check(control)
+                return self._check(control, step_done=state.global_step > 0)
 
         StopCallback.__module__ = __name__
         _CALLBACK_CLASS = StopCallback

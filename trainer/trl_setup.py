@@ -286,19 +286,26 @@ def tb_scalars(log_dir: Path, metrics: dict) -> None:
                 w.add_scalar(f"stage/{k}", v, 0)
 
 
-def stop_callbacks() -> list:
-    """The stop-flag callback (`trainer.stop`): the first SIGINT/SIGTERM ends training at a step boundary."""
+def stop_callbacks(save: bool = False) -> list:
+    """The stop-flag callback (`trainer.stop`): the first SIGINT/SIGTERM ends training at a step boundary;
+    `save=True`: after saving the step it finished (an in-stage checkpoint, completed by trainer.resume)."""
     from trainer.stop import StopCallback
 
-    return [StopCallback()]
+    return [StopCallback(save=save)]
 
 
-def raise_if_stopped(what: str) -> None:
-    """After `trainer.train()`: raise `StageInterrupted` when the stop flag ended it early, so nothing is saved."""
+def raise_if_stopped(what: str, trainer=None) -> None:
+    """After `trainer.train()`: raise `StageInterrupted` when the stop flag ended it early (the stage's own
+    checkpoint is not written); with `trainer`, say the in-stage checkpoint that `--resume` continues from."""
     from trainer.stop import StageInterrupted, stop_requested
 
     if stop_requested():
-        raise StageInterrupted(f"{what} stopped at a step boundary on request; nothing of it was saved")
+        step = int(trainer.state.global_step) if trainer is not None else 0
+        saved = trainer is not None and (Path(trainer.args.output_dir) / f"checkpoint-{step}").is_dir()
+        raise StageInterrupted(
+            f"{what} stopped on request after step {step}, saved in {Path(trainer.args.output_dir).name}/"
+            f"checkpoint-{step}: a resume continues from it" if saved
+            else f"{what} stopped at a step boundary on request; nothing of it was saved")
 
 
 def quiet_trainer(trainer, progress: bool, label: str) -> None:
