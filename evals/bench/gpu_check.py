@@ -201,7 +201,7 @@ def find_tokenizer(arg: str | None) -> Path:
 
 def save_tokenizer(dest: Path) -> list[str]:
     """Copy the embedded model's tokenizer files to `dest` (what a GPU machine without the GGUF package needs)."""
-    src = find_tokenizer(None) if dest.resolve() != CARRIED_TOKENIZER.resolve() else _embedded_tokenizer()
+    src = _embedded_tokenizer()
     dest.mkdir(parents=True, exist_ok=True)
     copied = []
     for name in TOKENIZER_FILES:
