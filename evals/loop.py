@@ -8,6 +8,7 @@ See `evals.pairs` for arms, pairs and stage-0 sharing, `evals.results` for where
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,24 @@ from typing import Any
 from evals.config import EvalConfigError, LoopConfig, LoopConfigT, config_command, load_config
 from evals.grid import GridResult, collect_verdicts, run_grid
 from evals.packed import PACK, PackError, unpacked
+from evals.plan import PlanError, check_seeds, confirm
+from evals.plan import note as plan_note
+
+PLAN_FILE = "plan.json"  # the confirmed plan of a grid, beside its tables (evals.plan)
+
+
+def confirm_plan(path: Path, cfg: LoopConfig, labels: Sequence[str], tables_only: bool) -> dict[str, Any]:
+    """`evals.plan.confirm` of `path`, and PlanError unless its seeds are the config's and its arm one of `labels`
+    (or `all`, every arm of the grid)."""
+    if tables_only:
+        raise PlanError(f"--plan {path} with --tables-only: a plan is confirmed before a grid runs; allowed: --plan "
+                        "when running it (the tables quote the plan.json it wrote)")
+    plan = confirm(path)
+    check_seeds(plan, list(cfg.seeds))
+    if plan["arm"] != "all" and plan["arm"] not in labels:
+        raise PlanError(f"--plan {plan['file']}: arm {plan['arm']!r} is not in this grid; allowed: one of "
+                        f"{', '.join(labels)}, or all")
+    return plan
 from evals.pairs import Arm, guard_committed, make_pairs, stage0_donor
 from evals.plots import stage0_mismatches, write_plots
 from evals.results import add_reproduce_flags, committed, read_json, retarget_from_args, verdict_folders
@@ -115,6 +134,9 @@ def _tables(source: Path, out: Path, pairs, cfg: LoopConfig, labels: Sequence[st
     if missing and tables_only:
         notes.append(f"no verdict files for: {', '.join(missing)}")
     timings = read_json(out / "timings.json") or {}
+    planned = read_json(out / PLAN_FILE)
+    if isinstance(planned, dict) and planned.get("commit"):
+        notes.append(plan_note(planned))
     notes += timing_notes(timings, labels, cfg.seeds)
     notes += stage0_notes(verdicts, timings)
     notes += identical_answer_notes(verdicts)
@@ -124,7 +146,8 @@ def _tables(source: Path, out: Path, pairs, cfg: LoopConfig, labels: Sequence[st
         return 1 if (grid.failed or missing) else 0
     write_loop_tables(verdicts, labels, cfg, out, title=title, command=command, arm_header=arm_header, notes=notes,
                       extra={"preset": cfg.preset, "seeds": cfg.seeds, "set": cfg.set, "timings_s": timings,
-                             "skipped": grid.skipped, "failed": grid.failed})
+                             "skipped": grid.skipped, "failed": grid.failed,
+                             **({"plan": planned} if isinstance(planned, dict) else {})})
     plots = write_plots(verdicts, labels, out, arm_header=arm_header)
     print(f"wrote {out / 'table.md'}, table.csv, failures.csv, table.json" + (f", {', '.join(plots)}" if plots else ""),
           file=sys.stderr)
@@ -180,13 +203,22 @@ def main(argv: list[str] | None, *, prog: str, description: str, model: type[Loo
                    help="graph.run calls at once, each pinned to its own share of the cores with that many OMP "
                         "threads (default 1: one run on every core). On 2 cores, --jobs 2 finishes a grid sooner; "
                         "thread counts change float sums, so a seed's numbers match only runs with the same --jobs")
+    p.add_argument("--plan", type=Path, default=None, metavar="FILE",
+                   help="a committed plan (YAML or JSON: arm, seeds, success; evals/plan.py): refused unless git has "
+                        "it committed without changes and its seeds are the config's; recorded as <out>/plan.json")
     add_reproduce_flags(p)
     args = p.parse_args(argv)
     try:
         cfg, arms, title = plan(retarget_from_args(load_config(args.config, model), args))
+        if args.plan is not None:
+            confirmed = confirm_plan(args.plan, cfg, [a.label for a in arms], args.tables_only)
+            if not args.dry_run:
+                out = cfg.resolved_out()
+                out.mkdir(parents=True, exist_ok=True)
+                (out / PLAN_FILE).write_text(json.dumps(confirmed, indent=2) + "\n")
         return run_loop_eval(arms=arms, cfg=cfg, config_path=args.config, arm_header=arm_header, title=title,
                              dry_run=args.dry_run, tables_only=args.tables_only, jobs=args.jobs)
-    except (EvalConfigError, PackError, KeyboardInterrupt) as e:
+    except (EvalConfigError, PackError, PlanError, KeyboardInterrupt) as e:
         stopped = isinstance(e, KeyboardInterrupt)
         print("\ninterrupted; rerun the same command to resume" if stopped else f"error: {e}", file=sys.stderr)
         return 130 if stopped else 2

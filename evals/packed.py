@@ -33,7 +33,7 @@ from pathlib import Path
 PACK = "answers.tar.xz"
 # What stays beside the archive, unpacked: what a reader opens first.
 KEPT = ("README.md", "table.md", "table.csv", "table.json", "failures.csv", "timings.json", "cpu", "*.png",
-        "report.md", "settings.json", "progress.txt")
+        "report.md", "settings.json", "progress.txt", "plan.json")
 
 
 class PackError(ValueError):

@@ -21,7 +21,7 @@ def test_a_row_carries_the_files_own_gains_interval_and_stage(tmp_path):
     assert a["gains"] == pytest.approx([6.0, 6.67, 3.33])
     assert a["mean"] == pytest.approx(5.333, abs=1e-3)
     assert a["interval"] == pytest.approx([1.1, 9.3])
-    assert a["label"] == "s59_x (144 GRPO steps, 300-step start, 3 seeds)"
+    assert a["label"] == "s59_x (144 GRPO steps, 300-step start, 3 seeds, recorded interval)"
     old = plot_learning.arm(_file(tmp_path / "old.json", [0.02], interval=None, steps=None, sft=None))
     assert old["interval"] is None and old["label"] == "old (? GRPO steps, ?-step start, 1 seed)"
 

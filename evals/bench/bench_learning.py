@@ -7,6 +7,7 @@
     python -m evals.bench.bench_learning --pool a.json b.json   # the seeds of two runs of one experiment, pooled
     python -m evals.bench.bench_learning --json a.json --resume # after a stop: keep a.json's finished seeds
     python -m evals.bench.bench_learning --answers a.jsonl      # also every greedy answer, to see what flipped
+    python -m evals.bench.bench_learning --plan plans/x.yaml    # a committed plan: its seeds, its commit recorded
 
 With `--json`, the file is rewritten after every seed, so a stopped bench keeps its finished seeds; `--resume`
 reads them back (refused if the file's settings, split or warm start differ) and trains only the missing ones.
@@ -122,7 +123,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--preset", default="cpu", choices=sorted(TRAIN_PRESETS))
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--quick", action="store_true", help="sanity run: 2 SFT steps, 1 GRPO step, 2 answers per size")
-    p.add_argument("--seeds", default="0,1,2", help="GRPO seeds (comma list)")
+    p.add_argument("--seeds", default=None, help="GRPO seeds (comma list; default 0,1,2, or the plan's)")
+    p.add_argument("--plan", type=Path, default=None, metavar="FILE",
+                   help="a committed plan (YAML or JSON: arm, seeds, success; evals/plan.py): refused unless git has "
+                   "it committed without changes; its seeds are run and its commit is recorded in --json")
     p.add_argument("--warm-seed", type=int, default=0, help="seed of the (cached) warm start shared by every seed")
     p.add_argument("--split", default="val-small", help="evaluation split (2-agent; sizes 3-5 are used)")
     p.add_argument("--per-size", type=int, default=None, help="evaluate only the first N instances of each size")
@@ -154,6 +158,21 @@ def main(argv: list[str] | None = None) -> dict:
                    help="no training: pool the seeds of earlier --json files (same warm start, split and settings) "
                    "into one summary with intervals over all their seeds")
     a = p.parse_args(argv)
+    plan = None
+    if a.plan is not None:
+        from evals.plan import PlanError, check_seeds, confirm
+
+        try:
+            if a.pool:
+                raise PlanError(f"--plan {a.plan} with --pool: a plan is confirmed before a run starts; allowed: "
+                                "--plan with a training run")
+            plan = confirm(a.plan)
+            if a.seeds is not None:
+                check_seeds(plan, [int(s) for s in a.seeds.split(",")])
+        except PlanError as e:
+            p.error(str(e))
+        a.seeds = ",".join(str(s) for s in plan["seeds"])
+    a.seeds = a.seeds or "0,1,2"
     if a.resume and (a.pool or a.json is None):
         p.error("--resume: needs --json FILE (the file whose finished seeds are kept) and no --pool")
     if a.pool:
@@ -220,6 +239,8 @@ def main(argv: list[str] | None = None) -> dict:
             "train_config": cfg.model_dump(mode="json")}
     if (holes_of_val := eval_holes(val)) is not None:
         head["eval_holes"] = holes_of_val
+    if plan is not None:
+        head["plan"] = plan
     done = None
     if a.resume and a.json.exists():
         try:
