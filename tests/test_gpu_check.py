@@ -1,4 +1,4 @@
-"""The GPU check (`python -m evals.bench.gpu_check`) run on CPU, so that it never rots between GPU sessions: with the
+"""The GPU check (`python -m evals.bench.gpu_check`) run on CPU, so that it never rots between GPU runs: with the
 tiny random model and 2 steps it names every check, passes the ones a CPU can run and skips, with a reason, exactly
 the CUDA-specific ones. The fast tests pin the paper's cost arithmetic and the report's shape."""
 
