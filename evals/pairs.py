@@ -27,6 +27,7 @@ from typing import Any
 
 from evals.config import REPO_ROOT, EvalConfigError, LoopConfig, repo_relative
 from evals.results import committed, read_json
+from evals.packed import unpacked
 from llm_backends.engineers import CLASSIC_ENGINEERS
 from trainer.files import stage_dir
 
@@ -223,10 +224,16 @@ def guard_committed(pairs: Sequence[Pair], cfg: LoopConfig, env: Mapping[str, st
     out = cfg.resolved_out()
     if not committed(out):
         return None
+    with unpacked(out) as source:  # a committed folder's verdicts are packed in its answers.tar.xz
+        return _guard(pairs, cfg, env, out, source)
+
+
+def _guard(pairs: Sequence[Pair], cfg: LoopConfig, env: Mapping[str, str], out: Path, source: Path) -> str | None:
+    """`guard_committed` with the committed verdicts read under `source`."""
     how = "pass --fresh (a new folder beside it) or --out DIR to reproduce the config"
     kept, missing = [], []
     for pair in pairs:
-        saved = out / "verdicts" / pair.name / "settings.json"
+        saved = source / "verdicts" / pair.name / "settings.json"
         if saved.is_file():
             drift = settings_drift(pair, cfg.preset, cfg.set, env, saved_path=saved)
             kept.append(pair)
@@ -240,7 +247,7 @@ def guard_committed(pairs: Sequence[Pair], cfg: LoopConfig, env: Mapping[str, st
                 f"{repo_relative(out)} holds committed results made with other settings than this config's ({pair.name}: "
                 f"{'; '.join(drift[:2])}{more}); they are not mixed or overwritten: {how}")
     if not kept:
-        others = sorted(d.name for d in (out / "verdicts").glob("*-s*") if d.is_dir())
+        others = sorted(d.name for d in (source / "verdicts").glob("*-s*") if d.is_dir())
         shown = ", ".join(others[:4]) + (f" and {len(others) - 4} more" if len(others) > 4 else "")
         raise EvalConfigError(
             f"{repo_relative(out)} holds committed results of other runs than this config's ({shown or 'no verdicts'}); "

@@ -48,12 +48,14 @@ def no_runs(monkeypatch):
 
 
 def _committed_eval_limit() -> int:
-    return json.loads((COMMITTED / "verdicts" / "fixed-s0" / "settings.json").read_text())["eval_limit"]
+    from evals.packed import PACK, read_text
+
+    return json.loads(read_text(f"{COMMITTED / PACK}:verdicts/fixed-s0/settings.json"))["eval_limit"]
 
 
 def test_committed_detects_tracked_results(tmp_path):
     assert results.committed(COMMITTED)
-    assert results.committed(COMMITTED / "verdicts")
+    assert results.committed(COMMITTED / "answers.tar.xz")  # its verdicts, packed
     assert not results.committed(tmp_path)  # outside the repository
     assert not results.committed(REPO / "runs" / "evals")  # inside it, but nothing tracked there
 
@@ -107,7 +109,8 @@ def test_out_plans_and_writes_elsewhere(tmp_path, capsys, no_runs):
     assert compare_engineers.main(["--config", str(cfg), "--out", str(mine)]) == 1
     assert no_runs[-1][1]["out"] == mine and not no_runs[-1][1]["dry_run"]
     # the tables of a reproduction go to --out: rebuilt there from its verdicts, the committed folder untouched
-    shutil.copytree(COMMITTED / "verdicts", mine / "verdicts")
+    mine.mkdir(parents=True, exist_ok=True)
+    shutil.copy(COMMITTED / "answers.tar.xz", mine / "answers.tar.xz")
     assert compare_engineers.main(["--config", str(cfg), "--tables-only", "--out", str(mine)]) == 0
     assert (mine / "table.md").is_file() and (mine / "table.json").is_file()
     assert _tree(COMMITTED) == before

@@ -426,12 +426,13 @@ def test_wall_time_names_the_machine_that_ran_each_pair(tmp_path, monkeypatch):
     timings = json.loads(timings_path.read_text())
     timings["old-pair-s0"] = {"wall_s": 5.0, "calls": 1, "last_rc": 0}  # written by older code: no machine
     timings_path.write_text(json.dumps(timings))
-    monkeypatch.setattr(loop, "machine", lambda: "TABLE-MACHINE, 64 cores")
+    monkeypatch.setattr(grid, "machine", lambda: "TABLE-MACHINE, 64 cores")
     assert compare_engineers.main(["--config", str(cfg), "--tables-only"]) == 0
     md = (tmp_path / "out" / "table.md").read_text()
     assert "Wall time per run on RUN-MACHINE, 2 cores: fixed-s0 3s, self-s0 3s." in md
-    assert "TABLE-MACHINE" not in md
-    assert json.loads((tmp_path / "out" / "table.json").read_text())["tables_built_on"].startswith("TABLE-MACHINE")
+    # the machine that rebuilds the tables goes nowhere in them: a rebuild elsewhere gives the same bytes
+    table_json = (tmp_path / "out" / "table.json").read_text()
+    assert "TABLE-MACHINE" not in md and "TABLE-MACHINE" not in table_json and "tables_built_on" not in table_json
 
 
 def test_paper_columns_are_always_shown(tmp_path):
