@@ -199,7 +199,7 @@ def settings_drift(pair: Pair, preset: str, overrides: Mapping[str, Any], env: M
     diffs = []
     for key in sorted(set(saved) | set(planned)):
         if key in ("run_dir", "run_id", "provenance", "keep_checkpoints"):  # where and under which thread the
-            # run lives, what it ran on (issue 20's provenance), what it keeps: not what it computes
+            # run lives, what it ran on (its provenance), what it keeps: not what it computes
             continue
         a, b = saved.get(key), planned.get(key)
         if key == "train" and isinstance(a, dict) and isinstance(b, dict):

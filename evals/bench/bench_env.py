@@ -2,7 +2,7 @@
 
 Run:  python evals/bench/bench_env.py [--workers 2] [--n 4000] [--build]
 
-Prints (targets from issue 2, on the 2-core dev machine):
+Prints (targets set for the 2-core dev machine):
 - seconds to generate N two-agent instances from random_config(0)     (target <= 10 s for 4,000)
 - answers verified per second, on a mix of correct and broken answers  (target >= 20,000 / s)
 - with --build: seconds to rebuild every benchmark split into a temp dir (target <= 15 min);

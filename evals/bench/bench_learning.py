@@ -56,7 +56,7 @@ def training_draw(sizes: set[int], n: int, seed: int, holes: tuple[float, ...] =
     """The `n` fresh 2-agent instances a GRPO seed trains on: spread evenly over `sizes`, wait 0.5, hole ratio 0.2;
     with several `holes`, an even share of `n` per hole ratio (each capped by `env.max_hole_ratio`, as the
     validation splits cap theirs; largest remainders to the first ratios), interleaved. One ratio keeps the draw of
-    stop 25 on, instance for instance. `min_makespan` > 0 keeps only instances whose optimal makespan is at least
+    the first benches on, instance for instance. `min_makespan` > 0 keeps only instances whose optimal makespan is at least
     that, as many of each size as the plain draw holds, in its order of sizes (the generator lists its instances
     by size), drawing further batches (seeds of their own) until each size's share is full."""
     from env import SIZES, EnvConfig, generate, max_hole_ratio
@@ -381,7 +381,7 @@ def same_setup(path: Path, f: dict, ref_path: Path, ref: dict) -> None:
     f, ref = {**POOL_DEFAULTS, **f}, {**POOL_DEFAULTS, **ref}
     for k in POOL_SAME:
         if k not in f:
-            raise ValueError(f"{path}: no {k!r} (written before stop 26?); pool only files that record it")
+            raise ValueError(f"{path}: no {k!r} (written by an older bench_learning?); pool only files that record it")
         if k == "train_config":
             a, b = _with_defaults(f[k]), _with_defaults(ref[k])
             if a != b:
@@ -450,7 +450,7 @@ def pool(paths: list[Path]) -> dict:
         raise ValueError(f"seeds {seeds}: a seed appears twice; pool runs of different seeds")
     head = {k: first[k] for k in first if k not in ("seeds", "mean_gain", "gain_interval_bootstrap_95",
                                                     "gain_interval_t_95", "zero_std_groups_trained_mean", "interval")}
-    if "eval_holes" not in head:  # a file from before stop 51: its answers are the split's sizes 3-5 in order
+    if "eval_holes" not in head:  # a file from before eval_holes was recorded: its answers are the split's sizes 3-5 in order
         val = evaluation_set(head["split"])
         if len(val) == head["instances"] and (holes_of_val := eval_holes(val)) is not None:
             head["eval_holes"] = holes_of_val

@@ -7,8 +7,8 @@ Every path answers the same left-padded batch of policy prompts (compact prompt,
 `--new-tokens` tokens per row (EOS suppressed, so each path does exactly the same work), in `model.generate`
 the way TRL's transformers path calls it. The paths, each an addition to the one before:
 
-- `fp32`: the trained float32 model itself (the sampler before issue 16);
-- `bf16`: a bf16 copy of its weights (stop 26's `RolloutCopy`);
+- `fp32`: the trained float32 model itself (the sampler before the CPU speed work);
+- `bf16`: a bf16 copy of its weights (`RolloutCopy`);
 - `bf16+gqa`: the copy's attention passes GQA to torch's CPU kernel instead of repeating the KV heads;
 - `bf16+gqa+cache`: and its KV cache grows into spare room instead of being concatenated every token;
 - `rollout-flash`: `trainer.grpo_trainer.RolloutCopy` before its decode matmuls: all of the above, each distinct
@@ -16,7 +16,7 @@ the way TRL's transformers path calls it. The paths, each an addition to the one
   instead of `torch.multinomial` (the same distribution, one uniform variate per row instead of an exponential
   variate per vocabulary entry);
 - `rollout-qk`: and each decode step's attention as two grouped matmuls instead of torch's bf16 CPU kernel
-  (`_decode_attention`, stop 33), its scores as queries times the transposed keys;
+  (`_decode_attention`), its scores as queries times the transposed keys;
 - `rollout`: `RolloutCopy` as it stands: the scores as keys times the queries instead, which spares the batched
   matmul a copy of the transposed view of the cache's buffer;
 - `rollout-fp32`: `RolloutCopy` in float32: every lever above but bf16 (`train.rollout_dtype=float32`, what `auto`
@@ -60,7 +60,7 @@ def build(model, path: str):
     if path in ("bf16+gqa+cache", "rollout-flash", "rollout-qk", "rollout"):
         m = RolloutCopy(torch.bfloat16).synced(model, step=0)
         if path == "rollout-qk":
-            use_gqa_sdpa(m, keys_first=False)  # queries times transposed keys, as in stop 33
+            use_gqa_sdpa(m, keys_first=False)  # queries times transposed keys, as first written
         elif path != "rollout":
             use_gqa_sdpa(m, decode_matmul=False)  # torch's kernel for decode steps too
         if path == "bf16+gqa+cache":
@@ -102,14 +102,14 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from env.library import prompt_messages
+    from env.task import MapfTask
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
-    from trainer.data import warm_start_instances
 
     model, tok = load_checkpoint(resolve_model(a.model), trainable=False)
     model.eval()
     tok.padding_side = "left"
-    insts = warm_start_instances([3, 4], a.groups, 0)
+    insts = MapfTask().warm_start_items([3, 4], a.groups, 0)
     texts = [tok.apply_chat_template(prompt_messages(i, "compact"), tokenize=False, add_generation_prompt=True)
              for i in insts]
     enc = tok([t for t in texts for _ in range(a.rows // a.groups)], return_tensors="pt", padding=True)

@@ -6,7 +6,7 @@
 
 `--compare` runs each side in a child process of its own, one after the other, on the same instances and seed:
 
-- `before`: the path as it was before issue 16: the full paper prompt (with SmolLM2's default system prompt), TRL's
+- `before`: the path as it was before the CPU speed work: the full paper prompt (with SmolLM2's default system prompt), TRL's
   fused LM head scoring every position on CPU in TRL's own tiles (`ENV_ENGINEER_TRL_PATCH=0`), the old cpu preset's SFT and GRPO shapes
   (SFT batch 8 on 3x3/4x4, top 8 blocks; GRPO 2 groups x 4 completions of <= 128 tokens);
 - `after`: the cpu preset as it stands (compact prompt, labelled positions only, its own SFT recipe; on a CPU with
@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-BEFORE = {  # the cpu preset before issue 16, as far as speed is concerned
+BEFORE = {  # the cpu preset before the CPU speed work, as far as speed is concerned
     "prompt_style": "full",
     "sft_batch_size": 8,
     "sft_train_layers": 8,
@@ -83,10 +83,10 @@ DTYPE_ARMS = {  # --dtypes: the cpu preset's GRPO step with each bf16 lever off 
 def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], seed: int, model: str) -> dict:
     """SFT examples/s and GRPO s/step for one TrainConfig in this process."""
     from env import generate, uniform_config, write_jsonl
+    from env.task import MapfTask
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
     from trainer.config import TrainConfig
-    from trainer.data import warm_start_instances
     from trainer.sft import sft_layers, warm_start
     from trainer.stage import run_stage
     from trainer.trl_setup import freeze_lower_layers
@@ -99,7 +99,7 @@ def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], se
         layers = sft_layers(cfg)
         if layers:
             freeze_lower_layers(m, layers)
-        data = warm_start_instances(sft_sizes, cfg.sft_batch_size * (sft_steps + 1), seed)
+        data = MapfTask().warm_start_items(sft_sizes, cfg.sft_batch_size * (sft_steps + 1), seed)
         from transformers import TrainerCallback
 
         marks: list[float] = []
