@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
