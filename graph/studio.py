@@ -80,7 +80,7 @@ def check_context_keys(values: dict[str, Any]) -> None:
     train = list(TrainConfig.model_fields)
     for key, value in values.items():
         key = str(key)
-        if key in top or key in BOOKKEEPING or _server_key(key) or _secret(key):
+        if key in top or key in BOOKKEEPING or _server_key(key) or _secret(key, top):
             if key == "train" and value is not None and not isinstance(value, dict):
                 raise SettingsError(f"bad context key 'train': {value!r}: a dict of training settings is expected, "
                                     "e.g. {\"train\": {\"max_steps\": 2}}")
@@ -107,9 +107,12 @@ def _unknown(shown: str, word: str, choices: list[str], prefix: str) -> str:
     return f"unknown context key {shown!r}; allowed {where}: {', '.join(allowed)}{more}"
 
 
-def _secret(key: str) -> bool:
+def _secret(key: str, settings=()) -> bool:
+    """A key that looks like a credential (`openai_api_key`, `token`, ...) and is no setting (`eval_max_tokens` is)."""
     low = key.lower()
-    return "key" in low or "token" in low or "secret" in low
+    if key in settings or (low.startswith("train.") and not _secret(low[6:])):
+        return False
+    return any(word in low for word in ("key", "token", "secret", "password"))
 
 
 def _flatten(values: dict[str, Any]) -> dict[str, Any]:
@@ -141,7 +144,7 @@ def build_context(values: dict[str, Any], thread: str = "local") -> RunContext:
 
     values = {k: v for k, v in dict(values).items() if not _server_key(str(k))}
     cli = _flatten(values)
-    secret = sorted(k for k in cli if _secret(k))
+    secret = sorted(k for k in cli if _secret(k, Settings.model_fields))
     if secret:
         raise SettingsError(f"bad setting {secret[0]}: API keys are read from the environment only "
                             "(ENGINEER_API_KEY, OPENAI_API_KEY, GEMINI_API_KEY), never from the run's settings")

@@ -96,6 +96,13 @@ def test_bad_context_values_are_one_line(tmp_path, ctx, match):
     assert not (tmp_path / "r").exists()  # nothing is created for a refused run
 
 
+def test_settings_named_like_credentials_are_settings(tmp_path):
+    """`eval_max_tokens` and `engineer_max_tokens` are settings, not API keys (an `*_api_key` still is refused)."""
+    rc = studio.build_context({"preset": "smoke", "engineer": "fixed", "eval_max_tokens": 16,
+                               "engineer_max_tokens": 300, "run_dir": str(tmp_path / "r")})
+    assert rc.settings.eval_max_tokens == 16 and rc.settings.engineer_max_tokens == 300
+
+
 def test_context_is_built_once_per_thread_and_dict(tmp_path):
     class Info:
         thread_id = "t-1"
@@ -205,8 +212,6 @@ def dev_server(tmp_path):
 
 
 def _sdk_run(url: str, context: dict, **kw):
-    import asyncio
-
     from langgraph_sdk import get_client
 
     async def go():
@@ -233,6 +238,11 @@ def test_langgraph_dev_serves_the_graph_through_the_sdk(tmp_path, dev_server):
     assert out["__error__"]["error"] == "SettingsError"
     assert "bad setting seed from the run's context key 'seed': '-1'" in out["__error__"]["message"]
     assert not (tmp_path / "bad").exists()
+    # a misspelt key is refused, not dropped by the server (the run would go on with the preset's value)
+    out, _ = _sdk_run(dev_server, {"preset": "smoke", "seeed": 3, "run_dir": str(tmp_path / "typo")})
+    assert out["__error__"]["error"] == "SettingsError", out
+    assert out["__error__"]["message"] == "unknown context key 'seeed': did you mean 'seed'?"
+    assert not (tmp_path / "typo").exists()
 
 
 @pytest.mark.slow
@@ -306,3 +316,97 @@ def test_approve_answers_y_and_n_as_the_cli_records_them(tmp_path, stubs, answer
     stage0 = json.loads((run_dir / "stage_0" / "config.json").read_text())
     stage1 = json.loads((run_dir / "stage_1" / "config.json").read_text())
     assert stage1["sizes"] == (proposed["sizes"] if answer == "y" else stage0["sizes"])
+
+
+def _children(run_dir: Path) -> list[int]:
+    """PIDs of the stage child processes (`python -m trainer.child ...`) training in `run_dir`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "trainer.child" in cmd and str(run_dir) in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_langgraph_dev_smoke_loop_with_approval_through_the_sdk(tmp_path, dev_server):
+    """The official SDK against a real `langgraph dev`: a two-stage smoke loop (real training and evaluation, as
+    small as they go) with `approve` in the context pauses before stage 1's apply in an interrupt; resumed with
+    "y" (no context sent again: the thread's own run goes on), it runs to the report, and validation.json records
+    the person's decision as `--approve` does."""
+    from langgraph_sdk import get_client
+
+    run_dir = tmp_path / "run"
+    ctx = {"preset": "smoke", "engineer": "fixed", "run_dir": str(run_dir), "stages": 2, "approve": True,
+           "eval_limit": 2, "final_limit": 2, "eval_max_tokens": 16, "feasibility_n": 4,
+           "train": {"max_steps": 1, "sft_warm_start": False, "instances_per_stage": 4,
+                     "max_completion_length": 16}}
+
+    async def go():
+        client = get_client(url=dev_server)
+        thread = (await client.threads.create())["thread_id"]
+        first = await asyncio.wait_for(
+            client.runs.wait(thread, "env_engineer", input={}, context=ctx, raise_error=False), 600)
+        paused = await client.threads.get_state(thread)
+        if "__error__" in first or paused["next"] != ["apply"]:
+            return first, paused, None, None
+        done = await asyncio.wait_for(
+            client.runs.wait(thread, "env_engineer", command={"resume": "y"}, raise_error=False), 600)
+        return first, paused, done, await client.threads.get_state(thread)
+
+    first, paused, done, final = asyncio.run(go())
+    assert "__error__" not in first, first
+    assert paused["next"] == ["apply"], paused
+    (pause,) = [i for t in paused["tasks"] for i in t["interrupts"]]
+    assert pause["value"]["stage"] == 1 and pause["value"]["proposed"]["sizes"], pause
+    assert "__error__" not in done, done
+    assert final["next"] == [] and final["values"]["final_metrics"]["final/n"] == 2
+    validation = json.loads((run_dir / "stage_0" / "validation.json").read_text())
+    assert validation["final"] == "approved (person)"
+    assert [r["decision"] for r in validation["decisions"] if r.get("by") == "person"] == ["approved (person)"]
+    applied = json.loads((run_dir / "stage_1" / "config.json").read_text())
+    assert applied["sizes"] == pause["value"]["proposed"]["sizes"]
+    assert (run_dir / "report.md").read_text().startswith(f"# Run report: {run_dir.name}")
+
+
+@pytest.mark.slow
+def test_cancelling_a_run_stops_its_training_stage_and_keeps_the_step(tmp_path, dev_server):
+    """A run cancelled through the SDK while its stage trains: the stage's child process is gone within 30 s,
+    and the step it was on is saved as an in-stage checkpoint that a resume continues from."""
+    from langgraph_sdk import get_client
+
+    from trainer import resume as sr
+
+    run_dir = tmp_path / "run"
+    ctx = {"preset": "smoke", "engineer": "fixed", "run_dir": str(run_dir), "stages": 1,
+           "train": {"max_steps": 500, "sft_warm_start": False, "instances_per_stage": 8,
+                     "max_completion_length": 16}}
+    trl = run_dir / "stage_0" / "trl"
+
+    async def go():
+        client = get_client(url=dev_server)
+        thread = (await client.threads.create())["thread_id"]
+        run = await client.runs.create(thread, "env_engineer", input={}, context=ctx)
+        deadline = time.monotonic() + 300
+        while not (_children(run_dir) and (run_dir / "stage_0" / "tb").is_dir()):
+            assert time.monotonic() < deadline, "the stage did not start training within 300 s"
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(5)  # into its steps
+        t0 = time.monotonic()
+        await client.runs.cancel(thread, run["run_id"])
+        while _children(run_dir) and time.monotonic() - t0 < 60:
+            await asyncio.sleep(0.2)
+        gone_s = time.monotonic() - t0
+        while (await client.runs.get(thread, run["run_id"]))["status"] in ("pending", "running"):
+            await asyncio.sleep(0.5)
+        return gone_s, (await client.runs.get(thread, run["run_id"]))["status"]
+
+    gone_s, status = asyncio.run(go())
+    assert gone_s < 30, f"the training child ran on {gone_s:.1f} s after the cancel"
+    assert status in ("interrupted", "error"), status
+    saved = [step for step, folder in sr.checkpoints(trl) if (folder / sr.MARKER).is_file()]
+    assert saved and max(saved) < 500, saved  # the step it stopped after, kept for a resume
+    assert not (run_dir / "stage_0" / "checkpoint").exists()  # the stage itself did not finish
