@@ -20,6 +20,10 @@
 - ``stub_nodes`` / ``stubs``: the slow nodes of graph.graph stubbed for fast in-process runs of graph.run
   (tests/support/graph_stubs.py): ``stubs`` records the calls and writes small real files.
 - ``fake_openai``: a fresh :class:`tests.support.fakeopenai.FakeOpenAI` (OpenAI protocol, scripted replies and faults).
+The quick tier (``python -m pytest -m quick``, a few minutes on 2 cores) is chosen here, in ``QUICK``: it touches
+every package (env, the graph wiring with a scripted engineer, each node, one tiny trainer step, the eval tables)
+and needs no vLLM server. A module named alone brings its tests that are not marked slow; ``module::test`` brings
+that test (every parametrisation), slow or not.
 """
 
 from __future__ import annotations
@@ -28,6 +32,73 @@ import os
 from pathlib import Path
 
 import pytest
+
+QUICK = {
+    # env: the verifier and reward, the CLI, the generator and solver on small maps, the library
+    "test_env_verify_reward.py",
+    "test_env_cli_limits.py",
+    "test_env_config_cli.py::test_cli_generate_verify_roundtrip",
+    "test_env_config_cli.py::test_random_config_is_valid_and_reproducible",
+    "test_env_config_cli.py::test_config_errors_name_field_and_bound",
+    "test_env_config_cli.py::test_projection_clips_renormalises_and_reports",
+    "test_env_config_cli.py::test_tampered_benchmark_is_detected",
+    "test_env_config_cli.py::test_cli_benchmark_list_shows_count_sizes_and_checksum",
+    "test_env_solver_generator.py::test_every_instance_solvable_and_its_plan_verifies_optimal",
+    "test_env_solver_generator.py::test_stored_optimum_equals_exhaustive_search_on_generated_small_instances",
+    "test_env_solver_generator.py::test_the_two_optima_disagree_where_they_should",
+    "test_env_solver_generator.py::test_three_to_five_agents_generate",
+    "test_env_solver_generator.py::test_quotas_largest_remainder_and_wait_slots",
+    "test_env_solver_generator.py::test_shortfalls_are_reported_not_silent",
+    "test_env_library.py::test_create_dataset_is_deterministic_and_scores_like_the_verifier",
+    "test_env_library.py::test_export_rows_carry_the_prompt_and_load_as_a_dataset",
+    "test_env_library.py::test_verify_reports_unanswered_instances",
+    "test_env_library.py::test_length_aware_reward_equals_the_projects_training_reward",
+    "test_env_library.py::test_library_doctests",
+    # nodes, each of them, and the loop with classic and scripted (HTTP) engineers
+    "test_nodes_apply.py",
+    "test_nodes_evaluate.py",
+    "test_nodes_summarize.py",
+    "test_nodes_propose.py",
+    "test_nodes_curricula.py",
+    "test_nodes_stop_files.py",
+    "test_nodes_loop.py",
+    "test_stage_child.py::test_train_stage_node_trains_in_a_child",
+    # graph: the wiring, progress lines, --approve and the report, with the slow nodes stubbed
+    "test_graph_wiring.py",
+    "test_approve.py",
+    # trainer: the presets, the reward wrapper, and one tiny GRPO step through the project's trainer
+    "test_train_stage.py::test_presets_validate_and_describe_every_field",
+    "test_train_stage.py::test_reward_wrapper_scores_each_completion_against_its_own_instance",
+    "test_train_stage.py::test_reward_wrapper_groups_and_state",
+    "test_trainer_tiny_step.py",
+    # llm_backends: engineer names and keys, base URLs
+    "test_llm_engineers.py",
+    "test_llm_url_query.py",
+    # evals: tables from verdicts, a committed table rebuilt byte for byte
+    "test_evals_tables.py::test_finished_pairs_are_not_rerun_and_table_matches_raw_verdicts",
+    "test_evals_protocol_tables.py::test_committed_tables_are_rebuilt_from_their_verdicts_byte_for_byte[compare_smoke]",
+    # the repository: architecture, docs, no bookkeeping words
+    "test_architecture.py",
+    "test_docs.py",
+    "test_no_bookkeeping.py",
+}
+
+
+def pytest_ignore_collect(collection_path, config):
+    """With ``-m quick`` alone, modules without a quick test are not even imported (collection is most of the time)."""
+    if config.getoption("markexpr", "") == "quick" and collection_path.name.startswith("test_") \
+            and collection_path.suffix == ".py" and collection_path.name not in {q.split("::")[0] for q in QUICK}:
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the quick tier (``QUICK`` above)."""
+    for item in items:
+        module, _, name = item.nodeid.removeprefix("tests/").partition("::")
+        if (module in QUICK and not item.get_closest_marker("slow")) or f"{module}::{name}" in QUICK \
+                or f"{module}::{name.split('[')[0]}" in QUICK:
+            item.add_marker(pytest.mark.quick)
 
 
 @pytest.fixture(scope="session")
