@@ -9,7 +9,8 @@ from __future__ import annotations
 import operator
 from typing import Annotated, Any
 
-from typing_extensions import TypedDict  # pydantic (Studio's schemas) reads typing.TypedDict only from Python 3.12
+# pydantic, which builds Studio's schemas, reads typing.TypedDict only from Python 3.12 on
+from typing_extensions import TypedDict
 
 PATH_KEYS = ("train_path", "checkpoint")
 

@@ -71,7 +71,6 @@ def check_context_keys(values: dict[str, Any]) -> None:
     """Refuse a key that is no setting in one line naming the closest setting, or else every allowed key (the
     server would otherwise drop it, and the run would go on with the preset's value). Training settings go
     as `train.<name>` or inside `"train": {...}`."""
-    import difflib
 
     from graph.settings import BOOKKEEPING, Settings
     from trainer.config import TrainConfig
