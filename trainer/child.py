@@ -15,8 +15,10 @@ The hand-off is files in the stage folder:
   and logs (INFO lines, tracebacks, a native crash's stack from `faulthandler`) to `<out_dir>/logs/train.log`.
 
 Signals: the child installs the same rule as `graph.run` (first SIGINT/SIGTERM: `trainer.stop.request_stop`,
-so the trainers' `StopCallback` ends training at the next step and the stage raises `StageInterrupted`;
-a second one: exit at once). Ctrl-C in a terminal reaches both processes (same process group); a SIGTERM
+so the trainers' `StopCallback` ends training after the step under way, saved as an in-stage checkpoint, and
+the stage raises `StageInterrupted`; a second one: exit at once). A step that has not ended `STOP_GRACE_S`
+seconds after the stop reached the child is ended inside (the child is killed; its last complete in-stage
+checkpoint stays). Ctrl-C in a terminal reaches both processes (same process group); a SIGTERM
 sent to the parent only is forwarded: the parent watches its own stop flag while it waits and sends the
 child SIGUSR1 ("stop at the next step", never counted as a second signal). The child's `StageInterrupted`
 becomes the parent's `StageInterrupted`; `CheckpointError`, `ValueError` and `FileNotFoundError` come back
@@ -50,6 +52,9 @@ REQUEST_FILE = "stage_request.json"
 STATUS_FILE = "stage_status.json"
 LOG_FILE = "train.log"
 POLL_S = 0.2
+# after a stop is forwarded, the step under way has this long to finish and be saved; past it, the child is
+# ended inside the step (a stop, or a cancelled server run, never waits on a step that runs long under load)
+STOP_GRACE_S = 20.0
 
 
 class StageProcessError(RuntimeError):
@@ -149,7 +154,8 @@ def run_in_child(
         stdin=subprocess.DEVNULL,
         preexec_fn=_die_with_parent,  # noqa: PLW1509 - a prctl only, no locks taken
     )
-    forwarded = False
+    forwarded: float | None = None  # when the stop was forwarded
+    ended = False
     try:
         while True:
             try:
@@ -157,10 +163,15 @@ def run_in_child(
                 break
             except subprocess.TimeoutExpired:
                 pass
-            if stop.stop_requested() and not forwarded:
+            if stop.stop_requested() and forwarded is None:
                 # a launcher (torchrun) passes SIGTERM on to its ranks, not SIGUSR1
                 _signal(proc, signal.SIGTERM if launcher else signal.SIGUSR1)
-                forwarded = True
+                forwarded = time.monotonic()
+            elif forwarded is not None and not ended and time.monotonic() - forwarded > STOP_GRACE_S:
+                # the step outlasted its grace: end it (a launcher's ranks take a second SIGTERM as "now"); the
+                # last complete in-stage checkpoint stays, a half-written one is never resumed from
+                _signal(proc, signal.SIGTERM if launcher else signal.SIGKILL)
+                ended = True
     except BaseException:
         # the parent is leaving (KeyboardInterrupt, a second signal): the child must not train on alone
         _signal(proc, signal.SIGKILL)

@@ -58,3 +58,14 @@ def ok(out: str) -> None:
 def write_rank(out_dir: str) -> None:
     rank = os.environ.get("RANK", "none")
     Path(out_dir, f"rank{rank}").write_text(os.environ.get("WORLD_SIZE", "?"))
+
+
+def long_step(started: str, step_s: float = 120.0) -> None:
+    """A step that takes `step_s` seconds whatever the stop flag says (a GRPO step under load), then stops as
+    run_stage does."""
+    from trainer.trl_setup import raise_if_stopped
+
+    Path(started).write_text(str(os.getpid()))
+    time.sleep(step_s)
+    raise_if_stopped("GRPO of stage_3")
+    Path(started).with_suffix(".finished").write_text("the step ran to its end")
