@@ -374,8 +374,9 @@ def test_langgraph_dev_smoke_loop_with_approval_through_the_sdk(tmp_path, dev_se
 
 @pytest.mark.slow
 def test_cancelling_a_run_stops_its_training_stage_and_keeps_the_step(tmp_path, dev_server):
-    """A run cancelled through the SDK while its stage trains: the stage's child process is gone within 30 s,
-    and the step it was on is saved as an in-stage checkpoint that a resume continues from."""
+    """A run cancelled through the SDK while its stage trains: the stage's child process is gone within 30 s
+    (the step under way is saved if it ends within its grace, else ended inside), and what was saved stays: the
+    complete in-stage checkpoints a resume continues from."""
     from langgraph_sdk import get_client
 
     from trainer import resume as sr
@@ -383,18 +384,18 @@ def test_cancelling_a_run_stops_its_training_stage_and_keeps_the_step(tmp_path, 
     run_dir = tmp_path / "run"
     ctx = {"preset": "smoke", "engineer": "fixed", "run_dir": str(run_dir), "stages": 1,
            "train": {"max_steps": 500, "sft_warm_start": False, "instances_per_stage": 8,
-                     "max_completion_length": 16}}
+                     "max_completion_length": 16, "save_steps": 1}}
     trl = run_dir / "stage_0" / "trl"
+    log = run_dir / "stage_0" / "logs" / "train.log"
 
     async def go():
         client = get_client(url=dev_server)
         thread = (await client.threads.create())["thread_id"]
         run = await client.runs.create(thread, "env_engineer", input={}, context=ctx)
         deadline = time.monotonic() + 300
-        while not (_children(run_dir) and (run_dir / "stage_0" / "tb").is_dir()):
-            assert time.monotonic() < deadline, "the stage did not start training within 300 s"
+        while not (_children(run_dir) and log.is_file() and "step 1:" in log.read_text(errors="replace")):
+            assert time.monotonic() < deadline, "the stage did not train a step within 300 s"
             await asyncio.sleep(0.5)
-        await asyncio.sleep(5)  # into its steps
         t0 = time.monotonic()
         await client.runs.cancel(thread, run["run_id"])
         while _children(run_dir) and time.monotonic() - t0 < 60:
@@ -405,8 +406,9 @@ def test_cancelling_a_run_stops_its_training_stage_and_keeps_the_step(tmp_path, 
         return gone_s, (await client.runs.get(thread, run["run_id"]))["status"]
 
     gone_s, status = asyncio.run(go())
+    print(f"training child gone {gone_s:.1f} s after the cancel; run {status}")
     assert gone_s < 30, f"the training child ran on {gone_s:.1f} s after the cancel"
     assert status in ("interrupted", "error"), status
     saved = [step for step, folder in sr.checkpoints(trl) if (folder / sr.MARKER).is_file()]
-    assert saved and max(saved) < 500, saved  # the step it stopped after, kept for a resume
+    assert saved and max(saved) < 500, saved  # kept for a resume
     assert not (run_dir / "stage_0" / "checkpoint").exists()  # the stage itself did not finish
