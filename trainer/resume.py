@@ -9,7 +9,8 @@ the newer one is complete, so one complete checkpoint exists at any time.
 
 A stage that starts again (after a crash, a kill or SIGTERM, via `python -m graph.run --resume`) finds the
 newest complete checkpoint of the *same* stage (same training set, starting checkpoint, seed and training
-settings: `stage_key`) and continues from it: the trainer restores weights, optimiser, scheduler, RNG and
+settings: `stage_key`, which names them relative to the run folder, so a moved or copied run keeps its
+checkpoints) and continues from it: the trainer restores weights, optimiser, scheduler, RNG and
 skips the batches already trained on; the reward's state and history come from `stage_resume.json`. A
 checkpoint of another configuration is removed with a log line, and the stage starts over. The whole `trl/`
 folder is removed when the stage finishes (its final checkpoint is `stage_<k>/checkpoint/`).
@@ -31,15 +32,50 @@ MARKER = "stage_resume.json"
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 
-def stage_key(*, train_path, init_checkpoint, seed: int, cfg) -> str:
-    """What makes two attempts the same stage: an in-stage checkpoint resumes only an attempt with this key."""
+class StageKey(str):
+    """A stage's key; `legacy`: the key the same attempt had while keys held absolute paths, still resumed (a
+    run half-trained before keys were made relative keeps its in-stage checkpoints where it lies)."""
+
+    legacy: tuple[str, ...] = ()
+
+
+def stage_key(*, train_path, init_checkpoint, seed: int, cfg, run_dir=None) -> str:
+    """What makes two attempts the same stage: an in-stage checkpoint resumes only an attempt with this key.
+
+    The key names what is trained, never where the run lies: the training set by its content (sha256), the
+    starting checkpoint by its path relative to the run folder (a base model or the warm-start cache outside
+    the run by its own path or id), the seed and the training settings. A run folder moved, copied or renamed
+    mid-stage keeps its in-stage checkpoints. `run_dir` defaults to the folder that holds the stage folder of
+    `train_path` (`<run>/stage_<k>/train.jsonl`)."""
     keep = cfg.model_dump(mode="json")
     for bookkeeping in ("logging_steps", "log_completions", "save_steps"):
         keep.pop(bookkeeping, None)
     if keep.get("rollout_prepack") is None:  # at its default, the keys of attempts made before the setting existed stay as they were
         keep.pop("rollout_prepack", None)
-    spec = {"train_path": str(Path(train_path).resolve()), "init": str(Path(init_checkpoint).resolve()),
+    train = Path(train_path).resolve()
+    root = Path(run_dir).resolve() if run_dir is not None else train.parent.parent
+    try:
+        trained = "sha256:" + hashlib.sha256(train.read_bytes()).hexdigest()
+    except OSError:
+        trained = _in_run(train, root)
+    init = Path(init_checkpoint)
+    spec = {"train": trained, "init": _in_run(init.resolve(), root) if init.exists() else str(init_checkpoint),
             "seed": int(seed), "cfg": keep}
+    key = StageKey(_digest(spec))
+    old = {"train_path": str(train), "init": str(init.resolve()), "seed": int(seed), "cfg": keep}
+    key.legacy = (_digest(old),)
+    return key
+
+
+def _in_run(path: Path, root: Path) -> str:
+    """`path` relative to the run folder `root` (`run:stage_0/checkpoint`), or absolute outside it."""
+    try:
+        return "run:" + path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _digest(spec: dict) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -60,7 +96,7 @@ def find_resume(trl_dir: Path, key: str) -> tuple[Path, dict] | None:
             marker = json.loads((folder / MARKER).read_text())
         except (OSError, ValueError):
             continue  # killed while saving: incomplete
-        if marker.get("stage_key") != key:
+        if marker.get("stage_key") not in (key, *getattr(key, "legacy", ())):
             log.warning("in-stage checkpoint %s belongs to another configuration of this stage: removed", folder)
             shutil.rmtree(folder, ignore_errors=True)
             continue
