@@ -200,8 +200,10 @@ def run_stage(
         args=args,
         train_dataset=dataset,
         processing_class=tok,
-        callbacks=[tb_callback(out_dir / "tb", main=main), *stop_callbacks(),
-                   *([stage_resume.resume_callback(reward, key, main)] if cfg.save_steps > 0 else [])],
+        # a stop saves the step it waited for (an in-stage checkpoint, completed by the resume callback, which is
+        # there whatever save_steps says), so a resume continues after it instead of training it again
+        callbacks=[tb_callback(out_dir / "tb", main=main), *stop_callbacks(save=True),
+                   stage_resume.resume_callback(reward, key, main)],
         resample_rounds=cfg.resample_rounds,
         resample_seed=seed,
         group_key=row_size,  # replacements lean to the sizes where the policy is sometimes right
@@ -214,7 +216,7 @@ def run_stage(
     result = trainer.train(resume_from_checkpoint=str(resume[0]) if resume is not None else None)
     grpo_s = time.perf_counter() - t0
     loop_s += grpo_s
-    raise_if_stopped(f"GRPO of {out_dir.name}")
+    raise_if_stopped(f"GRPO of {out_dir.name}", trainer)
     steps = int(trainer.state.global_step)
     metrics.update(sampling_metrics(trainer.stats))
     metrics["train/shared_prompt_batches"] = trainer.shared_prompt_batches
