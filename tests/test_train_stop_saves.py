@@ -46,7 +46,9 @@ def test_a_stop_saves_the_step_it_waited_for_and_a_resume_goes_on_after_it(tmp_p
         def on_step_end(self, args, state, control, **kw):
             self.steps += 1
 
-    reward = SimpleNamespace(state=None, history=[{"rewards": [1.0]}])
+    from env import RewardState
+
+    reward = SimpleNamespace(state=RewardState(), history=[{"rewards": [1.0]}])
     out = tmp_path / "trl"
     trainer = _trainer(out, 10, [AskStop(), *stop_callbacks(save=True), sr.resume_callback(reward, "k")])
     stop.reset()
