@@ -96,9 +96,10 @@ def tracked(name: str, node):
 
 def cancellable(node):
     """`node` as a coroutine for LangGraph's server, which cancels a run by cancelling its task: the node runs
-    in a worker thread, and a cancellation sets the stop flag (trainer.stop), so a training stage stops at
-    its next step boundary (its child process saves the step it finishes) and an evaluation after its
-    batch, keeping what is saved, instead of running on alone. The flag is cleared once the node has ended."""
+    in a worker thread, and a cancellation sets the stop flag (trainer.stop), so a training stage stops after
+    the step under way, saved (or inside it, when it outlasts `trainer.child.STOP_GRACE_S`), and an evaluation
+    after its batch, keeping what is saved, instead of running on alone. The flag is cleared once the node has
+    ended."""
     import asyncio
     import contextvars
 
