@@ -306,11 +306,11 @@ def test_probe_branch_reads_rate_confidence_pairs_and_names_a_bad_one():
 
 def test_a_kept_start_answer_set_is_reused_only_for_its_spec_and_always_verified_again(tmp_path, monkeypatch):
     """`evals.bench.start_answers`: the start's greedy answers, kept per (weights, split, limit, prompt, machine), come
-    back with the figures `trainer.sft.score_texts` gives them now; another spec, another split or a broken file
+    back with the figures `trainer.greedy.score_texts` gives them now; another spec, another split or a broken file
     answers again (None); a kept text that was edited is judged by what it says, not by what was kept."""
     import env
     from evals.bench import start_answers
-    from trainer.sft import score_texts
+    from trainer.greedy import score_texts
 
     monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path))
     val = [x for x in env.load_split("val-small") if x.size == 3][:4]

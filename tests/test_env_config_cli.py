@@ -195,11 +195,11 @@ def test_held_out_splits_follow_the_paper_protocol():
     assert all(0.1 <= i.tags["hole"] <= 0.5 for i in test)
     assert _counts(load_split("test-extra")) == {(a, s, w): 50 for a in (4, 5) for s in SIZES if s < a for w in waits}
     assert _counts(load_split("test-cpu")) == {(a, s, w): 50 for a in (2, 3) for s in (3, 4, 5) for w in waits}
-    from trainer.data import _eval_layouts, _layout
+    from env.task import eval_layouts, layout
 
     cpu = load_split("test-cpu")
-    assert not {_layout(i) for i in cpu} & {_layout(i) for i in test}  # two held-out splits, no shared instance
-    assert {_layout(i) for i in cpu if i.num_agents == 2} <= _eval_layouts()  # never trained on: left out of SFT/GRPO
+    assert not {layout(i) for i in cpu} & {layout(i) for i in test}  # two held-out splits, no shared instance
+    assert {layout(i) for i in cpu if i.num_agents == 2} <= eval_layouts()  # never trained on: left out of SFT/GRPO
     for name, digest in PROTOCOL_SHA256.items():
         assert sha256_file(DATA_DIR / name) == digest, name
 

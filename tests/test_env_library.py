@@ -151,7 +151,7 @@ def test_length_aware_reward_is_total_reward_with_one_state_update_per_batch(ins
 
 
 def test_length_aware_reward_equals_the_projects_training_reward(insts):
-    from trainer.data import MapfReward
+    from env.task import MapfReward
 
     comps = [plan_text(i.plan) for i in insts[:3]] + ["no idea", plan_text(_detour(insts[0]))]
     raws = [i.to_json() for i in insts[:3]] + [insts[3].to_json(), insts[0].to_json()]

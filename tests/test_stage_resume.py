@@ -75,7 +75,7 @@ def test_on_save_completes_the_new_checkpoint_then_removes_older_ones(tmp_path):
     marker = json.loads((new / sr.MARKER).read_text())
     assert marker["stage_key"] == "k" and marker["global_step"] == 2 and marker["history"] == reward.history
     assert not old.exists()
-    fresh = SimpleNamespace(state=None, history=[])
+    fresh = SimpleNamespace(state=RewardState(short_share=0.1), history=[])  # a new stage's reward, fresh
     sr.restore_reward(fresh, marker)
     assert fresh.state == reward.state and fresh.history == reward.history
 

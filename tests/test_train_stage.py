@@ -15,10 +15,11 @@ import pytest
 
 from env import SIZES, EnvConfig, Instance, generate, plan_text, uniform_config, verify, write_jsonl
 from env.library import prompt_messages
+from env.task import MapfReward, MapfTask
 from llm_backends.checkpoints import META_FILE, CheckpointError, load_checkpoint, save_checkpoint
 from nodes.train_stage import train_stage
 from trainer.config import TRAIN_PRESETS, TrainConfig
-from trainer.data import MapfReward, build_dataset
+from trainer.data import build_dataset
 from trainer.stage import init_from_arg, main, run_stage
 from trainer.trl_setup import check_generation_backend, freeze_lower_layers, tb_callback
 
@@ -51,14 +52,13 @@ def test_presets_validate_and_describe_every_field():
 
 
 def test_warm_start_instances_are_fresh_solvable_and_of_the_asked_sizes():
-    from trainer.data import warm_start_instances
 
     def key(x):  # what the model sees: the map and the agents' starts and goals
         return (tuple(x.grid), str(x.starts), str(x.goals))
 
-    a = warm_start_instances([3, 4], 20, seed=5)
+    a = MapfTask().warm_start_items([3, 4], 20, seed=5)
     assert len(a) == 20 and {x.size for x in a} == {3, 4} and all(x.num_agents == 2 for x in a)
-    assert [x.id for x in a] == [x.id for x in warm_start_instances([3, 4], 20, seed=5)]  # deterministic
+    assert [x.id for x in a] == [x.id for x in MapfTask().warm_start_items([3, 4], 20, seed=5)]  # deterministic
     assert all(verify(x, plan_text(x.plan)).optimal for x in a)  # the SFT targets are optimal plans
     # A stage drawing the very same sizes and knobs with the same seed gets other instances: the warm start
     # has a seed of its own. (Drawn with the stage's seed, the two lists would be equal element by element.)
@@ -126,15 +126,15 @@ def test_dataset_rows_pass_the_reward_prompt_check_in_any_order(base_model):
     # The prompt TRL hands the reward is the row's `prompt` column: it renders exactly the row's instance.
     out = MapfReward(tok, None)(
         prompts=[r["prompt"] for r in rows],
-        completions=[plan_text(Instance.from_json(r["instance"]).plan) for r in rows],
-        instance=[r["instance"] for r in rows],
+        completions=[plan_text(Instance.from_json(r["item"]).plan) for r in rows],
+        instance=[r["item"] for r in rows],
     )
     assert all(x > 0 for x in out)  # optimal plans against their own instances
     with pytest.raises(ValueError, match="misaligned"):
         MapfReward(tok, None)(
             prompts=[r["prompt"] for r in rows[1:] + rows[:1]],
             completions=["no plan"] * len(rows),
-            instance=[r["instance"] for r in rows],
+            instance=[r["item"] for r in rows],
         )
 
 
@@ -441,7 +441,6 @@ def _answer_nll(model, tok, instances, style: str) -> float:
     """Mean negative log-likelihood per answer token of the solver's plans after their chat prompts."""
     import torch
 
-    from trainer.data import format_answer
 
     model.eval()
     total = count = 0.0
@@ -449,7 +448,7 @@ def _answer_nll(model, tok, instances, style: str) -> float:
         for inst in instances:
             prompt = tok.apply_chat_template(prompt_messages(inst, style), add_generation_prompt=True, tokenize=False)
             p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-            a_ids = tok(format_answer(inst), add_special_tokens=False)["input_ids"]
+            a_ids = tok(MapfTask().gold(inst), add_special_tokens=False)["input_ids"]
             ids = torch.tensor([p_ids + a_ids])
             labels = torch.tensor([[-100] * len(p_ids) + a_ids])
             total += float(model(input_ids=ids, labels=labels).loss) * len(a_ids)
@@ -461,7 +460,8 @@ def _answer_nll(model, tok, instances, style: str) -> float:
 @pytest.mark.slow
 def test_warm_start_on_3x3_gives_valid_plans_on_held_out_3x3(tmp_path):
     from llm_backends.models import resolve_model
-    from trainer.sft import greedy_valid_rate, warm_start
+    from trainer.greedy import greedy_valid_rate
+    from trainer.sft import warm_start
 
     def key(x):  # what the model sees: the map and the agents' starts and goals
         return (tuple(x.grid), str(x.starts), str(x.goals))

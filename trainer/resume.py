@@ -119,7 +119,7 @@ def resume_callback(reward, key: str, main: bool = True):
             if not folder.is_dir():
                 return control
             marker = {"stage_key": key, "global_step": int(state.global_step),
-                      "reward_state": reward.state.model_dump(mode="json"), "history": reward.history}
+                      "reward_state": _state_dump(reward), "history": reward.history}
             write_text_atomic(folder / MARKER, json.dumps(marker) + "\n")
             for _step, old in checkpoints(folder.parent):  # only now: a complete checkpoint always exists
                 if old != folder:
@@ -131,11 +131,15 @@ def resume_callback(reward, key: str, main: bool = True):
 
 
 def restore_reward(reward, marker: dict[str, Any]) -> None:
-    """Put the reward's running state and per-batch history back as they were at the checkpoint."""
-    from env import RewardState
-
-    reward.state = RewardState.model_validate(marker["reward_state"])
+    """Put the reward's running state (a task's reward may carry one, MAPF's adaptive length weights) and
+    per-batch history back as they were at the checkpoint."""
+    if reward.state is not None and marker.get("reward_state") is not None:
+        reward.state = type(reward.state).model_validate(marker["reward_state"])
     reward.history = list(marker.get("history") or [])
+
+
+def _state_dump(reward) -> dict | None:
+    return reward.state.model_dump(mode="json") if reward.state is not None else None
 
 
 def remove(trl_dir: Path) -> None:

@@ -6,7 +6,7 @@ the stored optimal plan (`Instance.plan`) in the exact format `env.parse_plan` r
 policy that is sometimes right, which is what a group-relative advantage needs. The loss is on the
 answer tokens only (prompt-completion data). Runs once, before the first GRPO stage (`trainer.stage`).
 
-By default (`TrainConfig.sft_sizes = [3]`) the examples are fresh 3x3 instances (`trainer.data.warm_start_instances`):
+By default (`TrainConfig.sft_sizes = [3]`) the examples are fresh 3x3 instances (the task's `warm_start_items`; MAPF: `env.task.MapfTask.warm_start_items`):
 on 2 CPU cores, 20 steps on the stage's mixed 3..10 maps or on 3..5 maps taught the 135M model nothing measurable
 (0/24 valid on val-mini 3..5, with endless repetition or wrong agent counts), while 30 steps on 3x3 gave
 valid plans on 3x3 and errors that name a real cause (hole, illegal move) instead of a parse error
@@ -26,12 +26,12 @@ import logging
 import os
 import shutil
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from env.library import prompt_messages
-from trainer.data import sft_dataset, warm_start_instances
+from trainer.data import sft_dataset
+from trainer.greedy import greedy_valid_rate
+from trainer.task import Task, load_task
 from trainer.trl_setup import (
     freeze_lower_layers,
     quiet_trainer,
@@ -55,8 +55,9 @@ def warm_start(
     progress: bool = True,
     curve_every: int = 0,
     curve_instances: list | None = None,
+    task: str | Task = "mapf",
 ) -> dict:
-    """Fine-tune `model` in place on `instances`' optimal plans; return {seconds, steps, loss, examples}.
+    """Fine-tune `model` in place on the gold answers of `instances` (the task's; MAPF: optimal plans); return {seconds, steps, loss, examples}.
 
     The examples are exactly the instances given (`build_warm_start` passes fresh instances of
     `cfg.sft_sizes`, or the stage's own training set when that is None). `cfg` is a
@@ -73,7 +74,7 @@ def warm_start(
 
     score_labelled_positions_only()
     tile_head_on_cpu()
-    data = sft_dataset(instances, seed, cfg.prompt_style, cfg.sft_order)
+    data = sft_dataset(instances, seed, cfg.prompt_style, cfg.sft_order, task=task)
     cuda = torch.cuda.is_available()
     bf16 = sft_bf16(cfg)
     args = SFTConfig(
@@ -236,8 +237,9 @@ def sft_layers(cfg) -> int:
     return cfg.sft_train_layers if cfg.sft_train_layers is not None else cfg.train_layers
 
 
-def warm_start_spec(model_dir: Path, cfg, seed: int) -> dict:
-    """Everything the cached warm start depends on: the model, the warm-start settings, the seed, the env."""
+def warm_start_spec(model_dir: Path, cfg, seed: int, task: str | Task = "mapf") -> dict:
+    """Everything the cached warm start depends on: the model, the warm-start settings, the seed, the task (MAPF's
+    keys name only the env version, as they always have)."""
     from env import ENV_VERSION
 
     knobs = cfg.model_dump(mode="json")
@@ -252,6 +254,7 @@ def warm_start_spec(model_dir: Path, cfg, seed: int) -> dict:
         # sft_bf16 as this machine resolves it: an autocast start and a float32 one are different starts
         "settings": {**{k: knobs[k] for k in WARM_START_FIELDS}, **layers, "sft_bf16": sft_bf16(cfg)},
         "seed": int(seed),
+        **({} if load_task(task).name == "mapf" else {"task": load_task(task).name}),
     }
 
 
@@ -298,6 +301,7 @@ def build_warm_start(
     rebuild: bool = False,
     curve_every: int = 0,
     curve_instances: list | None = None,
+    task: str | Task = "mapf",
 ) -> dict:
     """The cached SFT warm start for (base model, warm-start settings, seed): reuse it, or build and cache it.
 
@@ -316,7 +320,7 @@ def build_warm_start(
 
     from trainer.provenance import collect
 
-    spec = warm_start_spec(model_dir, cfg, seed)
+    spec = warm_start_spec(model_dir, cfg, seed, task)
     key = warm_start_key(spec)
     root = warm_start_root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -332,7 +336,7 @@ def build_warm_start(
             log.warning("SFT warm start cache %s is unusable (%s): rebuilding it", entry, why)
         started = time.time()
         metrics = _train_warm_start(model_dir, cfg, seed, root / f".{key}.tmp", progress=progress,
-                                    curve_every=curve_every, curve_instances=curve_instances)
+                                    curve_every=curve_every, curve_instances=curve_instances, task=task)
         tmp = root / f".{key}.tmp"
         files = {p.name: [p.stat().st_size, _file_sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
         built = collect(started)
@@ -353,9 +357,10 @@ def _weights(files: dict[str, list]) -> dict[str, str]:
 
 
 def _train_warm_start(
-    model_dir: Path, cfg, seed: int, out: Path, *, progress: bool, curve_every: int = 0, curve_instances=None
+    model_dir: Path, cfg, seed: int, out: Path, *, progress: bool, curve_every: int = 0, curve_instances=None,
+    task: str | Task = "mapf",
 ) -> dict:
-    """Load the base model, run the SFT warm start on fresh solver-optimal instances, save it to `out`."""
+    """Load the base model, run the SFT warm start on fresh items with gold answers, save it to `out`."""
     from transformers import set_seed
 
     from llm_backends.checkpoints import META_FILE, load_checkpoint
@@ -367,9 +372,9 @@ def _train_warm_start(
     layers = sft_layers(cfg)
     if layers:
         freeze_lower_layers(model, layers)
-    data = warm_start_instances(cfg.sft_sizes or [3], cfg.sft_instances, seed)
+    data = load_task(task).warm_start_items(cfg.sft_sizes or [3], cfg.sft_instances, seed)
     work = out.with_name(out.name + "-work")
-    result = warm_start(model, tok, data, cfg=cfg, out_dir=work, seed=seed, progress=progress,
+    result = warm_start(model, tok, data, cfg=cfg, out_dir=work, seed=seed, progress=progress, task=task,
                         curve_every=curve_every, curve_instances=curve_instances)
     for p in model.parameters():
         p.requires_grad_(True)
@@ -380,61 +385,6 @@ def _train_warm_start(
         shutil.copytree(work / "tb" / "sft", out / "tb" / "sft")
     shutil.rmtree(work, ignore_errors=True)
     return {f"sft/{k}": v for k, v in result.items()}
-
-
-def greedy_valid_rate(
-    model, tokenizer, instances: list, *, max_new_tokens: int = 128, batch_size: int = 8, prompt_style: str = "full",
-    criterion: str = "makespan", **generate_kwargs,
-) -> dict:
-    """Greedy answers of `model` to `instances`, verified: {valid_rate, optimal_rate, n, failures, by_size,
-    sample, valid, answers} (`by_size`: valid rate per grid size; `sample`: the first answer, for a look at what
-    fails; `valid`: each instance's verdict, in order, for paired comparisons; `answers`: each instance's
-    {id, answer, failure}, in order). `generate_kwargs` go to `model.generate` (e.g. a `logits_processor`).
-
-    A small in-process check for tests and benchmarks (the run's own evaluation is `nodes.evaluate`).
-    """
-    import torch
-
-    was_training = model.training
-    model.eval()
-    side = tokenizer.padding_side
-    tokenizer.padding_side = "left"
-    texts: list[str] = []
-    try:
-        for i in range(0, len(instances), batch_size):
-            chunk = instances[i : i + batch_size]
-            prompts = [tokenizer.apply_chat_template(prompt_messages(x, prompt_style), add_generation_prompt=True,
-                                                     tokenize=False) for x in chunk]
-            enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-            with torch.no_grad():
-                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                     pad_token_id=tokenizer.pad_token_id, **generate_kwargs)
-            texts += [tokenizer.decode(ids, skip_special_tokens=True) for ids in out[:, enc["input_ids"].shape[1] :]]
-    finally:
-        tokenizer.padding_side = side
-        model.train(was_training)
-    return score_texts(instances, texts, criterion)
-
-
-def score_texts(instances: list, texts: list[str], criterion: str = "makespan") -> dict:
-    """`greedy_valid_rate`'s figures for given answers (`texts[i]` answers `instances[i]`), each verified by
-    `env.verify`: so answers kept from an earlier run are scored again, never trusted."""
-    from env import verify
-
-    if len(texts) != len(instances):
-        raise ValueError(f"{len(texts)} answers for {len(instances)} instances; allowed: one answer per instance")
-    verdicts = [verify(inst, text, criterion) for inst, text in zip(instances, texts, strict=True)]
-    each = [bool(v.valid) for v in verdicts]
-    per_size: dict[int, list[int]] = {}
-    for inst, ok in zip(instances, each, strict=True):
-        per_size.setdefault(inst.size, []).append(int(ok))
-    n = max(1, len(instances))
-    return {"valid_rate": sum(each) / n, "optimal_rate": sum(bool(v.optimal) for v in verdicts) / n,
-            "n": len(instances), "failures": dict(Counter(v.failure for v in verdicts if v.failure)),
-            "by_size": {s: round(sum(v) / len(v), 4) for s, v in sorted(per_size.items())},
-            "sample": texts[0] if texts else None, "valid": each,
-            "answers": [{"id": i.id, "answer": t, "failure": v.failure}
-                        for i, t, v in zip(instances, texts, verdicts, strict=True)]}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -62,7 +62,8 @@ from typing import Any
 from llm_backends.checkpoints import CheckpointError, check_checkpoint, save_checkpoint
 from llm_backends.policy import template_kwargs
 from trainer.config import TRAIN_PRESETS, TrainConfig
-from trainer.data import MapfReward, build_dataset, reward_summary, row_size
+from trainer.data import build_dataset, row_level
+from trainer.task import Task, TaskReward, load_task, reward_summary
 from trainer.trl_setup import (
     check_generation_backend,
     grpo_config,
@@ -91,24 +92,27 @@ def run_stage(
     reward_state: dict | None,
     progress: bool = True,
     warm_start: bool | None = None,
+    task: str | Task = "mapf",
 ) -> dict:
     """Train one stage and write `out_dir/checkpoint/`, `out_dir/metrics.json`, `out_dir/tb/`.
 
     Args:
-        train_path: the stage's instances (`.jsonl`, one `env.Instance` a line).
+        train_path: the stage's items (`.jsonl`, one `task.item_to_json` a line; MAPF: one `env.Instance`).
         init_checkpoint: a local folder: the previous stage's checkpoint, or the base model's folder
             (`llm_backends.models.resolve_model(...)`) for the first stage. A missing or corrupt folder raises
             `CheckpointError`.
         out_dir: the stage folder.
         cfg: hyper-parameters.
         seed: seed of sampling, shuffling and initialisation.
-        reward_state: `env.RewardState` dump to continue from; None: the checkpoint's saved state, else fresh.
+        reward_state: the task reward's running state to continue from (MAPF: an `env.RewardState` dump); None:
+            the checkpoint's saved state, else fresh.
         progress: log progress lines (INFO) while training.
         warm_start: run the SFT warm start; None: when `cfg.sft_warm_start` and `init_checkpoint` is a
             base model (not a checkpoint of this module), i.e. at the first stage.
+        task: the task family (`trainer.task.load_task`): a name or a `Task` object.
 
     Returns:
-        {"checkpoint": str, "reward_state": dict, "metrics": dict}
+        {"checkpoint": str, "reward_state": dict | None, "metrics": dict}
     """
     t_start = time.perf_counter()
     loop_s = 0.0
@@ -126,16 +130,16 @@ def run_stage(
     import torch
     from transformers import set_seed
 
-    from env import read_jsonl
-
     set_seed(seed)
     if not progress:
         logging.getLogger("transformers").setLevel(logging.WARNING)
     from trainer.trl_cpu import score_labelled_positions_only, tile_head_on_cpu
 
-    instances = read_jsonl(train_path)
+    task = load_task(task)
+    instances = [task.item_from_json(line) for line in train_path.read_text(encoding="utf-8").splitlines()
+                 if line.strip()]
     if not instances:
-        raise ValueError(f"training set {train_path} holds no instances")
+        raise ValueError(f"training set {train_path} holds no items")
     score_labelled_positions_only()  # TRL's fused LM head: only answer positions on CPU too (trainer.trl_cpu)
     tile_head_on_cpu()  # and in tiles that stay in cache on CPU
     if cfg.use_vllm:  # LoRA syncs into vLLM merge into copies: the bf16 base never drifts (trainer.lora_sync)
@@ -154,7 +158,7 @@ def run_stage(
         from trainer.sft import build_warm_start
 
         t0 = time.perf_counter()
-        ws = build_warm_start(init, cfg, seed, progress=progress)
+        ws = build_warm_start(init, cfg, seed, progress=progress, task=task)
         loop_s += ws["metrics"].get("sft/seconds", 0.0) if not ws["hit"] else 0.0
         warm_info = {"key": ws["key"], "path": ws["path"], "hit": ws["hit"], "built": ws["built"],
                      "weights": ws["weights"]}
@@ -171,18 +175,19 @@ def run_stage(
         # per run); a resumed stage skips it: the in-stage checkpoint holds the weights trained after it
         from trainer.sft import warm_start as sft_warm_start
 
-        sft = sft_warm_start(model, tok, instances, cfg=cfg, out_dir=out_dir, seed=seed, progress=progress)
+        sft = sft_warm_start(model, tok, instances, cfg=cfg, out_dir=out_dir, seed=seed, progress=progress,
+                             task=task)
         loop_s += sft["seconds"]
         metrics.update({f"sft/{k}": v for k, v in sft.items()})
 
     dataset, dropped = build_dataset(instances, tok, cfg.max_prompt_length, cfg.prompt_style,
-                                     template_kwargs(cfg.enable_thinking))
+                                     template_kwargs(cfg.enable_thinking), task=task)
     if len(dataset) == 0:
         raise ValueError(
             f"all {len(instances)} prompts of {train_path} are longer than max_prompt_length={cfg.max_prompt_length}"
         )
-    reward = MapfReward(tok, reward_state, cfg.prompt_style, cfg.optimality, cfg.partial_credit,
-                        cfg.partial_credit_kind)
+    # the task's own reward (MAPF: the paper's, with adaptive length weights), else its verdicts' scores
+    reward = task.reward(tok, reward_state, cfg) if hasattr(task, "reward") else TaskReward(task, cfg.prompt_style)
     if resume is not None:
         stage_resume.restore_reward(reward, resume[1])
         metrics["train/resumed_from_step"] = int(resume[1]["global_step"])
@@ -206,7 +211,7 @@ def run_stage(
                    stage_resume.resume_callback(reward, key, main)],
         resample_rounds=cfg.resample_rounds,
         resample_seed=seed,
-        group_key=row_size,  # replacements lean to the sizes where the policy is sometimes right
+        group_key=row_level,  # replacements lean to the levels where the policy is sometimes right
         rollout_dtype=sampler_dtype,
         rollout_prepack=rollout_prepack(cfg, sampler_dtype),
         share_prompt=cfg.share_prompt,
@@ -222,7 +227,8 @@ def run_stage(
     metrics["train/shared_prompt_batches"] = trainer.shared_prompt_batches
 
     meta = {
-        "reward_state": reward.state.model_dump(mode="json"),
+        "reward_state": reward.state.model_dump(mode="json") if reward.state is not None else None,
+        "task": task.name,
         "base_model": base_model,
         "is_lora": is_lora,
         "init_checkpoint": str(init),
@@ -253,8 +259,8 @@ def run_stage(
             "train/prompts_dropped": dropped,
             "train/loss": statistics.fmean(losses) if losses else float(result.training_loss),
             "train/frac_reward_zero_std_trl": statistics.fmean(trl_zero) if trl_zero else None,
-            "train/w_acc": reward.state.weights()[0],
-            "train/w_len": reward.state.weights()[1],
+            **({"train/w_acc": reward.state.weights()[0], "train/w_len": reward.state.weights()[1]}
+               if reward.state is not None else {}),
             "train/grpo_seconds": grpo_s,
             "train/seconds_per_step": grpo_s / steps if steps else None,
             "train/seconds": wall,

@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> dict:
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
     from trainer.config import TrainConfig
-    from trainer.sft import build_warm_start, greedy_valid_rate
+    from trainer.greedy import greedy_valid_rate
+    from trainer.sft import build_warm_start
     from trainer.stage import run_stage
 
     raw = dict(TRAIN_PRESETS[a.preset])

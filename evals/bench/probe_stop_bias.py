@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
     from trainer.config import TRAIN_PRESETS, TrainConfig
-    from trainer.sft import build_warm_start, greedy_valid_rate
+    from trainer.greedy import greedy_valid_rate
+    from trainer.sft import build_warm_start
 
     cfg = TrainConfig.model_validate(TRAIN_PRESETS["cpu"])
     ws = build_warm_start(resolve_model("smollm2-135m"), cfg, a.warm_seed)

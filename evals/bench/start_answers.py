@@ -35,9 +35,9 @@ def path(spec: dict) -> Path:
 
 
 def cached(spec: dict, val: list) -> dict | None:
-    """The start's figures from its kept answers, each verified again (`trainer.sft.score_texts`), or None when none
+    """The start's figures from its kept answers, each verified again (`trainer.greedy.score_texts`), or None when none
     were kept for this spec, or the file is unreadable or names another spec (then the start answers again)."""
-    from trainer.sft import score_texts
+    from trainer.greedy import score_texts
 
     f = path(spec)
     try:

@@ -1,0 +1,62 @@
+"""Greedy answers of a model to a task's items, verified by the task: a small in-process check for the SFT warm
+start's curve, tests and benchmarks (the run's own evaluation is `nodes.evaluate`, served by vLLM where it can)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from trainer.task import Task, load_task
+
+
+def greedy_valid_rate(
+    model, tokenizer, instances: list, *, max_new_tokens: int = 128, batch_size: int = 8, prompt_style: str = "full",
+    task: str | Task = "mapf", **generate_kwargs,
+) -> dict:
+    """Greedy answers of `model` to `instances`, verified by the task: {valid_rate, optimal_rate, n, failures,
+    by_size, sample, valid, answers} (`by_size`: valid rate per level, MAPF: per grid size; `sample`: the first answer, for a look at what
+    fails; `valid`: each instance's verdict, in order, for paired comparisons; `answers`: each instance's
+    {id, answer, failure}, in order). `generate_kwargs` go to `model.generate` (e.g. a `logits_processor`).
+
+    A small in-process check for tests and benchmarks (the run's own evaluation is `nodes.evaluate`).
+    """
+    import torch
+
+    was_training = model.training
+    model.eval()
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    texts: list[str] = []
+    try:
+        for i in range(0, len(instances), batch_size):
+            chunk = instances[i : i + batch_size]
+            prompts = [tokenizer.apply_chat_template(load_task(task).prompt(x, prompt_style),
+                                                     add_generation_prompt=True, tokenize=False) for x in chunk]
+            enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                     pad_token_id=tokenizer.pad_token_id, **generate_kwargs)
+            texts += [tokenizer.decode(ids, skip_special_tokens=True) for ids in out[:, enc["input_ids"].shape[1] :]]
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return score_texts(instances, texts, task)
+
+
+def score_texts(instances: list, texts: list[str], task: str | Task = "mapf") -> dict:
+    """`greedy_valid_rate`'s figures for given answers (`texts[i]` answers `instances[i]`), each verified by the
+    task (MAPF: `env.verify` on the makespan): so answers kept from an earlier run are scored again, never trusted."""
+    task = load_task(task)
+    if len(texts) != len(instances):
+        raise ValueError(f"{len(texts)} answers for {len(instances)} instances; allowed: one answer per instance")
+    verdicts = [task.verify(inst, text) for inst, text in zip(instances, texts, strict=True)]
+    each = [bool(v.valid) for v in verdicts]
+    per_size: dict[int, list[int]] = {}
+    for inst, ok in zip(instances, each, strict=True):
+        per_size.setdefault(task.level(inst), []).append(int(ok))
+    n = max(1, len(instances))
+    return {"valid_rate": sum(each) / n, "optimal_rate": sum(bool(v.optimal) for v in verdicts) / n,
+            "n": len(instances), "failures": dict(Counter(v.label for v in verdicts if v.label)),
+            "by_size": {s: round(sum(v) / len(v), 4) for s, v in sorted(per_size.items())},
+            "sample": texts[0] if texts else None, "valid": each,
+            "answers": [{"id": task.item_id(i), "answer": t, "failure": v.label}
+                        for i, t, v in zip(instances, texts, verdicts, strict=True)]}
