@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             settings = settings.model_copy(update={"run_dir": run_dir, "run_id": run_dir.name,
                                                    "provenance": provenance()})
             settings.save(run_dir / "settings.json")
+            if settings.preset == "smoke" and not args.dry_run:
+                say("[smoke] this preset checks the plumbing end to end (every node, a few tiny steps); its stages "
+                    "are far too short to learn: for learning, see README.md \"The main job\"")
             say(f"[{'dry-run' if args.dry_run else 'run'}] {run_dir} (preset {settings.preset}, engineer "
                 f"{settings.engineer}, {settings.stages} stages, context {settings.context})"
                 + (": a temporary folder, removed at the end (--run-dir DIR keeps the files)" if scratch else ""))
