@@ -173,7 +173,7 @@ def test_approve_lets_a_person_replace_the_proposal(tmp_path, smoke_grid):
     assert rows and {r["size"] for r in rows} == {3}
 
 
-def test_cpu_preset_end_to_end_through_the_stage_child(tmp_path):
+def test_cpu_preset_end_to_end_through_the_stage_child(tmp_path, embedded_model_path):
     """The cpu preset (compact prompt, cached SFT warm start, dynamic sampling, vLLM evaluation and
     self-engineer) runs end to end with every stage trained in its own child process, shrunk in
     length only: 2 stages, 1 GRPO step each of completions of at most 48 tokens, a 2-step warm start in a cache of
@@ -184,6 +184,8 @@ def test_cpu_preset_end_to_end_through_the_stage_child(tmp_path):
             "--set", "train.max_completion_length=48", "--set", "train.sft_steps=2",
             "--set", "train.sft_instances=16", "--set", "engineer_max_attempts=1"]
     log = tmp_path / "run.log"
+    (tmp_path / "cache").mkdir()  # a cache of its own, but the converted model linked in: no 50 s conversion again
+    (tmp_path / "cache" / embedded_model_path.name).symlink_to(embedded_model_path)
     proc = start_run(args, {"ENV_ENGINEER_CACHE": str(tmp_path / "cache")}, log)
     try:
         rc = proc.wait(timeout=1800)
