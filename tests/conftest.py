@@ -71,6 +71,9 @@ QUICK = {
     "test_train_stage.py::test_reward_wrapper_scores_each_completion_against_its_own_instance",
     "test_train_stage.py::test_reward_wrapper_groups_and_state",
     "test_trainer_tiny_step.py",
+    # the task seam: a toy task (not MAPF) loaded by name, scored by the generic reward
+    "test_task_seam.py::test_tasks_load_by_name_and_a_bad_name_says_what_is_allowed",
+    "test_task_seam.py::test_the_generic_reward_scores_each_completion_against_its_own_row",
     # llm_backends: engineer names and keys, base URLs
     "test_llm_engineers.py",
     "test_llm_url_query.py",

@@ -32,12 +32,17 @@ def test_stop_callback_stops_a_trainer_at_the_step_boundary():
 
     cb = stop.StopCallback()
     assert isinstance(cb, TrainerCallback)
+    from transformers import TrainerState
+
+    state = TrainerState(global_step=3)
     control = TrainerControl()
-    cb.on_step_end(None, None, control)
+    cb.on_step_end(None, state, control)
     assert not control.should_training_stop  # no stop asked: training goes on
     stop.request_stop("SIGTERM")
-    control = cb.on_step_end(None, None, TrainerControl(should_save=True))
+    control = cb.on_step_end(None, state, TrainerControl(should_save=True))
     assert control.should_training_stop and not control.should_save
+    control = stop.StopCallback(save=True).on_step_end(None, state, TrainerControl())
+    assert control.should_training_stop and control.should_save  # the step it waited for is saved
 
 
 def test_atomic_write_never_touches_a_hard_linked_donor(tmp_path):
