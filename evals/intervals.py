@@ -35,12 +35,13 @@ for byte. `DRAWS` = 4000 draws cost a few milliseconds per cell (numpy).
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from nodes.metrics import wilson  # one seed's interval; the run report uses it too
 
 DRAWS = 4000
 RNG_SEED = 20260617  # fixed: the same verdicts give the same intervals, byte for byte
@@ -49,17 +50,6 @@ METHOD = "two-way bootstrap"  # the `method` of an interval drawn over seeds and
 
 # One seed's answers in one stratum: [(instance id, value), ...], or (n, k) when only counts are known.
 Cell = Sequence[tuple[str, float]] | tuple[int, int]
-
-
-def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion k/n (inside [0, 1] by construction)."""
-    if n == 0:
-        return (0.0, 0.0)
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (0.0 if k == 0 else max(0.0, centre - half), 1.0 if k == n else min(1.0, centre + half))
 
 
 def _percentiles(draws: np.ndarray) -> tuple[float, float]:

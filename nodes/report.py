@@ -13,7 +13,6 @@ no control characters) before they reach report.md. Files are written atomically
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 from pathlib import Path
@@ -22,7 +21,11 @@ from typing import Any
 from env import SIZES
 from nodes.evaluate import final_table_md
 from nodes.inert import for_markdown, md_inline
-from trainer.files import write_bytes_atomic, write_text_atomic
+from nodes.report_plots import num as _num
+from nodes.report_plots import plot  # noqa: F401 - the report's plots, also for tests
+from nodes.report_plots import size_rate as _size_rate
+from nodes.report_plots import sizes as _sizes
+from trainer.files import write_text_atomic
 
 
 def _read_json(path: Path) -> dict | None:
@@ -32,23 +35,6 @@ def _read_json(path: Path) -> dict | None:
     except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or bytes that are not UTF-8
         return None
     return obj if isinstance(obj, dict) else None
-
-
-def _num(x: Any) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-
-
-def _sizes(config: Any) -> dict[int, dict[str, float]]:
-    """A config's `sizes` as {size: {knob: float}}, keeping only well-typed entries."""
-    raw = config.get("sizes") if isinstance(config, dict) else None
-    out: dict[int, dict[str, float]] = {}
-    if not isinstance(raw, dict):
-        return out
-    for n in SIZES:
-        knobs = raw.get(str(n), raw.get(n))
-        if isinstance(knobs, dict):
-            out[n] = {k: v for k in ("data_ratio", "hole_ratio", "wait_ratio") if (v := _num(knobs.get(k))) is not None}
-    return out
 
 
 def _decisions(validation: Any) -> list[dict]:
@@ -99,69 +85,6 @@ def _mtime(path: Path) -> float | None:
         return path.stat().st_mtime
     except OSError:
         return None
-
-
-def _size_rate(metrics: dict[str, Any], kind: str, size: int) -> float | None:
-    return _num(metrics.get(f"eval/{kind}/size_{size}"))
-
-
-def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
-    """Write the PNG plots; return their file names (relative to run_dir)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    stages = [s for s in data["stages"] if s["metrics"] and "eval/valid_rate" in s["metrics"]]
-    start = data.get("start")
-    files = []
-    if stages:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-        for ax, kind, title in (
-            (axes[0], "valid_rate", "valid rate"),
-            (axes[1], "optimal_rate", "optimal rate"),
-        ):
-            lines = [(start, "warm start", {"color": "0.5", "linestyle": "--"})] if start else []
-            lines += [(s["metrics"], f"stage {s['stage']}", {}) for s in stages]
-            for metrics, label, style in lines:
-                ys = [_size_rate(metrics, kind, n) for n in SIZES]
-                xs = [n for n, y in zip(SIZES, ys, strict=True) if y is not None]
-                ax.plot(xs, [100 * y for y in ys if y is not None], marker="o", label=label, **style)
-            ax.set_title(f"validation {title} per size")
-            ax.set_xlabel("grid size")
-            ax.set_xticks(list(SIZES))
-            ax.grid(alpha=0.3)
-        axes[0].set_ylabel("%")
-        axes[0].legend()
-        fig.tight_layout()
-        _save_png(fig, run_dir / "rates.png")
-        plt.close(fig)
-        files.append("rates.png")
-    configs = [s for s in data["stages"] if _sizes(s["config"])]
-    if configs:
-        fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-        width = 0.8 / max(1, len(configs))
-        for i, s in enumerate(configs):
-            sizes = _sizes(s["config"])
-            for ax, knob in zip(axes, ("data_ratio", "hole_ratio", "wait_ratio"), strict=True):
-                ys = [sizes.get(n, {}).get(knob, 0.0) for n in SIZES]
-                ax.bar(
-                    [n + (i - (len(configs) - 1) / 2) * width for n in SIZES],
-                    ys,
-                    width=width,
-                    label=f"stage {s['stage']}",
-                )
-        for ax, knob in zip(axes, ("data_ratio", "hole_ratio", "wait_ratio"), strict=True):
-            ax.set_title(knob)
-            ax.set_xlabel("grid size")
-            ax.set_xticks(list(SIZES))
-        axes[0].legend()
-        fig.suptitle("environment allocation per stage")
-        fig.tight_layout()
-        _save_png(fig, run_dir / "allocation.png")
-        plt.close(fig)
-        files.append("allocation.png")
-    return files
 
 
 def paper_table_md(final: dict[str, Any], label: str) -> str:
@@ -426,15 +349,6 @@ def write_report(run_dir: Path) -> Path:
     out = run_dir / "report.md"
     write_text_atomic(out, render(data, plots, run_dir.name))
     return out
-
-
-def _save_png(fig, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    write_bytes_atomic(path, buf.getvalue())
 
 
 def _code(x: Any) -> str:
