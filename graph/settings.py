@@ -55,7 +55,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "policy_dtype": "float32",  # CI: the same greedy answers on every CPU, bf16 hardware or not
     },
     "cpu": _CPU_RUN,
-    # `cpu`'s run, around a 4x longer stage that learns measurably (trainer.config.TRAIN_PRESETS["cpu-long"])
+    # `cpu`'s run, around a 4x longer stage (the one measured to gain most on a CPU) (trainer.config.TRAIN_PRESETS["cpu-long"])
     "cpu-long": _CPU_RUN,
     "paper": {
         "stages": 3,

@@ -2,7 +2,7 @@
 
 A small module of its own, so that the run settings (which embed a `TrainConfig`) and the CLIs read the training
 knobs without importing the trainer. The presets: `smoke` (CI, seconds), `cpu` (embedded 135M model on a laptop,
-warm start on), `cpu-long` (the same model, a 4x longer stage that learns measurably, hours a run), `paper`
+warm start on), `cpu-long` (the same model, a 4x longer stage, the one measured to gain most on a CPU, hours a run), `paper`
 (Qwen3-4B, 4,000 instances per stage, 2 epochs, LoRA, vLLM generation, for a GPU).
 Every field can also be set from the environment as `TRAIN__<NAME>` (`trainer.stage`'s CLI).
 """
@@ -294,21 +294,22 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # steps of 1 prompt x 16 completions of <= 128 tokens with dynamic sampling, sampled by a bf16 copy on bf16 CPUs
     # (a float32 copy elsewhere), top 8 blocks trained, on 3x3-5x5 maps only (max_train_size 5).
     # One stage's gain over the warm start (evals/results/learning_cpu): 24 steps of 2 prompts x 8 +1.6 points
-    # (3 seeds), 96 such steps on 3x3/4x4 +4.4 [+1.6, +7.2] (5 seeds); 24 steps of 1 prompt x 16 (now) in the README
-    # there. One group of 16 per step has reward variance far more often than two of 8 (a prompt the policy gets
+    # (3 seeds), 96 such steps on 3x3/4x4 +4.4 [-0.8, +9.7] (5 seeds); 24 steps of 1 prompt x 16 (now) in the README
+    # there (95 % intervals, two-way over seeds and the instances they share). One group of 16 per step has reward variance far more often than two of 8 (a prompt the policy gets
     # right 1 time in 10 gives a group of 8 no variance 43 % of the time, of 16 only 19 %). 24 steps is what 3
     # stages afford in the 30-minute default run.
     "cpu": {},
-    # The stage that learns measurably on 2 cores, for a run that has hours rather than 30 minutes: the
+    # The stage measured to gain most on 2 cores, for a run that has hours rather than 30 minutes: the
     # embedded 135M model from a 300-step warm start (2,400 solver plans; 14-28 min to build, once, cached), then per
     # stage 96 GRPO steps of 2 prompts x 8 completions, every group trained as sampled (no dynamic sampling).
     # On 3x3/4x4 maps this stage raised the greedy valid rate on val-small's 150 2-agent answers by +4.9 points,
-    # 95 % interval [+0.7, +9.1], over 3 pre-registered seeds on a Xeon, +5.2 [+2.0, +8.4] over 6; 144
+    # 95 % interval [-1.1, +10.9], over 3 pre-registered seeds on a Xeon, +5.2 [-0.4, +10.9] over 6 (every seed
+    # above its start, but 150 evaluation instances cannot confirm the gain); 144
     # steps gained no more (+0.4 per paired seed, [-3.7, +4.6]), so the stage stops at 96. About
     # 30 min a stage alone on a 2-core Xeon (18-20 s a step, evals/results/cpu_long_run_xeon), where `cpu`'s
     # 24-step stage (+0.7 to +1.6 points) keeps the default run within 30 minutes.
     # The `cpu` preset's group shape instead (1 prompt x 16 with dynamic sampling) kept zero-variance groups
-    # trained at 47 % but gained +1.1 [-3.1, +5.1] over 3 pre-registered seeds: half as many maps a stage.
+    # trained at 47 % but gained +1.1 [-4.7, +6.7] over 3 pre-registered seeds: half as many maps a stage.
     # evals/results/learning_cpu/README.md, "The cpu-long preset".
     "cpu-long": {
         "sft_steps": 300,
