@@ -108,6 +108,18 @@ def test_a_setting_added_since_a_file_was_written_counts_at_its_default(tmp_path
         pool([a, c])
 
 
+def test_a_removed_lever_recorded_off_pools_and_recorded_on_does_not(tmp_path):
+    from trainer.config import TrainConfig
+
+    now = TrainConfig().model_dump(mode="json")
+    a = _file(tmp_path, "a.json", [0], train_config={**now, "sft_mix": 0.0, "localize_credit": False})
+    b = _file(tmp_path, "b.json", [1], train_config=now)
+    assert [r["seed"] for r in pool([a, b])["seeds"]] == [0, 1]
+    c = _file(tmp_path, "c.json", [2], train_config={**now, "sft_mix": 0.5})
+    with pytest.raises(ValueError, match=r"c.json: train_config differs .*\(sft_mix: 0.5 vs None\)"):
+        pool([b, c])
+
+
 def test_old_files_and_repeated_seeds_are_refused(tmp_path, capsys):
     a = _file(tmp_path, "a.json", [0, 1])
     old = json.loads(a.read_text())
@@ -293,15 +305,6 @@ def test_training_draw_keeps_only_long_plans_when_asked_and_refuses_the_impossib
         [x.to_json() for x in training_draw({3}, 6, 1)]
     with pytest.raises(ValueError, match=r"--grpo-min-makespan 40: found only \{3: '0 of 2'\} instances .* allowed: a smaller"):
         training_draw({3}, 2, 1, min_makespan=40)
-
-
-def test_probe_branch_reads_rate_confidence_pairs_and_names_a_bad_one():
-    from evals.bench.probe_branch import parse_branches
-
-    assert parse_branches("0.15:0.9,1:0.7") == [(0.15, 0.9), (1.0, 0.7)]
-    for bad in ("0.15", "2:0.9", "0.1:x"):
-        with pytest.raises(ValueError, match=f"--branch {bad!r}: allowed"):
-            parse_branches(bad)
 
 
 def test_a_kept_start_answer_set_is_reused_only_for_its_spec_and_always_verified_again(tmp_path, monkeypatch):
