@@ -47,3 +47,23 @@ def test_from_the_command_line_and_the_environment(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and "Input should be a finite number" in err, err
         assert not (tmp_path / "r").exists()
+
+
+def test_a_removed_training_lever_loads_off_and_is_refused_on(tmp_path):
+    """A settings.json written before a lever's removal, holding it off, still loads (resume, committed grids);
+    holding it on, or setting it now, is refused in one line that names it."""
+    import json
+
+    from graph.settings import Settings, build_settings
+
+    s = build_settings({}, {"PRESET": "smoke"})
+    raw = json.loads(s.model_dump_json())
+    raw["train"].update({"sft_mix": 0.0, "localize_credit": False, "select_instances": 0})
+    (tmp_path / "old.json").write_text(json.dumps(raw))
+    assert Settings.load(tmp_path / "old.json").train == s.train
+    raw["train"]["sft_mix"] = 0.5
+    (tmp_path / "on.json").write_text(json.dumps(raw))
+    with pytest.raises(Exception, match=r"sft_mix=0.5: a setting removed from the trainer .*\(sft_mix=0.0\) still loads"):
+        Settings.load(tmp_path / "on.json")
+    with pytest.raises(Exception, match=r"sft_mix='1': a setting removed from the trainer"):
+        build_settings({"train.sft_mix": "1"}, {})

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 LORA_AUTO_PARAMS = 1e9  # `lora="auto"` turns LoRA on above this many parameters
 
@@ -19,6 +19,30 @@ LORA_AUTO_PARAMS = 1e9  # `lora="auto"` turns LoRA on above this many parameters
 def wants_lora(lora: bool | str, num_params: int) -> bool:
     """The LoRA decision for a model of `num_params` parameters (`lora`: True, False or "auto")."""
     return lora if isinstance(lora, bool) else num_params > LORA_AUTO_PARAMS
+
+
+# Training levers measured and removed (docs/learning-log.md), at the values that turned them off. A settings file
+# written before their removal that holds them off ran what the trainer runs now, and loads without them.
+REMOVED_OFF: dict[str, Any] = {
+    "rollout_branch": 0.0, "branch_confidence": 0.9, "screen_samples": 0, "localize_credit": False,
+    "positive_weight": 1.0, "negative_weight": 1.0, "step_credit": 0.0, "step_credit_idle": 0.0,
+    "select_instances": 0, "select_every": 8, "sft_mix": 0.0, "sft_mix_batch": 4,
+}
+
+
+def without_removed_levers(raw: Any) -> Any:
+    """`raw` (a train settings mapping) without the removed levers it holds at their off values; one that holds
+    one on raises ValueError naming it: this version cannot run, resume or pool what it trained."""
+    if not isinstance(raw, dict):
+        return raw
+    on = {k: v for k, v in raw.items() if k in REMOVED_OFF and v != REMOVED_OFF[k]}
+    if on:
+        names = ", ".join(f"{k}={v!r}" for k, v in sorted(on.items()))
+        offs = ", ".join(f"{k}={REMOVED_OFF[k]!r}" for k in sorted(on))
+        raise ValueError(f"{names}: a setting removed from the trainer after it was measured (docs/learning-log.md); "
+                         f"a settings file that holds it off ({offs}) still loads, anything else needs the version "
+                         "of the project that ran it (the settings' git commit)")
+    return {k: v for k, v in raw.items() if k not in REMOVED_OFF}
 
 
 class TrainConfig(BaseModel):
@@ -234,6 +258,11 @@ class TrainConfig(BaseModel):
         if not parts or any(p not in ("tensorboard", "wandb") for p in parts):
             raise ValueError(f"report_to={v!r}: allowed: tensorboard, wandb, tensorboard,wandb, none")
         return ",".join(p for p in ("tensorboard", "wandb") if p in parts)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_levers(cls, raw: Any) -> Any:
+        return without_removed_levers(raw)
 
     @field_validator("sft_sizes", mode="before")
     @classmethod

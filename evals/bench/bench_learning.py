@@ -395,17 +395,10 @@ def same_setup(path: Path, f: dict, ref_path: Path, ref: dict) -> None:
                              "the same experiment")
 
 
-# Training levers since removed from TrainConfig (docs/learning-log.md), at the values that turned them off: a file
-# that recorded one of them off ran what the trainer runs now; one that recorded it on did not, and keeps it.
-REMOVED_OFF = {"rollout_branch": 0.0, "branch_confidence": 0.9, "screen_samples": 0, "localize_credit": False,
-               "positive_weight": 1.0, "negative_weight": 1.0, "step_credit": 0.0, "step_credit_idle": 0.0,
-               "select_instances": 0, "select_every": 8, "sft_mix": 0.0, "sft_mix_batch": 4}
-
-
 def _with_defaults(cfg: dict) -> dict:
     """A recorded train_config with the settings added since it was written at their defaults (a file from before
     a setting existed ran without it, which is what its default means), and removed levers that were off left out."""
-    from trainer.config import TrainConfig
+    from trainer.config import REMOVED_OFF, TrainConfig
 
     kept = {k: v for k, v in cfg.items() if not (k in REMOVED_OFF and v == REMOVED_OFF[k])}
     return {**TrainConfig().model_dump(mode="json"), **kept}
