@@ -245,20 +245,6 @@ def test_langgraph_dev_serves_the_graph_through_the_sdk(tmp_path, dev_server):
     assert not (tmp_path / "typo").exists()
 
 
-@pytest.mark.slow
-def test_langgraph_dev_runs_the_smoke_preset_to_the_end(tmp_path, dev_server):
-    """The whole loop through the server: smoke preset, fixed engineer, one short stage (real training and
-    evaluation of the embedded model), report written."""
-    run_dir = tmp_path / "run"
-    ctx = {"preset": "smoke", "engineer": "fixed", "run_dir": str(run_dir), "stages": 1, "eval_limit": 2,
-           "final_limit": 2, "train": {"max_steps": 1, "sft_warm_start": False, "instances_per_stage": 4}}
-    out, state = _sdk_run(dev_server, ctx)
-    assert "__error__" not in out, out
-    assert state["next"] == [] and state["values"]["final_metrics"]["final/n"] == 2
-    assert (run_dir / "report.md").read_text().startswith(f"# Run report: {run_dir.name}")
-    assert (run_dir / "stage_0" / "checkpoint").is_dir() and (run_dir / "tb").is_dir()
-
-
 def _server_graph():
     """The studio graph as the LangGraph server runs it (async nodes), with an in-memory checkpointer."""
     from langgraph.checkpoint.memory import InMemorySaver
@@ -333,7 +319,7 @@ def _children(run_dir: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_langgraph_dev_smoke_loop_with_approval_through_the_sdk(tmp_path, dev_server):
-    """The official SDK against a real `langgraph dev`: a two-stage smoke loop (real training and evaluation, as
+    """The official SDK against a real `langgraph dev`, the whole loop through the server: a two-stage smoke loop (real training and evaluation, as
     small as they go) with `approve` in the context pauses before stage 1's apply in an interrupt; resumed with
     "y" (no context sent again: the thread's own run goes on), it runs to the report, and validation.json records
     the person's decision as `--approve` does."""
@@ -370,6 +356,7 @@ def test_langgraph_dev_smoke_loop_with_approval_through_the_sdk(tmp_path, dev_se
     applied = json.loads((run_dir / "stage_1" / "config.json").read_text())
     assert applied["sizes"] == pause["value"]["proposed"]["sizes"]
     assert (run_dir / "report.md").read_text().startswith(f"# Run report: {run_dir.name}")
+    assert (run_dir / "stage_1" / "checkpoint").is_dir() and (run_dir / "tb").is_dir()  # real training, tracked
 
 
 @pytest.mark.slow
