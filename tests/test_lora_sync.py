@@ -139,7 +139,7 @@ def test_run_stage_installs_the_exact_sync_before_any_vllm_stage(tmp_path, monke
     from env import generate, uniform_config, write_jsonl
     from llm_backends.models import resolve_model
     from trainer import resume as stage_resume
-    from trainer import train_stage
+    from trainer import stage as train_stage
     from trainer.config import TRAIN_PRESETS, TrainConfig
     from trainer.gpu_plan import mock_cuda
 
