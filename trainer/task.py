@@ -137,8 +137,10 @@ class TaskReward:
             valid.append(bool(verdict.valid))
             optimal.append(bool(verdict.optimal))
             keys.append(self.task.item_id(it))
-        record_batch(self.history, rewards, valid, optimal, keys,
-                     [len(completion_text(c)) for c in completions], kw.get("log_metric"))
+        # completion_tokens: TRL's token ids where it passes them, else characters (a reward called by hand)
+        lengths = ([len(ids) for ids in completion_ids] if completion_ids is not None
+                   else [len(completion_text(c)) for c in completions])
+        record_batch(self.history, rewards, valid, optimal, keys, lengths, kw.get("log_metric"))
         return rewards
 
 
