@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llm_backends.engineers import CLASSIC_ENGINEERS, MODEL_ENGINEERS
 from nodes.context_variants import CONTEXT_VARIANTS
@@ -85,6 +85,12 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     preset: Literal[tuple(PRESETS)] = Field("cpu", description="named bundle of defaults")  # type: ignore[valid-type]
+    task: str = Field(
+        "mapf",
+        description="the task family the engineer configures: mapf (MAPF-FrozenLake, the paper's testbed) or "
+        "rg:<dataset>[:attr=lo-hi,...] (a reasoning-gym dataset, its levels from the dataset's curriculum; "
+        "docs/tasks.md)",
+    )
     engineer: str = Field(
         "self",
         description="who designs the next stage: self | base | openai | gemini | fixed | random | "
@@ -168,6 +174,34 @@ class Settings(BaseModel):
     @classmethod
     def _no_cpu_split(cls, v: Any) -> Any:
         return None if isinstance(v, str) and v.strip().lower() in ("", "none", "null") else v
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        from trainer.task import load_task
+
+        v = v.strip()
+        load_task(v)  # an unknown task, dataset, attribute or level: one line naming what is allowed
+        return v
+
+    @model_validator(mode="after")
+    def _task_splits(self) -> Settings:
+        if self.task != "mapf":
+            from trainer.task import load_task
+
+            names = getattr(load_task(self.task), "split_names", ("val", "test"))
+            for field in ("eval_split", "final_split"):
+                if getattr(self, field) not in names:
+                    raise ValueError(f"{field}={getattr(self, field)!r} is not a split of task {self.task}; "
+                                     f"allowed: {', '.join(names)}")
+            if self.final_cpu_split is not None:
+                raise ValueError(f"final_cpu_split={self.final_cpu_split!r} is a MAPF split; allowed for task "
+                                 f"{self.task}: none")
+        return self
+
+    @property
+    def is_mapf(self) -> bool:
+        return self.task == "mapf"
 
     @field_validator("engineer")
     @classmethod
@@ -268,11 +302,20 @@ def build_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] 
             merged[key] = value
             source[key] = f"--{key.replace('_', '-')}" if given_as == "flag" else f"the run's context key {key!r}"
     merged["train"] = train
+    task = str(merged.get("task") or "mapf").strip()
+    if task != "mapf":  # a non-MAPF task answers its own fixed splits unless they were named
+        for field, split in (("eval_split", "val"), ("final_split", "test")):
+            if field not in source:
+                merged[field] = split
+        if "final_cpu_split" not in source:
+            merged["final_cpu_split"] = None
     try:
         settings = Settings.model_validate(merged)
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
+        if not loc:  # a check across settings (Settings' model validators): its message names the settings
+            raise SettingsError(f"bad settings: {err['msg'].removeprefix('Value error, ')}") from None
         where = source.get(loc, loc)
         allowed = err["msg"]
         if err["type"] == "extra_forbidden":

@@ -99,6 +99,10 @@ def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     (proposal None, attempts 0, feedback []), plus a log line.
     """
     settings, run_dir = runtime.context.settings, runtime.context.run_dir
+    if not settings.is_mapf:  # any other task family, through the task seam (nodes/task_loop.py)
+        from nodes.task_loop import apply_stage
+
+        return apply_stage(state, settings, run_dir, stage_seed)
     first = not state.get("train_path")
     if first:
         stage = int(state.get("stage") or 0)

@@ -57,7 +57,8 @@ def limit_instances(instances: Sequence[Any], limit: int | None) -> list[Any]:
     groups: dict[tuple, list[Any]] = defaultdict(list)
     for inst in instances:
         tags = instance_tags(inst)
-        key = (inst.num_agents, str(tags.get("wait")), inst.size)
+        key = (getattr(inst, "num_agents", None), str(tags.get("wait")), getattr(inst, "size", None)
+               if hasattr(inst, "size") else getattr(inst, "level", None))
         groups[key].append(inst)
     picked: list[Any] = []
     keys = _balanced_order(list(groups))
@@ -115,6 +116,7 @@ def answer_and_verify(
     prompt_style: str = "full",
     criterion: str = "makespan",
     on_batch: Callable[[list[dict]], None] | None = None,
+    task: Any = None,
 ) -> list[dict]:
     """Ask `model` (a `llm_backends.base.ChatModel`) every instance's prompt in batches and verify each answer.
 
@@ -134,10 +136,10 @@ def answer_and_verify(
     with tqdm(total=len(instances), desc=desc, unit="answer", disable=not progress, leave=False) as bar:
         for start in range(0, len(instances), batch_size):
             batch = instances[start : start + batch_size]
-            messages = [prompt_messages(inst, prompt_style) for inst in batch]
+            messages = [task_prompt(task, inst, prompt_style) for inst in batch]
             results = model.chat_batch(messages, max_tokens=max_tokens, temperature=0.0)
-            new = [verdict_row(inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None), criterion)
-                   for inst, res in zip(batch, results, strict=True)]
+            new = [task_row(task, inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None),
+                            criterion) for inst, res in zip(batch, results, strict=True)]
             rows += new
             if on_batch is not None:
                 on_batch(new)
@@ -164,6 +166,42 @@ def verdict_row(inst: Any, text: str, completion_tokens: int | None = None, fini
         **verdict.model_dump(mode="json"),
         "optimal_soc": verdict.optimal_cost,
     }
+
+
+def eval_task(settings: Settings) -> Any:
+    """The run's task family when it is not MAPF (`trainer.task.load_task`), else None: MAPF's own splits,
+    prompts and verdicts below."""
+    if settings.is_mapf:
+        return None
+    from trainer.task import load_task
+
+    return load_task(settings.task)
+
+
+def split_items(settings: Settings, split: str) -> list[Any]:
+    task = eval_task(settings)
+    return load_split(split) if task is None else task.split(split)
+
+
+def item_key(task: Any, inst: Any) -> str:
+    return inst.id if task is None else task.item_id(inst)
+
+
+def task_prompt(task: Any, inst: Any, prompt_style: str) -> list[dict]:
+    return prompt_messages(inst, prompt_style) if task is None else task.prompt(inst, prompt_style)
+
+
+def task_row(task: Any, inst: Any, text: str, completion_tokens: int | None = None, finish_reason: str | None = None,
+             criterion: str = "makespan") -> dict:
+    if task is None:
+        return verdict_row(inst, text, completion_tokens, finish_reason, criterion)
+    from nodes.task_loop import verdict_row as family_row
+
+    return family_row(task, inst, text, completion_tokens, finish_reason)
+
+
+def task_metrics(task: Any, rows: Sequence[dict], prefix: str = "eval") -> dict[str, Any]:
+    return compute_metrics(rows, prefix) if task is None else compute_metrics(rows, prefix, task.failure_labels)
 
 
 # ----------------------------------------------------------------------------- files
@@ -197,7 +235,8 @@ def eval_key(split: str, instances: Sequence[Any], *, checkpoint: str | None, se
     checkpoint's weight files, so a moved or copied run folder keeps its answers; the name of a model that is not
     a folder), how it answers (backend, dtype, prompt, token budget) and the optimality criterion of the
     verdicts. Saved answers are reused only under an equal key."""
-    ids = "\n".join(str(inst.id) for inst in instances)
+    task = eval_task(settings)
+    ids = "\n".join(str(item_key(task, inst)) for inst in instances)
     if model is not None:
         policy: Any = f"{type(model).__module__}.{type(model).__qualname__}:{getattr(model, 'model', '')}"
     else:
@@ -214,6 +253,7 @@ def eval_key(split: str, instances: Sequence[Any], *, checkpoint: str | None, se
         "prompt_style": settings.train.prompt_style,
         "max_tokens": settings.eval_max_tokens,
         "criterion": settings.train.optimality,
+        **({} if settings.is_mapf else {"task": settings.task}),
     }
 
 
@@ -261,16 +301,17 @@ def run_eval(
     `eval_key` answers only the rest. A finished evaluation leaves `eval.jsonl` and `eval.key.json`; calling
     again with the same key reuses it without starting the policy. A vLLM server started for it logs into
     `log_dir` (default `out_dir`)."""
-    instances = limit_instances(load_split(split), limit)
+    task = eval_task(settings)
+    instances = limit_instances(split_items(settings, split), limit)
     key = eval_key(split, instances, checkpoint=checkpoint, settings=settings, model=model)
     done = saved_answers(out_dir, key)  # split ids are unique (env.load_split checks)
-    todo = [inst for inst in instances if inst.id not in done]
+    todo = [inst for inst in instances if item_key(task, inst) not in done]
     if done:
         print(f"eval {split}: {len(instances) - len(todo)} of {len(instances)} answers kept from an earlier "
               "evaluation of the same policy", flush=True)
     if todo:
         (out_dir / KEY_FILE).unlink(missing_ok=True)
-        kept = [done[inst.id] for inst in instances if inst.id in done]
+        kept = [done[item_key(task, inst)] for inst in instances if item_key(task, inst) in done]
         # rewritten, not appended to: drops a cut-off line, and never writes through a hard link (a fork's files)
         write_jsonl(out_dir / JOURNAL, [{"key": key}, *kept])
         with open(out_dir / JOURNAL, "a", encoding="utf-8") as journal:
@@ -283,7 +324,7 @@ def run_eval(
             answer = partial(answer_and_verify, todo, max_tokens=settings.eval_max_tokens,
                              batch_size=settings.eval_batch_size, desc=desc or f"eval {split}",
                              prompt_style=settings.train.prompt_style, criterion=settings.train.optimality,
-                             on_batch=keep)
+                             on_batch=keep, task=task)
             if model is not None:
                 new = answer(model)
             else:
@@ -301,7 +342,7 @@ def run_eval(
                 ) as policy:
                     new = answer(policy)
         done.update((r["id"], r) for r in new)
-    rows = [done[inst.id] for inst in instances]
+    rows = [done[item_key(task, inst)] for inst in instances]
     write_jsonl(out_dir / "eval.jsonl", rows)
     write_json(out_dir / KEY_FILE, key)
     (out_dir / JOURNAL).unlink(missing_ok=True)
@@ -321,7 +362,8 @@ def start_cache_file(key: dict[str, Any], instances: Sequence[Any], settings: Se
     from llm_backends.models import cache_root
     from trainer.provenance import cpu_id, machine, package_versions
 
-    prompts = json.dumps([prompt_messages(inst, settings.train.prompt_style) for inst in instances], sort_keys=True)
+    task = eval_task(settings)
+    prompts = json.dumps([task_prompt(task, inst, settings.train.prompt_style) for inst in instances], sort_keys=True)
     mach = machine()
     spec = json.dumps({
         "key": key, "prompts": hashlib.sha256(prompts.encode()).hexdigest(),
@@ -332,20 +374,21 @@ def start_cache_file(key: dict[str, Any], instances: Sequence[Any], settings: Se
     return cache_root() / START_CACHE / f"{hashlib.sha256(spec.encode()).hexdigest()[:16]}.json"
 
 
-def _kept_start_rows(file: Path, key: dict[str, Any], instances: Sequence[Any], criterion: str) -> list[dict] | None:
+def _kept_start_rows(file: Path, key: dict[str, Any], instances: Sequence[Any], criterion: str,
+                     task: Any = None) -> list[dict] | None:
     """The kept answers of `file`, verified again (a kept answer is only text), or None when there are none for
     exactly `key` and these instances (missing, unreadable, another key, a field of the wrong type)."""
     try:
         kept = json.loads(file.read_text())
         answers = kept["answers"]
-        if kept["key"] != key or [a["id"] for a in answers] != [inst.id for inst in instances]:
+        if kept["key"] != key or [a["id"] for a in answers] != [item_key(task, inst) for inst in instances]:
             return None
         for a in answers:
             tokens, reason = a.get("completion_tokens"), a.get("finish_reason")
             if (not isinstance(a["text"], str) or not (tokens is None or type(tokens) is int)
                     or not (reason is None or isinstance(reason, str))):
                 return None
-        return [verdict_row(inst, a["text"], a.get("completion_tokens"), a.get("finish_reason"), criterion)
+        return [task_row(task, inst, a["text"], a.get("completion_tokens"), a.get("finish_reason"), criterion)
                 for inst, a in zip(instances, answers, strict=True)]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
@@ -378,10 +421,11 @@ def evaluate_start(run_dir: Path, stage_metrics: dict[str, Any], settings: Setti
     path = stage_metrics.get("sft/cache_path")
     if not isinstance(path, str) or not Path(path).is_dir():
         return None
-    instances = limit_instances(load_split(settings.eval_split), settings.eval_limit)
+    task = eval_task(settings)
+    instances = limit_instances(split_items(settings, settings.eval_split), settings.eval_limit)
     key = eval_key(settings.eval_split, instances, checkpoint=path, settings=settings, model=model)
     cache = start_cache_file(key, instances, settings) if model is None else None  # a stand-in's are not the start's
-    kept = None if cache is None else _kept_start_rows(cache, key, instances, settings.train.optimality)
+    kept = None if cache is None else _kept_start_rows(cache, key, instances, settings.train.optimality, task)
     # only answers this machine gave go into its cache: not those of a run folder copied here mid-evaluation
     answered_here = kept is None and not saved_answers(out_dir, key)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -396,7 +440,7 @@ def evaluate_start(run_dir: Path, stage_metrics: dict[str, Any], settings: Setti
         answers = [{k: r.get(k) for k in ("id", "text", "completion_tokens", "finish_reason")} for r in rows]
         cache.parent.mkdir(parents=True, exist_ok=True)
         write_json(cache, {"key": key, "answers": answers})
-    metrics = {**compute_metrics(rows), "start/cache_key": stage_metrics.get("sft/cache_key"),
+    metrics = {**task_metrics(task, rows), "start/cache_key": stage_metrics.get("sft/cache_key"),
                "start/cache_path": path, "start/answers_reused": kept is not None}
     write_json(out_dir / "metrics.json", metrics)
     return metrics
@@ -436,11 +480,21 @@ def evaluate(
         update = start_update(runtime.context.run_dir, kept, settings, model=model)
     rows = run_eval(settings.eval_split, out_dir, checkpoint=state.get("checkpoint"), settings=settings,
                     limit=settings.eval_limit, model=model)
-    metrics = compute_metrics(rows)
+    metrics = task_metrics(eval_task(settings), rows)
     write_json(on_disk, {**kept, **metrics})
     line = (f"stage {stage}: eval on {settings.eval_split} (n={metrics['eval/n']}): "
             f"valid {metrics['eval/valid_rate']:.3f}, optimal {metrics['eval/optimal_rate']:.3f}")
     return {**update, "metrics": metrics, "log": [*update["log"], line]}
+
+
+def level_table_md(task: Any, final: dict[str, Any]) -> str:
+    """The final table of a non-MAPF task: valid % per level, and overall."""
+    lines = [f"| {task.level_word} | what | n | valid |", "|---|---|---|---|"]
+    for lv in task.levels:
+        row = (final.get("by_size") or {}).get(str(lv.index)) or {}
+        lines.append(f"| {lv.index} | {lv.label} | {row.get('n', 0)} | {100 * row.get('valid_rate', 0.0):.1f}% |")
+    lines.append(f"| all | | {final.get('final/n', 0)} | {100 * final.get('final/valid_rate', 0.0):.1f}% |")
+    return "\n".join(lines) + "\n"
 
 
 def final_evaluate(
@@ -459,9 +513,10 @@ def final_evaluate(
         limit=settings.final_limit,
         model=model,
     )
-    final = compute_final_metrics(rows)
+    task = eval_task(settings)
+    final = compute_final_metrics(rows) if task is None else task_metrics(task, rows, prefix="final")
     write_json(out_dir / "metrics.json", final)
-    write_text_atomic(out_dir / "table.md", final_table_md(final))
+    write_text_atomic(out_dir / "table.md", final_table_md(final) if task is None else level_table_md(task, final))
     lines = [
         f"final on {settings.final_split} (n={final['final/n']}): "
         f"valid {final['final/valid_rate']:.3f}, optimal {final['final/optimal_rate']:.3f}"

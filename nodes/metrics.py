@@ -29,12 +29,12 @@ def _rate(num: int, den: int) -> float:
     return num / den if den else 0.0
 
 
-def _aggregate(rows: Iterable[dict]) -> dict[str, Any]:
+def _aggregate(rows: Iterable[dict], labels: Sequence[str] = FAILURES) -> dict[str, Any]:
     rows = list(rows)
     n = len(rows)
     valid = sum(1 for r in rows if r.get("valid"))
     optimal = sum(1 for r in rows if r.get("optimal"))
-    failures = {name: 0 for name in FAILURES}
+    failures = {name: 0 for name in labels}
     for r in rows:
         if r.get("failure"):
             failures[r["failure"]] = failures.get(r["failure"], 0) + 1
@@ -48,18 +48,19 @@ def _aggregate(rows: Iterable[dict]) -> dict[str, Any]:
     }
 
 
-def compute_metrics(rows: Sequence[dict], prefix: str = "eval") -> dict[str, Any]:
-    """Flat metrics plus a per-size table from verdict rows (the rows of an `eval.jsonl`).
+def compute_metrics(rows: Sequence[dict], prefix: str = "eval", labels: Sequence[str] = FAILURES) -> dict[str, Any]:
+    """Flat metrics plus a per-size table from verdict rows (the rows of an `eval.jsonl`). `labels`: the task's
+    failure labels (MAPF's `env.FAILURES`); a non-MAPF task's rows hold its level in `size`.
 
     >>> m = compute_metrics([{"size": 3, "valid": True, "optimal": False, "failure": None},
     ...                      {"size": 3, "valid": False, "optimal": False, "failure": "conflict"}])
     >>> m["eval/valid_rate"], m["eval/valid_rate/size_3"], m["eval/failure/conflict"]
     (0.5, 0.5, 1)
     """
-    total = _aggregate(rows)
+    total = _aggregate(rows, labels)
     by_size: dict[str, dict] = {}
     for size in sorted({int(r["size"]) for r in rows}):
-        by_size[str(size)] = _aggregate(r for r in rows if int(r["size"]) == size)
+        by_size[str(size)] = _aggregate((r for r in rows if int(r["size"]) == size), labels)
     out: dict[str, Any] = {
         f"{prefix}/n": total["n"],
         f"{prefix}/valid_rate": total["valid_rate"],

@@ -307,7 +307,13 @@ def propose_config(
         rng = random.Random(f"{settings.seed}:{stage}:{attempt}")
         memory = dict(state.get("engineer_memory") or {})
         by_size = (state.get("metrics") or {}).get("by_size") or {}
-        raw, rationale, memory = CLASSIC[engineer](state.get("config") or {}, by_size, memory, rng)
+        if settings.is_mapf:
+            raw, rationale, memory = CLASSIC[engineer](state.get("config") or {}, by_size, memory, rng)
+        else:  # the same curricula over a task family's level shares (nodes/task_loop.py)
+            from nodes.task_loop import classic, task_of
+
+            raw, rationale, memory = classic(engineer, task_of(settings), state.get("config") or {}, by_size,
+                                             memory, rng)
         inputs = {
             "config": state.get("config"),
             "metrics_by_size": by_size,
@@ -334,14 +340,21 @@ def propose_config(
             "log": [f"stage {stage}: {engineer} engineer proposed (attempt {attempt})"],
         }
 
+    if settings.is_mapf:
+        system, schema = system_prompt(settings.prompts_dir, settings.train.optimality), answer_schema()
+    else:  # the family's own levers, generated from its description (nodes/task_loop.py)
+        from nodes import task_loop
+
+        family = task_loop.task_of(settings)
+        system, schema = task_loop.system_prompt(family), task_loop.answer_schema(family)
     messages = [
-        {"role": "system", "content": system_prompt(settings.prompts_dir, settings.train.optimality)},
+        {"role": "system", "content": system},
         {"role": "user", "content": user_message(state.get("context") or "", feedback)},
     ]
     kwargs = {
         "max_tokens": settings.engineer_max_tokens,
         "temperature": settings.engineer_temperature,
-        "json_schema": answer_schema() if settings.engineer_structured else None,
+        "json_schema": schema if settings.engineer_structured else None,
     }
     _write(out_dir / "engineer_prompt.md", _messages_md(messages, header, kwargs), append)
     t0 = time.monotonic()
@@ -360,11 +373,15 @@ def propose_config(
     meta["wall_s"] = round(time.monotonic() - t0, 3)
     _write(out_dir / "engineer_reply.md", f"# {header}\n\n<!-- {json.dumps(meta)} -->\n\n{text}\n", append)
 
-    ex = (
-        extract_proposal(text, meta.get("finish_reason"), parsed)
-        if meta.get("error") is None
-        else Extracted(None, error=f"the engineer call failed: {meta['error']}")
-    )
+    if meta.get("error") is not None:
+        ex = Extracted(None, error=f"the engineer call failed: {meta['error']}")
+    elif settings.is_mapf:
+        ex = extract_proposal(text, meta.get("finish_reason"), parsed)
+    else:
+        from nodes.task_loop import extract
+
+        found, why, err = extract(text, parsed)
+        ex = Extracted(found, rationale=why, error=err)
     if cut > 0:
         what = f"the reply was cut to its first {MAX_REPLY_CHARS} characters ({cut} more not read)"
         ex.notes.insert(0, what)

@@ -417,6 +417,13 @@ def summarize_failures(state: LoopState, runtime: Runtime[RunContext]) -> dict[s
     settings = runtime.context.settings
     stage = int(state.get("stage") or 0)
     out_dir = stage_dir(runtime.context.run_dir, stage)
+    if not settings.is_mapf:  # any other task family, through the task seam (nodes/task_loop.py)
+        from nodes.task_loop import build_context as task_context
+
+        context = task_context(state, settings, _read_rows(out_dir / "eval.jsonl"))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(out_dir / "summary.md", context)
+        return {"context": context}
     context = build_context(
         variant=settings.context,
         state=state,

@@ -45,10 +45,11 @@ def train_stage(state: dict, runtime) -> dict:
         seed=int(settings.seed) + 1000 * stage,
         reward_state=state.get("reward_state") or None,
         warm_start=settings.train.sft_warm_start and prev is None,
+        task=settings.task,
     )
     m = result["metrics"]
     line = (
-        f"stage {stage}: trained {m['train/steps']} GRPO steps in {m['train/seconds']:.0f} s, "
+        f"stage {stage}: trained {m['train/steps']} {'filtered fine-tuning' if m.get('train/optimizer') == 'filtered' else 'GRPO'} steps in {m['train/seconds']:.0f} s, "
         f"reward {m['train/reward_mean']:.3f} -> {result['checkpoint']}"
     )
     lines = [line]

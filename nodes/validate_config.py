@@ -179,6 +179,10 @@ def validate_config(state: LoopState, runtime: Runtime[RunContext]) -> dict[str,
     for the engineer; [] when accepted), attempts, log.
     """
     settings, run_dir = runtime.context.settings, runtime.context.run_dir
+    if not settings.is_mapf:  # any other task family, through the task seam (nodes/task_loop.py)
+        from nodes.task_loop import validate
+
+        return validate(state, settings, run_dir)
     stage = int(state.get("stage") or 0)
     attempts = int(state.get("attempts") or 1)
     max_attempts = settings.engineer_max_attempts

@@ -75,6 +75,8 @@ QUICK = {
     # the task seam: a toy task (not MAPF) loaded by name, scored by the generic reward
     "test_task_seam.py::test_tasks_load_by_name_and_a_bad_name_says_what_is_allowed",
     "test_task_seam.py::test_the_generic_reward_scores_each_completion_against_its_own_row",
+    "test_task_loop.py",  # a toy task family through the loop's task seam
+    "test_rg_task.py",  # reasoning-gym as a task family
     # llm_backends: engineer names and keys, base URLs
     "test_llm_engineers.py",
     "test_llm_url_query.py",

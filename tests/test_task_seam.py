@@ -19,7 +19,7 @@ def test_tasks_load_by_name_and_a_bad_name_says_what_is_allowed():
     assert load_task("mapf").name == "mapf" and isinstance(load_task("mapf"), Task)
     assert load_task(TOY).name == "toy-add"
     for bad in ("mapff", "tests.support.toy_task:Nope"):
-        with pytest.raises(ValueError, match=rf"task {bad!r}: .*allowed: mapf, or package.module:Attribute"):
+        with pytest.raises(ValueError, match=rf"task {bad!r}: .*allowed: mapf, rg:<dataset> \(a reasoning-gym dataset\), or package.module:Attribute"):
             load_task(bad)
     with pytest.raises(ValueError, match=r"lacks .*verify"):
         load_task("tests.support.toy_task:json")
@@ -27,7 +27,7 @@ def test_tasks_load_by_name_and_a_bad_name_says_what_is_allowed():
 
 def test_the_generic_reward_scores_each_completion_against_its_own_row():
     task = ToyTask()
-    items = task.generate([1, 2], 3, seed=0)
+    items = task.make([1, 2], 3, seed=0)
     raw = [task.item_to_json(i) for i in items]
     reward = TaskReward(task, "compact")
     got = reward(prompts=[task.prompt(i, "compact") for i in items],
@@ -45,7 +45,7 @@ def test_sft_and_greedy_scoring_go_through_the_task(embedded_model_path):
     from trainer.greedy import score_texts
 
     task = ToyTask()
-    items = task.generate([1, 2, 3], 6, seed=1)
+    items = task.make([1, 2, 3], 6, seed=1)
     tok = AutoTokenizer.from_pretrained(embedded_model_path)
     data, dropped = build_dataset(items, tok, 256, "compact", task=TOY)
     assert dropped == 0 and data.column_names == ["prompt", "item", "item_id", "level"]
@@ -78,7 +78,7 @@ def test_a_toy_task_trains_through_run_stage(embedded_model_path, tmp_path):
     task = ToyTask()
     train = tmp_path / "stage_0" / "train.jsonl"
     train.parent.mkdir()
-    train.write_text("".join(task.item_to_json(i) + "\n" for i in task.generate([1, 2], 8, seed=0)))
+    train.write_text("".join(task.item_to_json(i) + "\n" for i in task.make([1, 2], 8, seed=0)))
     cfg = TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "max_steps": 1, "max_completion_length": 8,
                                       "sft_sizes": None, "train_layers": 0, "prompt_style": "compact"})
     res = run_stage(train_path=train, init_checkpoint=base, out_dir=tmp_path / "stage_0", cfg=cfg, seed=0,

@@ -216,6 +216,7 @@ def run_stage_in_child(
     progress: bool = True,
     warm_start: bool | None = None,
     label: str | None = None,
+    task: str = "mapf",
 ) -> dict:
     """`trainer.stage.run_stage` in a child process; the same arguments and the same return value
     {"checkpoint", "reward_state", "metrics"}, read back from `checkpoint/trainer_meta.json` and `metrics.json`.
@@ -237,7 +238,7 @@ def run_stage_in_child(
     metrics_file.unlink(missing_ok=True)  # a stale file from an interrupted attempt must not pass for this one's
     run_in_child(out_dir, dict(train_path=Path(train_path), init_checkpoint=Path(init_checkpoint), out_dir=out_dir,
                                cfg=cfg, seed=seed, reward_state=reward_state, progress=progress,
-                               warm_start=warm_start), label=label)
+                               warm_start=warm_start, task=task), label=label)
     ckpt = out_dir / "checkpoint"
     try:
         meta = json.loads((ckpt / META_FILE).read_text())

@@ -73,6 +73,12 @@ class TrainConfig(BaseModel):
     max_prompt_length: int = Field(
         1024, ge=16, description="prompts longer than this (tokens) are dropped from training, and counted"
     )
+    optimizer: Literal["grpo", "filtered"] = Field(
+        "grpo",
+        description="the stage optimizer: grpo (TRL's GRPOTrainer), or filtered (reward-filtered fine-tuning: sample "
+        "num_generations answers a prompt, keep the verified ones, fine-tune on them at sft_lr; trainer/filtered.py)",
+    )
+    filtered_prompts: int = Field(16, ge=1, description="optimizer=filtered: prompts sampled per round")
     # --- GRPO
     learning_rate: float = Field(1e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
     num_generations: int = Field(16, ge=2, description="completions sampled per prompt (one GRPO group)")

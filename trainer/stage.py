@@ -168,6 +168,14 @@ def run_stage(
         load_from = Path(ws["path"])
         if main_process() and (load_from / "tb" / "sft").is_dir():  # the warm start's curves, beside GRPO's
             shutil.copytree(load_from / "tb" / "sft", out_dir / "tb" / "sft", dirs_exist_ok=True)
+    if cfg.optimizer == "filtered":  # reward-filtered fine-tuning instead of GRPO (trainer/filtered.py)
+        from trainer.filtered import run_filtered_stage
+
+        return run_filtered_stage(train_path=train_path, init_checkpoint=load_from, out_dir=out_dir, cfg=cfg,
+                                  seed=seed, task=task, progress=progress, metrics=metrics,
+                                  meta={"base_model": base_model, "init_checkpoint": str(init),
+                                        "sft_warm_start": bool(do_sft), "warm_start_cache": warm_info},
+                                  started=t_start)
     named = bool((meta_in or {}).get("base_model"))
     model, tok, base_model, is_lora = trainable_model(load_from, cfg, base_model, named=named)
 

@@ -14,13 +14,19 @@ reaches the task only through this protocol:
 | `verify(item, answer)` | a `Verdict`: valid, optimal, a failure label (None when valid) | rewards, evaluation |
 | `reward(tokenizer, reward_state, cfg)` | TRL's reward function for a stage (`TaskReward` or the task's own) | GRPO |
 
-`load_task(name)` gives a task by name: `mapf` (the default), or `package.module:Attribute` for a task defined
+The loop's nodes need more of a family than the trainer: its levels, a config of the engineer's levers, generation
+from a config, fixed evaluation splits and a description for the engineer's prompt. `nodes/task_loop.py` lists
+them; MAPF-FrozenLake's nodes use env/ directly, every other family goes through those members.
+
+`load_task(name)` gives a task by name: `mapf` (the default), `rg:<dataset>` for a reasoning-gym dataset
+(`env.rg`), or `package.module:Attribute` for a task defined
 anywhere importable (a class is instantiated with no arguments). The stage's child process gets the same
 name, so a task outside the project trains in a child process exactly as MAPF does (docs/tasks.md).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import statistics
@@ -63,22 +69,32 @@ def load_task(name: str | Task) -> Task:
     """The task named `name` (see the module docstring); a `Task` object is returned as it is."""
     if not isinstance(name, str):
         return name
+    if name.startswith("rg:"):  # a reasoning-gym dataset (env/rg.py)
+        return _cached_rg(name)
     target = BUILT_IN.get(name, name)
     if ":" not in target:
-        raise ValueError(f"task {name!r}: allowed: {', '.join(sorted(BUILT_IN))}, or package.module:Attribute "
-                         "naming a task object or class")
+        raise ValueError(f"task {name!r}: allowed: {', '.join(sorted(BUILT_IN))}, rg:<dataset> (a reasoning-gym "
+                         "dataset), or package.module:Attribute naming a task object or class")
     module, _, attr = target.partition(":")
     try:
         obj = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"task {name!r}: cannot import {target} ({e}); allowed: {', '.join(sorted(BUILT_IN))}, "
-                         "or package.module:Attribute naming a task object or class") from e
+                         "rg:<dataset> (a reasoning-gym dataset), or package.module:Attribute naming a task object or "
+                         "class") from e
     task = obj() if isinstance(obj, type) else obj
     missing = [m for m in ("item_to_json", "item_from_json", "item_id", "level", "prompt", "gold",
                            "warm_start_items", "verify") if not callable(getattr(task, m, None))]
     if missing:
         raise ValueError(f"task {name!r}: {target} lacks {', '.join(missing)} (trainer.task.Task)")
     return task
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_rg(name: str) -> Task:
+    from env.rg import RgTask
+
+    return RgTask(name)
 
 
 def last_user_text(prompt: Any) -> str:

@@ -1,0 +1,158 @@
+"""Does one stage learn a reasoning-gym task? The greedy valid rate per level on the task's fixed `val` split, for the
+cached SFT warm start and after one stage from it, over seeds.
+
+    python -m evals.bench.bench_rg --task rg:basic_arithmetic:num_terms=2-4,num_digits=1-2
+    python -m evals.bench.bench_rg --task rg:count_bits --optimizer filtered --seeds 0,1,2 --json out.json
+    python -m evals.bench.bench_rg --task ... --set max_steps=120 --set learning_rate=2e-5 --levels 1,3,5
+
+1. The warm start: `trainer.sft.build_warm_start` on fresh gold answers over every level (cached, keyed by
+   model, settings, task and `--warm-seed`), exactly as a run's stage 0 builds it.
+2. It answers `val` greedily (in-process, every answer scored by the dataset's own scorer).
+3. For each seed: one stage from the warm start on a fresh training set over `--levels` (every level unless
+   given), by `--optimizer`: `grpo` (`trainer.stage.run_stage`, as a run trains) or `filtered`
+   (`trainer.filtered.run_filtered_stage`: sample, keep verified answers, fine-tune on them). Then the same
+   evaluation.
+
+Printed: the rate per level before and after each seed, the gain per seed, the mean gain with a 95 % interval (a
+two-way bootstrap over seeds and the `val` questions they share, `evals.intervals`), seconds per stage and per
+step. `--json` keeps every figure and every answer, rewritten after each seed; `--resume` skips finished seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RG_CPU = {
+    # the warm start: every level of the grid, gold answers, the top 8 blocks trained
+    "sft_steps": 300,
+    "sft_instances": 2400,
+    "sft_batch_size": 8,
+    # a stage: short answers, one prompt x 16 completions a step
+    "max_completion_length": 16,
+    "max_prompt_length": 256,
+    "max_steps": 120,
+    "prompt_style": "compact",
+}
+
+
+def evaluate(model_dir: Path, task, items, batch_size: int = 24) -> dict:
+    from llm_backends.checkpoints import load_checkpoint
+    from trainer.greedy import greedy_valid_rate
+
+    model, tok = load_checkpoint(model_dir, dtype="float32")
+    return greedy_valid_rate(model, tok, items, max_new_tokens=16, batch_size=batch_size, prompt_style="compact",
+                             task=task)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m evals.bench.bench_rg", description=__doc__.split("\n\n")[0])
+    p.add_argument("--task", required=True, help="rg:<dataset>[:attr=lo-hi,...]")
+    p.add_argument("--optimizer", choices=("grpo", "filtered"), default="grpo")
+    p.add_argument("--seeds", default="0", help="comma list of stage seeds (default 0)")
+    p.add_argument("--warm-seed", type=int, default=0)
+    p.add_argument("--levels", default=None, help="comma list of levels the stage trains (default: every level)")
+    p.add_argument("--instances", type=int, default=256, help="training questions generated for the stage")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a TrainConfig setting")
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--no-stage", action="store_true", help="measure the warm start only")
+    a = p.parse_args(argv)
+
+    from env.rg import RgConfig
+    from evals.intervals import crossed_interval
+    from llm_backends.models import resolve_model
+    from trainer.config import TrainConfig
+    from trainer.sft import build_warm_start
+    from trainer.task import load_task
+
+    task = load_task(a.task)
+    overrides = dict(RG_CPU)
+    for kv in a.set:
+        k, _, v = kv.partition("=")
+        overrides[k] = json.loads(v) if v[:1] in "[{0123456789-.tf" and v not in ("true", "false") else v
+        if v in ("true", "false"):
+            overrides[k] = v == "true"
+    cfg = TrainConfig(**overrides)
+    val = task.split("val")
+    base = resolve_model("smollm2-135m")
+    out: dict = json.loads(a.json.read_text()) if (a.resume and a.json and a.json.is_file()) else {}
+    out.update({"task": a.task, "optimizer": a.optimizer, "settings": cfg.model_dump(mode="json"),
+                "levels": [lv.label for lv in task.levels]})
+    out.setdefault("seeds", {})
+
+    t0 = time.perf_counter()
+    ws = build_warm_start(base, cfg, a.warm_seed, task=task)
+    print(f"warm start: {ws['path']} ({'cached' if ws['hit'] else f'built in {time.perf_counter() - t0:.0f} s'})",
+          flush=True)
+    if "start" not in out:
+        t0 = time.perf_counter()
+        start = evaluate(Path(ws["path"]), task, val)
+        out["start"] = {"valid_rate": start["valid_rate"], "by_level": start["by_size"], "valid": start["valid"],
+                        "failures": start["failures"], "answers": start.get("answers"),
+                        "seconds": time.perf_counter() - t0}
+        _save(a.json, out)
+    start = out["start"]
+    print(f"warm start on val ({len(val)}): {100 * start['valid_rate']:.1f} % | by level "
+          + " ".join(f"{k}:{100 * v:.0f}" for k, v in start["by_level"].items()), flush=True)
+    if a.no_stage:
+        return 0
+
+    levels = [int(x) for x in a.levels.split(",")] if a.levels else list(range(len(task.levels)))
+    for seed in [int(s) for s in a.seeds.split(",")]:
+        if str(seed) in out["seeds"]:
+            continue
+        with tempfile.TemporaryDirectory(prefix="bench_rg_") as tmp:
+            tmp = Path(tmp)
+            items, _ = task.generate(RgConfig(levels={lv: 1 / len(levels) for lv in levels}), a.instances,
+                                     seed=1000 + seed)
+            train = tmp / "train.jsonl"
+            train.write_text("".join(task.item_to_json(i) + "\n" for i in items))
+            t0 = time.perf_counter()
+            if a.optimizer == "grpo":
+                from trainer.stage import run_stage
+
+                res = run_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=tmp / "stage", cfg=cfg,
+                                seed=seed, reward_state=None, warm_start=False, progress=False, task=task)
+            else:
+                from trainer.filtered import run_filtered_stage
+
+                res = run_filtered_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=tmp / "stage",
+                                         cfg=cfg, seed=seed, task=task)
+            secs = time.perf_counter() - t0
+            after = evaluate(Path(res["checkpoint"]), task, val)
+        m = res["metrics"]
+        steps = m.get("train/steps") or 1
+        out["seeds"][str(seed)] = {"valid_rate": after["valid_rate"], "by_level": after["by_size"],
+                                   "valid": after["valid"], "failures": after["failures"],
+                                   "answers": after.get("answers"), "seconds": secs, "steps": steps,
+                                   "metrics": {k: v for k, v in m.items() if isinstance(v, int | float)}}
+        _save(a.json, out)
+        print(f"seed {seed}: {100 * after['valid_rate']:.1f} % ({100 * (after['valid_rate'] - start['valid_rate']):+.1f})"
+              f" in {secs:.0f} s ({secs / steps:.1f} s/step) | by level "
+              + " ".join(f"{k}:{100 * v:.0f}" for k, v in after["by_size"].items()), flush=True)
+    seeds = sorted(out["seeds"], key=int)
+    gains = [out["seeds"][s]["valid_rate"] - start["valid_rate"] for s in seeds]
+    if gains:
+        lo, hi = crossed_interval([[int(x) - int(y) for x, y in zip(out["seeds"][s]["valid"], start["valid"],
+                                                                     strict=True)] for s in seeds])
+        print(f"mean gain over {len(gains)} seed(s): {100 * statistics.fmean(gains):+.1f} points, 95 % interval "
+              f"[{100 * lo:+.1f}, {100 * hi:+.1f}] (two-way bootstrap: seeds and the val questions)", flush=True)
+    return 0
+
+
+def _save(path: Path | None, obj: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(obj, indent=1) + "\n")
+        tmp.replace(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

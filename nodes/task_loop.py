@@ -1,0 +1,333 @@
+"""The nodes' work for a task family other than MAPF-FrozenLake, through the task seam alone (`trainer.task`).
+
+A family gives the loop (beside the trainer's methods: items, prompt, gold, verify):
+
+| member | what it gives | used by |
+|---|---|---|
+| `levels` (each with a `label`), `level_word` | the difficulty grid the engineer allocates over | every node |
+| `parse_config(raw, num_instances)` / `project(raw)` | the strict config check, and the nearest valid config | validate_config |
+| `random_config(seed, num_instances)` | the random stage-0 config | apply |
+| `generate(config, n, seed)` | a stage's items and the generator's figures | apply |
+| `split_names`, `split(name)` | the fixed evaluation splits | evaluate |
+| `describe_levels()`, `describe_attributes()` | the engineer's picture of its levers | propose_config |
+
+A config is `{"levels": {"<level>": share, ...}, "num_instances": n}`. The evidence shown to the engineer comes
+from the family: rates and failure labels per level, its history of configs and rates, and verbatim failing
+answers, fenced as untrusted, exactly as MAPF's. The classic curricula (fixed, random, learnability, threshold)
+work on the level shares. `env/rg.py` (reasoning-gym) and `tests/support/toy_task.py` implement it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from trainer.files import stage_dir, write_json_atomic, write_text_atomic
+from trainer.task import load_task
+
+LEARNABILITY_UNIFORM_MIX = 0.2
+THRESHOLD_BAR = 0.7
+THRESHOLD_SHIFT = 0.5
+
+
+def task_of(settings) -> Any:
+    return load_task(settings.task)
+
+
+def _pct(x: Any) -> str:
+    return "-" if not isinstance(x, int | float) else f"{100 * x:.1f}%"
+
+
+# ----------------------------------------------------------------------------- apply
+
+
+def apply_stage(state: dict, settings, run_dir, stage_seed) -> dict[str, Any]:
+    """The apply node for a non-MAPF task: the stage's config (stage 0: the given or a random one; later: what
+    validate_config accepted), its items generated into stage_<k>/train.jsonl, config.json and env_stats.json
+    (reused when the same config and seed wrote them already)."""
+    task = task_of(settings)
+    n = settings.train.instances_per_stage
+    first = not state.get("train_path")
+    history = list(state.get("history") or [])
+    if first:
+        stage = int(state.get("stage") or 0)
+        cfg = (task.parse_config(state["config"], n) if state.get("config")
+               else task.random_config(settings.seed, n))
+        how = "initial config" if state.get("config") else f"random config (seed {settings.seed})"
+    else:
+        prev = int(state.get("stage") or 0)
+        stage = prev + 1
+        cfg = task.parse_config(state.get("accepted") or state["config"], n)
+        history = [e for e in history if e.get("stage") != prev]
+        history.append({"stage": prev, "config": state.get("config"), "metrics": state.get("metrics") or {},
+                        "rationale": state.get("rationale", ""), "decision": state.get("decision")})
+        how = state.get("decision") or "accepted"
+    cfg = cfg.model_copy(update={"num_instances": n})
+    seed = stage_seed(settings.seed, stage)
+    out = stage_dir(run_dir, stage)
+    out.mkdir(parents=True, exist_ok=True)
+    dump = cfg.model_dump(mode="json")
+    config_json = json.dumps(dump, indent=2) + "\n"
+    stats_path, cfg_path, data_path = out / "env_stats.json", out / "config.json", out / "train.jsonl"
+    stats = None
+    if data_path.is_file() and stats_path.is_file() and cfg_path.is_file() and cfg_path.read_text() == config_json:
+        stats = json.loads(stats_path.read_text())
+        if stats.get("seed") != seed or stats.get("n") != n:
+            stats = None
+    if stats is None:
+        print(f"apply: generating {n} training items of {task.name} for {out.name} (seed {seed}) ...",
+              file=sys.stderr, flush=True)
+        items, gen = task.generate(cfg, n, seed)
+        write_text_atomic(data_path, "".join(task.item_to_json(i) + "\n" for i in items))
+        stats = {"seed": seed, "n": n, "generated": len(items), **gen}
+        write_json_atomic(stats_path, stats, ensure_ascii=True)
+        write_text_atomic(cfg_path, config_json)  # last: its presence marks a complete stage folder
+    return {
+        "stage": stage, "config": dump, "train_path": str(data_path), "history": history, "proposal": None,
+        "attempts": 0, "feedback": [],
+        "log": [f"stage {stage}: generated {stats.get('generated', n)} training items ({how}, seed {seed})"],
+    }
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+def verdict_row(task, item: Any, text: str, completion_tokens: int | None = None,
+                finish_reason: str | None = None) -> dict[str, Any]:
+    """One `eval.jsonl` row of a non-MAPF task: the item's id and level (in `size`, the column every table
+    reads), the answer and its verdict."""
+    v = task.verify(item, text)
+    return {"id": task.item_id(item), "size": int(task.level(item)), "num_agents": None, "tags": {}, "text": text,
+            "completion_tokens": completion_tokens, "finish_reason": finish_reason, "valid": bool(v.valid),
+            "optimal": bool(v.optimal), "failure": v.label, "score": float(v.score),
+            "gold": task.gold(item)}
+
+
+# ----------------------------------------------------------------------------- the engineer's context
+
+
+def levels_table(task, by_level: dict[str, dict]) -> str:
+    labels = task.failure_labels
+    lines = [f"| {task.level_word} | what | n | valid | " + " | ".join(labels) + " |",
+             "|" + "---|" * (4 + len(labels))]
+    for lv in task.levels:
+        row = by_level.get(str(lv.index)) or {}
+        counts = " | ".join(str((row.get("failures") or {}).get(f, 0)) for f in labels)
+        lines.append(f"| {lv.index} | {lv.label} | {row.get('n', 0)} | {_pct(row.get('valid_rate'))} | {counts} |")
+    return "\n".join(lines)
+
+
+def shares_of(config: dict | None) -> dict[int, float]:
+    return {int(k): float(v) for k, v in ((config or {}).get("levels") or {}).items()}
+
+
+def history_table(task, entries: list[dict]) -> str:
+    blocks = []
+    for e in entries:
+        m = e.get("metrics") or {}
+        by = m.get("by_size") or {}
+        shares = shares_of(e.get("config"))
+        lines = [f"Stage {e['stage']}: overall valid {_pct(m.get('eval/valid_rate'))}", "",
+                 f"| {task.level_word} | share trained | valid after |", "|---|---|---|"]
+        for lv in task.levels:
+            lines.append(f"| {lv.index} | {shares.get(lv.index, 0.0):.2f} | "
+                         f"{_pct((by.get(str(lv.index)) or {}).get('valid_rate'))} |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) if blocks else "(no earlier stage to show yet)"
+
+
+def build_context(state: dict, settings, eval_rows: list[dict]) -> str:
+    """The engineer's context after stage k's evaluation: F (rates and failures per level), H (history), S (its
+    last rationale and what became of it), X (verbatim failing answers, fenced as untrusted)."""
+    from nodes.summarize_failures import (
+        FENCE_CLOSE,
+        FENCE_OPEN,
+        evidence_nonce,
+        fence_evidence,
+        fill,
+        load_template,
+        pick_failures,
+        rationale_module,
+    )
+
+    task = task_of(settings)
+    stage = int(state.get("stage") or 0)
+    m = state.get("metrics") or {}
+    parts = [f"# Evidence after training stage {stage} ({task.name})",
+             f"## F. Results on the validation set (stage {stage})\nOverall: valid rate "
+             f"{_pct(m.get('eval/valid_rate'))} over {m.get('eval/n', 0)} questions. Per {task.level_word}, the "
+             "valid rate and counts of each failure (no_answer: empty; wrong: no credit; partial: the scorer's "
+             "partial credit):\n\n" + levels_table(task, m.get("by_size") or {})]
+    entries = [e for e in (state.get("history") or []) if e.get("stage") != stage]
+    entries.append({"stage": stage, "config": state.get("config") or {}, "metrics": m})
+    parts.append("## H. History\nEach block: the share of a stage's questions from each level, and the valid "
+                 "rate after it.\n\n" + history_table(task, entries))
+    parts.append(rationale_module(state, settings, load_template("module_S.md", settings.prompts_dir)))
+    picked = pick_failures(eval_rows, settings.evidence_examples)
+    if picked:
+        nonce = evidence_nonce(settings.seed, stage, [r.get("text") or "" for r in picked])
+        blocks = fence_evidence(picked, max_chars=settings.evidence_chars, nonce=nonce)
+        parts.append(fill(load_template("module_X.md", settings.prompts_dir), open=f"{FENCE_OPEN} {nonce}>>>",
+                          close=f"{FENCE_CLOSE} {nonce}>>>", blocks=blocks))
+    return "\n\n".join(p.strip() for p in parts) + "\n"
+
+
+# ----------------------------------------------------------------------------- the engineer's prompt
+
+
+def answer_schema(task) -> dict:
+    keys = {str(lv.index): {"type": "number", "minimum": 0, "maximum": 1} for lv in task.levels}
+    return {"type": "object", "additionalProperties": False, "required": ["levels"],
+            "properties": {"levels": {"type": "object", "additionalProperties": False, "properties": keys,
+                                      "description": "level -> share of the next stage's questions (sum 1)"},
+                           "rationale": {"type": "string", "description": "what changed and why, briefly"}}}
+
+
+def system_prompt(task) -> str:
+    """The engineer's system prompt for a non-MAPF task, generated from the family's own description of its
+    levels (for reasoning-gym: the dataset's curriculum), never written per dataset."""
+    example = {"levels": {str(task.levels[0].index): 0.5, str(task.levels[min(1, len(task.levels) - 1)].index): 0.5},
+               "rationale": "..."}
+    attrs = task.describe_attributes() if hasattr(task, "describe_attributes") else ""
+    return "\n\n".join(p for p in [
+        f"You are the environment engineer of a reinforcement-learning run. A small language model (the policy) "
+        f"is trained in stages on questions of the task `{task.name}`, scored by the task's own checker. After "
+        "each stage you see how the policy did on a fixed validation set, and you choose the next stage's "
+        "training data: what share of its questions comes from each difficulty level.",
+        "## Levels\n" + (f"Difficulty attributes:\n{attrs}\n\n" if attrs else "") + task.describe_levels(),
+        "## What helps\n- The goal is the valid rate on held-out questions of every level, not the training "
+        "reward.\n- Questions the policy always fails or always solves teach little; put most of the data "
+        "where it sometimes succeeds.\n- Prefer local edits: keep what works, change a few shares at a time.",
+        "## Answer contract\nReply with ONE JSON object and nothing else: `levels` maps a level number to its "
+        "share of the next stage's questions (shares in [0, 1] that sum to 1; a level left out gets none), and "
+        f"`rationale` says briefly why. Example: {json.dumps(example)}",
+    ] if p)
+
+
+def extract(text: str, parsed: Any = None) -> tuple[dict | None, str, str | None]:
+    """(proposal, rationale, error) from an engineer reply: the backend's decoded JSON when there is one, else the
+    first JSON object in the reply that has `levels` (a bare level -> share object is wrapped)."""
+    from nodes.propose_config import _candidates
+
+    def take(obj: Any) -> tuple[dict | None, str]:
+        if not isinstance(obj, dict):
+            return None, ""
+        rationale = obj.get("rationale") if isinstance(obj.get("rationale"), str) else ""
+        if "levels" in obj:
+            return {k: v for k, v in obj.items() if k != "rationale"}, rationale
+        if obj and all(str(k).strip().isdigit() for k in obj):
+            return {"levels": obj}, rationale
+        return None, ""
+
+    if parsed is not None:
+        got, why = take(parsed)
+        if got is not None:
+            return got, why, None
+    for obj, start, end in _candidates(text or ""):
+        got, why = take(obj)
+        if got is not None:
+            prose = ((text or "")[:start] + (text or "")[end:]).strip()
+            return got, why or prose[:2000], None
+    return None, (text or "").strip()[:2000], "no JSON object with `levels` found in the reply"
+
+
+# ----------------------------------------------------------------------------- classic curricula
+
+
+def classic(name: str, task, config: dict, by_level: dict, memory: dict, rng) -> tuple[dict, str, dict]:
+    """A classic curriculum's next config over the level shares: fixed (stage 0's forever), random (a fresh random
+    config), learnability (shares in proportion to p(1-p), mixed 20 % uniform), threshold (once a trained level's
+    valid rate passes 0.7, half its share moves to the next level)."""
+    memory = dict(memory or {})
+    cur = shares_of(config)
+    p = {int(k): float(v.get("valid_rate", 0.0)) for k, v in (by_level or {}).items()}
+    levels = [lv.index for lv in task.levels]
+    if name == "fixed":
+        memory.setdefault("fixed_config", {"levels": {str(k): v for k, v in cur.items()}})
+        return memory["fixed_config"], "fixed: keep the stage-0 configuration", memory
+    if name == "random":
+        seed = rng.randrange(2**31)
+        cfg = task.random_config(seed)
+        return {"levels": {str(k): v for k, v in cfg.levels.items()}}, f"random: fresh random config (seed {seed})", memory
+    if name == "learnability":
+        score = {lv: p.get(lv, 0.0) * (1 - p.get(lv, 0.0)) for lv in levels}
+        total = sum(score.values())
+        new = {lv: (1 - LEARNABILITY_UNIFORM_MIX) * (score[lv] / total if total > 0 else 1 / len(levels))
+               + LEARNABILITY_UNIFORM_MIX / len(levels) for lv in levels}
+        best = max(levels, key=lambda lv: score[lv])
+        why = f"most data to level {best} (p={p.get(best, 0.0):.2f})" if total > 0 else "no level has 0 < p < 1"
+        return {"levels": {str(k): round(v, 6) for k, v in new.items()}}, f"learnability p(1-p): {why}", memory
+    if name == "threshold":
+        new = dict(cur)
+        raised = []
+        for lv in sorted(cur):
+            if p.get(lv, -1.0) >= THRESHOLD_BAR and lv + 1 in levels:
+                moved = cur[lv] * THRESHOLD_SHIFT
+                new[lv] -= moved
+                new[lv + 1] = new.get(lv + 1, 0.0) + moved
+                raised.append(lv)
+        why = (f"levels {raised} passed p>={THRESHOLD_BAR}: half their share moved up" if raised
+               else f"no trained level passed p>={THRESHOLD_BAR}: unchanged")
+        return {"levels": {str(k): v for k, v in sorted(new.items()) if v > 0}}, f"threshold: {why}", memory
+    raise ValueError(f"classic engineer {name!r}: allowed: fixed, random, learnability, threshold")
+
+
+# ----------------------------------------------------------------------------- validate
+
+
+def check(task, proposal: Any, n: int) -> tuple[dict | None, list[str]]:
+    """(the config dump, []) when `proposal` is valid for the task, else (None, [the one-line error])."""
+    if proposal is None:
+        return None, ["no proposal"]
+    try:
+        return task.parse_config(proposal, n).model_dump(mode="json"), []
+    except ValueError as e:
+        return None, [str(e).splitlines()[0] if "validation error" not in str(e) else _pydantic_line(e)]
+
+
+def _pydantic_line(e: Exception) -> str:
+    errs = getattr(e, "errors", None)
+    if callable(errs):
+        first = errs()[0]
+        return f"{'.'.join(map(str, first['loc']))}: {first['msg'].removeprefix('Value error, ')}"
+    return str(e).splitlines()[0]
+
+
+def validate(state: dict, settings, run_dir) -> dict[str, Any]:
+    """The validate_config node for a non-MAPF task: accepted as proposed, else a retry with the error while
+    attempts remain, else the nearest valid config (projected), else the current config kept. Each attempt is a
+    record in stage_<k>/validation.json, as MAPF's."""
+    from nodes.validate_config import _append_record, stored_proposal
+
+    task = task_of(settings)
+    stage = int(state.get("stage") or 0)
+    n = settings.train.instances_per_stage
+    attempts = int(state.get("attempts") or 1)
+    current = dict(state.get("config") or {})
+    proposal = state.get("proposal")
+    errors = list(state.get("feedback") or []) if proposal is None else []
+    accepted, found = check(task, proposal, n) if proposal is not None else (None, [])
+    errors += found
+    if accepted is not None:
+        decision, reason = "accepted", "the proposal passed strict validation"
+    elif attempts < settings.engineer_max_attempts:
+        decision, reason = "retry", f"unusable proposal (attempt {attempts} of {settings.engineer_max_attempts})"
+    else:
+        decision, reason = "kept_previous", f"unusable proposal after {attempts} attempt(s); the current config is kept"
+        if isinstance(proposal, dict):
+            try:
+                accepted = task.project(proposal).model_copy(update={"num_instances": n}).model_dump(mode="json")
+                decision, reason = "projected", "the proposal failed strict validation and was projected"
+            except ValueError:
+                accepted = None
+        if accepted is None:
+            accepted = current
+    record = {"attempt": attempts, "decision": decision, "reason": reason, "errors": errors, "notes": [],
+              "proposal": stored_proposal(proposal), "rationale": state.get("rationale", ""),
+              "diff": {}, "feasibility": None, "accepted": accepted if decision != "retry" else None}
+    _append_record(stage_dir(run_dir, stage) / "validation.json", stage, record)
+    return {"accepted": accepted if decision != "retry" else None, "decision": decision,
+            "feedback": errors if decision != "accepted" else [], "attempts": attempts,
+            "log": [f"stage {stage}: validation attempt {attempts}: {decision}"
+                    + (f"; {errors[0][:160]}" if errors else "")]}

@@ -1,0 +1,129 @@
+"""The loop reaches a task family only through the task seam: a toy task defined in the tests (adding numbers, no
+MAPF) runs apply -> train_stage (one tiny step) -> evaluate -> summarize_failures -> a scripted engineer ->
+validate_config, and the classic curricula and the engineer's prompt work on its levels."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from graph.settings import SettingsError, build_settings
+from nodes import task_loop
+from tests.support.node_helpers import ScriptedChat, runtime
+from tests.support.toy_task import ToyTask
+
+TOY = "tests.support.toy_task:ToyTask"
+
+
+def toy_settings(**over):
+    cli = {"task": TOY, "preset": "smoke", "engineer": "self", "eval_limit": None, "final_limit": None,
+           "engineer_max_attempts": 2, **over}
+    return build_settings(cli, env={})
+
+
+def test_a_toy_task_gets_its_own_splits_and_bad_splits_are_refused():
+    s = toy_settings()
+    assert (s.task, s.eval_split, s.final_split, s.is_mapf) == (TOY, "val", "test", False)
+    with pytest.raises(SettingsError, match="eval_split='val-mini' is not a split of task .*allowed: val, test"):
+        toy_settings(eval_split="val-mini")
+
+
+def test_the_engineer_prompt_describes_the_task_levels_and_no_mapf():
+    task = ToyTask()
+    text = task_loop.system_prompt(task)
+    assert "1-digit terms" in text and "3-digit terms" in text and "toy-add" in text
+    for word in ("agent", "grid", "hole", "wait", "MAPF", "FrozenLake"):
+        assert word.lower() not in text.lower()
+    schema = task_loop.answer_schema(task)
+    assert set(schema["properties"]["levels"]["properties"]) == {"1", "2", "3"}
+
+
+def test_extraction_and_validation_of_level_shares():
+    task = ToyTask()
+    got, why, err = task_loop.extract('Shift up.\n{"levels": {"2": 0.5, "3": 0.5}, "rationale": "harder"}')
+    assert got == {"levels": {"2": 0.5, "3": 0.5}} and why == "harder" and err is None
+    assert task_loop.extract('{"1": 1.0}')[0] == {"levels": {"1": 1.0}}
+    assert task_loop.extract("no json here")[2] == "no JSON object with `levels` found in the reply"
+    cfg, errors = task_loop.check(task, {"levels": {"9": 1.0}}, 8)
+    assert cfg is None and "9" in errors[0] and "allowed: 1, 2, 3" in errors[0]
+    assert task_loop.check(task, {"levels": {"1": 0.2, "2": 0.2}}, 8)[0] is None
+    assert task_loop.check(task, {"levels": {"1": 0.5, "2": 0.5}}, 8)[0]["levels"] == {"1": 0.5, "2": 0.5}
+
+
+def test_classic_curricula_move_level_shares():
+    task = ToyTask()
+    cfg = {"levels": {"1": 1.0}}
+    by = {"1": {"valid_rate": 0.9}, "2": {"valid_rate": 0.5}, "3": {"valid_rate": 0.0}}
+    rng = random.Random(0)
+    fixed, _, mem = task_loop.classic("fixed", task, cfg, by, {}, rng)
+    assert fixed == {"levels": {"1": 1.0}} and mem["fixed_config"] == fixed
+    up, why, _ = task_loop.classic("threshold", task, cfg, by, {}, rng)
+    assert up == {"levels": {"1": 0.5, "2": 0.5}} and "passed" in why
+    learn, _, _ = task_loop.classic("learnability", task, cfg, by, {}, rng)
+    assert max(learn["levels"], key=learn["levels"].get) == "2"
+    assert task.parse_config(learn, 8) and task.parse_config(up, 8)
+    assert task.parse_config(task_loop.classic("random", task, cfg, by, {}, rng)[0], 8)
+
+
+@pytest.mark.slow
+def test_a_toy_task_runs_apply_train_evaluate_summarize_propose_validate(embedded_model_path, tmp_path, monkeypatch):
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from nodes.apply import apply
+    from nodes.evaluate import evaluate
+    from nodes.propose_config import propose_config
+    from nodes.summarize_failures import summarize_failures
+    from nodes.train_stage import train_stage
+    from nodes.validate_config import validate_config
+
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path / "cache"))  # the tiny model's warm start stays here
+    tok = AutoTokenizer.from_pretrained(embedded_model_path)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    base = tmp_path / "base"
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    settings = toy_settings(policy_model=str(base), policy_backend="transformers", eval_max_tokens=8,
+                            **{"train.max_steps": 1, "train.max_completion_length": 8, "train.train_layers": 0,
+                               "train.instances_per_stage": 8, "train.prompt_style": "compact"})
+    run = tmp_path / "run"
+    rt = runtime(settings, run)
+    state: dict = {"config": {"levels": {"1": 0.5, "2": 0.5}}}
+
+    state.update(apply(state, rt))
+    items = [json.loads(x) for x in (run / "stage_0" / "train.jsonl").read_text().splitlines()]
+    assert len(items) == 8 and sorted({i["digits"] for i in items}) == [1, 2]
+
+    state.update(train_stage(state, rt))
+    meta = json.loads((run / "stage_0" / "checkpoint" / "trainer_meta.json").read_text())
+    assert meta["task"] == "toy-add" and state["train_metrics"]["train/steps"] == 1
+
+    state.update(evaluate(state, rt))
+    rows = [json.loads(x) for x in (run / "stage_0" / "eval.jsonl").read_text().splitlines()]
+    assert len(rows) == len(ToyTask().split("val")) == state["metrics"]["eval/n"]
+    assert {r["size"] for r in rows} <= {1, 2, 3} and set(state["metrics"]["by_size"]) == {str(r["size"]) for r in rows}
+    assert set(state["metrics"]["by_size"]["1"]["failures"]) == {"no_answer", "wrong"}  # the task's own labels
+
+    state.update(summarize_failures(state, rt))
+    assert "| digits |" in state["context"] and "1-digit terms" in state["context"]
+    assert "agent" not in state["context"].lower()
+
+    engineer = ScriptedChat(['{"levels": {"7": 1.0}}', '{"levels": {"2": 0.25, "3": 0.75}, "rationale": "harder"}'])
+    state.update(propose_config(state, rt, model=engineer))
+    state.update(validate_config(state, rt))
+    assert state["decision"] == "retry" and "not a level" in state["feedback"][0]
+    state.update(propose_config(state, rt, model=engineer))
+    assert "not a level" in engineer.calls[-1][0][1]["content"]  # the error went back to the engineer
+    state.update(validate_config(state, rt))
+    assert state["decision"] == "accepted" and state["accepted"]["levels"] == {"2": 0.25, "3": 0.75}
+
+    state.update(apply(state, rt))
+    items = [json.loads(x) for x in (run / "stage_1" / "train.jsonl").read_text().splitlines()]
+    assert state["stage"] == 1 and sorted(i["digits"] for i in items) == [2, 2, 3, 3, 3, 3, 3, 3]
+    assert state["history"][0]["metrics"]["eval/n"] == len(rows)
