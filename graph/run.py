@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     fields = Settings.model_fields
     env_of = {f: v for v, f in ENV_VARS.items()}
-    flagged = {"preset", "engineer", "engineer_model", "engineer_base_url", "policy_model", "policy_backend",
+    flagged = {"preset", "task", "engineer", "engineer_model", "engineer_base_url", "policy_model", "policy_backend",
                "policy_dtype", "context", "stages", "seed", "run_dir", "eval_split", "final_split", "eval_limit", "final_limit",
                "eval_max_tokens", "engineer_max_attempts", "prompts_dir", "approve"}
     others = [f"  {env_of[f]:<22} --set {f}=...  {fields[f].description}" for f in fields
@@ -119,6 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(flag, dest=field, default=None, help=f"{desc} [env {env_of[field]}]", **kw)
 
     add("--preset", "preset", choices=list(PRESETS))  # what each one is: "Presets" below
+    add("--task", "task", metavar="TASK")
     add("--engineer", "engineer", metavar="NAME")
     add("--engineer-model", "engineer_model", metavar="MODEL")
     add("--engineer-base-url", "engineer_base_url", metavar="URL")

@@ -27,9 +27,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from env import load_split, verify
-from env.library import prompt_messages
-from nodes.metrics import compute_final_metrics, compute_metrics, final_table_md
+from env import verify
+from nodes.metrics import compute_final_metrics, compute_metrics, final_table_md  # noqa: F401 (compute_metrics: graph.dryrun)
+from nodes.task_loop import eval_task, item_key, level_table_md, split_items, task_metrics, task_prompt
 from trainer import stop
 from trainer.files import stage_dir, weights_sha256, write_text_atomic
 
@@ -168,29 +168,6 @@ def verdict_row(inst: Any, text: str, completion_tokens: int | None = None, fini
     }
 
 
-def eval_task(settings: Settings) -> Any:
-    """The run's task family when it is not MAPF (`trainer.task.load_task`), else None: MAPF's own splits,
-    prompts and verdicts below."""
-    if settings.is_mapf:
-        return None
-    from trainer.task import load_task
-
-    return load_task(settings.task)
-
-
-def split_items(settings: Settings, split: str) -> list[Any]:
-    task = eval_task(settings)
-    return load_split(split) if task is None else task.split(split)
-
-
-def item_key(task: Any, inst: Any) -> str:
-    return inst.id if task is None else task.item_id(inst)
-
-
-def task_prompt(task: Any, inst: Any, prompt_style: str) -> list[dict]:
-    return prompt_messages(inst, prompt_style) if task is None else task.prompt(inst, prompt_style)
-
-
 def task_row(task: Any, inst: Any, text: str, completion_tokens: int | None = None, finish_reason: str | None = None,
              criterion: str = "makespan") -> dict:
     if task is None:
@@ -198,10 +175,6 @@ def task_row(task: Any, inst: Any, text: str, completion_tokens: int | None = No
     from nodes.task_loop import verdict_row as family_row
 
     return family_row(task, inst, text, completion_tokens, finish_reason)
-
-
-def task_metrics(task: Any, rows: Sequence[dict], prefix: str = "eval") -> dict[str, Any]:
-    return compute_metrics(rows, prefix) if task is None else compute_metrics(rows, prefix, task.failure_labels)
 
 
 # ----------------------------------------------------------------------------- files
@@ -485,16 +458,6 @@ def evaluate(
     line = (f"stage {stage}: eval on {settings.eval_split} (n={metrics['eval/n']}): "
             f"valid {metrics['eval/valid_rate']:.3f}, optimal {metrics['eval/optimal_rate']:.3f}")
     return {**update, "metrics": metrics, "log": [*update["log"], line]}
-
-
-def level_table_md(task: Any, final: dict[str, Any]) -> str:
-    """The final table of a non-MAPF task: valid % per level, and overall."""
-    lines = [f"| {task.level_word} | what | n | valid |", "|---|---|---|---|"]
-    for lv in task.levels:
-        row = (final.get("by_size") or {}).get(str(lv.index)) or {}
-        lines.append(f"| {lv.index} | {lv.label} | {row.get('n', 0)} | {100 * row.get('valid_rate', 0.0):.1f}% |")
-    lines.append(f"| all | | {final.get('final/n', 0)} | {100 * final.get('final/valid_rate', 0.0):.1f}% |")
-    return "\n".join(lines) + "\n"
 
 
 def final_evaluate(

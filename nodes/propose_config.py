@@ -220,6 +220,31 @@ def extract_proposal(text: str, finish_reason: str | None = None, parsed: Any = 
 # ----------------------------------------------------------------------------- prompts
 
 
+def extract_levels(text: str, parsed: Any = None) -> tuple[dict | None, str, str | None]:
+    """(proposal, rationale, error) from an engineer reply: the backend's decoded JSON when there is one, else the
+    first JSON object in the reply that has `levels` (a bare level -> share object is wrapped)."""
+    def take(obj: Any) -> tuple[dict | None, str]:
+        if not isinstance(obj, dict):
+            return None, ""
+        rationale = obj.get("rationale") if isinstance(obj.get("rationale"), str) else ""
+        if "levels" in obj:
+            return {k: v for k, v in obj.items() if k != "rationale"}, rationale
+        if obj and all(str(k).strip().isdigit() for k in obj):
+            return {"levels": obj}, rationale
+        return None, ""
+
+    if parsed is not None:
+        got, why = take(parsed)
+        if got is not None:
+            return got, why, None
+    for obj, start, end in _candidates(text or ""):
+        got, why = take(obj)
+        if got is not None:
+            prose = ((text or "")[:start] + (text or "")[end:]).strip()
+            return got, why or prose[:2000], None
+    return None, (text or "").strip()[:2000], "no JSON object with `levels` found in the reply"
+
+
 def answer_schema() -> dict:
     """JSON schema of the whole answer: the engineer-editable config plus an optional `rationale`."""
     schema = EnvConfig.engineer_schema()
@@ -378,9 +403,7 @@ def propose_config(
     elif settings.is_mapf:
         ex = extract_proposal(text, meta.get("finish_reason"), parsed)
     else:
-        from nodes.task_loop import extract
-
-        found, why, err = extract(text, parsed)
+        found, why, err = extract_levels(text, parsed)
         ex = Extracted(found, rationale=why, error=err)
     if cut > 0:
         what = f"the reply was cut to its first {MAX_REPLY_CHARS} characters ({cut} more not read)"

@@ -77,7 +77,29 @@ def collect(run_dir: Path) -> dict[str, Any]:
         "settings": _read_json(run_dir / "settings.json") or {},
         "stage0_from": _read_json(run_dir / "stage0_from.json"),
         "final_mtime": _mtime(run_dir / "final" / "metrics.json"),
+        "levels": task_levels(_read_json(run_dir / "settings.json") or {}),
     }
+
+
+def task_levels(settings: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """A non-MAPF run's levels [{index, label}] (the tables' and plots' axis), None for MAPF's grid sizes."""
+    name = settings.get("task") if isinstance(settings, dict) else None
+    if not isinstance(name, str) or name == "mapf":
+        return None
+    try:
+        from trainer.task import load_task
+
+        return [{"index": lv.index, "label": lv.label} for lv in load_task(name).levels]
+    except (ValueError, ImportError, AttributeError):
+        return None
+
+
+def axis(data: dict[str, Any]) -> tuple[list[int], Any]:
+    """The per-level columns of the tables: MAPF's grid sizes ("3x3"), or a task's levels ("L0")."""
+    levels = data.get("levels")
+    if levels:
+        return [lv["index"] for lv in levels], lambda n: f"L{n}"
+    return list(SIZES), lambda n: f"{n}x{n}"
 
 
 def _mtime(path: Path) -> float | None:
@@ -209,24 +231,28 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             "",
         ]
     criterion = _criterion_name(data)
+    keys, head = axis(data)
+    levels = data.get("levels")
     lines += [
         "## Validation per stage",
         "",
         f"Optimal means {criterion}.",
         "",
-        "| stage | valid % | optimal % | " + " | ".join(f"{n}x{n}" for n in SIZES) + " |",
-        "|---|---|---|" + "---|" * len(SIZES),
+        "| stage | valid % | optimal % | " + " | ".join(head(n) for n in keys) + " |",
+        "|---|---|---|" + "---|" * len(keys),
     ]
     start = data.get("start")
     rows = [("start", start)] if start else []
     rows += [(str(s["stage"]), s["metrics"]) for s in data["stages"] if s["metrics"]]
     for name, m in rows:
-        cells = [f"{_pct(_size_rate(m, 'valid_rate', n))}" for n in SIZES]
+        cells = [f"{_pct(_size_rate(m, 'valid_rate', n))}" for n in keys]
         lines.append(
             f"| {name} | {_pct(m.get('eval/valid_rate'))} | {_pct(m.get('eval/optimal_rate'))} | "
             + " | ".join(cells)
             + " |"
         )
+    if levels:
+        lines += ["", "Levels: " + "; ".join(f"L{lv['index']} {md_inline(lv['label'])}" for lv in levels) + "."]
     lines += ["", "Per-size cells: valid %."
               + (" Start: the cached SFT warm start stage 0 began from, before any GRPO step, evaluated the same way."
                  if start else ""), ""]
@@ -278,7 +304,7 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
                       "(every completion of a prompt scored the same).**", ""]
     lines += ["## Configurations and the engineer's decisions", ""]
     top = ((data.get("settings") or {}).get("train") or {}).get("max_train_size")
-    if isinstance(top, int) and top < SIZES[-1]:
+    if isinstance(top, int) and top < SIZES[-1] and not levels:
         lines += [
             f"Only sizes 3x3-{top}x{top} were trained (`train.max_train_size` {top}): each table is the configuration "
             f"trained, with any share an engineer gave larger sizes moved onto 3x3-{top}x{top}.",
@@ -287,6 +313,12 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
     for s in data["stages"]:
         cfg = _sizes(s["config"])
         lines.append(f"### Stage {s['stage']}")
+        shares = (s["config"] or {}).get("levels") if levels and isinstance(s["config"], dict) else None
+        if isinstance(shares, dict):
+            lines += ["", "| level | what | share of the stage's questions |", "|---|---|---|"]
+            for lv in levels:
+                share = _num(shares.get(str(lv["index"]), shares.get(lv["index"], 0.0))) or 0.0
+                lines.append(f"| L{lv['index']} | {md_inline(lv['label'])} | {share:.3f} |")
         if cfg:
             lines += ["", "| size | data | hole | wait |", "|---|---|---|---|"]
             for n in SIZES:
@@ -312,8 +344,21 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             lines += ["", f"Person's decision (--approve): **{md_inline(last.get('decision', '?'))}** — "
                       f"{md_inline(last.get('reason', ''))}"]
         lines.append("")
-    lines += ["## Final benchmark (held-out, more agents than in training)", ""]
     final = data["final"]
+    if levels:
+        lines += [f"## Final evaluation (held-out split `{_code((data.get('settings') or {}).get('final_split', '?'))}`)",
+                  ""]
+        if final:
+            lines += [f"{final.get('final/n', '?')} questions: valid {_pct(final.get('final/valid_rate'))} %.", "",
+                      "| level | what | n | valid % |", "|---|---|---|---|"]
+            for lv in levels:
+                row = (final.get("by_size") or {}).get(str(lv["index"])) or {}
+                lines.append(f"| L{lv['index']} | {md_inline(lv['label'])} | {row.get('n', 0)} | "
+                             f"{_pct(row.get('valid_rate'))} |")
+        else:
+            lines.append("(no final evaluation yet)")
+        return "\n".join(lines) + "\n"
+    lines += ["## Final benchmark (held-out, more agents than in training)", ""]
     if final:
         settings = data.get("settings") or {}
         label = f"{title} ({settings.get('policy_model', '?')}, {settings.get('engineer', '?')} engineer)"

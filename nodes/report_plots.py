@@ -34,9 +34,10 @@ def size_rate(metrics: dict[str, Any], kind: str, size: int) -> float | None:
     return num(metrics.get(f"eval/{kind}/size_{size}"))
 
 
-def evaluated_sizes(measured: list[dict]) -> list[int]:
-    """The grid sizes that any of these evaluations answered (the per-size chart's axis)."""
-    return [n for n in SIZES if any(size_rate(m, "valid_rate", n) is not None for m in measured)]
+def evaluated_sizes(measured: list[dict], keys: list[int] | None = None) -> list[int]:
+    """The grid sizes (or a task's levels, `keys`) that any of these evaluations answered (the per-size chart's
+    axis)."""
+    return [n for n in (keys or SIZES) if any(size_rate(m, "valid_rate", n) is not None for m in measured)]
 
 
 def stage_points(stages: list[dict], start: dict | None, kind: str = "valid_rate") -> list[dict[str, Any]]:
@@ -93,7 +94,9 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
     if stages:
         files.append(_plot_stages(plt, stages, start, run_dir))
         measured = [start, *(s["metrics"] for s in stages)] if start else [s["metrics"] for s in stages]
-        evaluated = evaluated_sizes(measured)
+        levels = data.get("levels")
+        evaluated = evaluated_sizes(measured, [lv["index"] for lv in levels] if levels else None)
+        word = "level" if levels else "size"
         fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
         for ax, kind, title in (
             (axes[0], "valid_rate", "valid rate"),
@@ -105,8 +108,8 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
                 ys = [size_rate(metrics, kind, n) for n in evaluated]
                 xs = [n for n, y in zip(evaluated, ys, strict=True) if y is not None]
                 ax.plot(xs, [100 * y for y in ys if y is not None], marker="o", label=label, **style)
-            ax.set_title(f"validation {title} per size")
-            ax.set_xlabel("grid size")
+            ax.set_title(f"validation {title} per {word}")
+            ax.set_xlabel("level" if levels else "grid size")
             ax.set_xticks(evaluated)  # only the sizes the evaluation answered
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("%")
@@ -115,6 +118,24 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
         save_png(fig, run_dir / "rates.png")
         plt.close(fig)
         files.append("rates.png")
+    shares = [s for s in data["stages"] if data.get("levels") and isinstance((s["config"] or {}).get("levels"), dict)]
+    if shares:
+        keys = [lv["index"] for lv in data["levels"]]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        width = 0.8 / max(1, len(shares))
+        for i, s in enumerate(shares):
+            got = {int(k): num(v) or 0.0 for k, v in s["config"]["levels"].items()}
+            ax.bar([k + (i - (len(shares) - 1) / 2) * width for k in keys], [got.get(k, 0.0) for k in keys],
+                   width=width, label=f"stage {s['stage']}")
+        ax.set_xlabel("level")
+        ax.set_ylabel("share of the stage's questions")
+        ax.set_xticks(keys)
+        ax.legend()
+        ax.set_title("training allocation per stage")
+        fig.tight_layout()
+        save_png(fig, run_dir / "allocation.png")
+        plt.close(fig)
+        files.append("allocation.png")
     configs = [s for s in data["stages"] if sizes(s["config"])]
     if configs:
         fig, axes = plt.subplots(1, 3, figsize=(14, 4))

@@ -411,6 +411,35 @@ def _read_rows(path: Path) -> list[dict]:
     return rows
 
 
+def task_context(state: dict, settings, eval_rows: Sequence[dict]) -> str:
+    """A non-MAPF task's context for the engineer after stage k's evaluation (`nodes/task_loop.py`): F (rates and failures per level), H (history), S (its
+    last rationale and what became of it), X (verbatim failing answers, fenced as untrusted)."""
+    from nodes.task_loop import _pct as pct
+    from nodes.task_loop import history_table as task_history
+    from nodes.task_loop import levels_table, task_of
+
+    task = task_of(settings)
+    stage = int(state.get("stage") or 0)
+    m = state.get("metrics") or {}
+    parts = [f"# Evidence after training stage {stage} ({task.name})",
+             f"## F. Results on the validation set (stage {stage})\nOverall: valid rate "
+             f"{pct(m.get('eval/valid_rate'))} over {m.get('eval/n', 0)} questions. Per {task.level_word}, the "
+             "valid rate and counts of each failure (no_answer: empty; wrong: no credit; partial: the scorer's "
+             "partial credit):\n\n" + levels_table(task, m.get("by_size") or {})]
+    entries = [e for e in (state.get("history") or []) if e.get("stage") != stage]
+    entries.append({"stage": stage, "config": state.get("config") or {}, "metrics": m})
+    parts.append("## H. History\nEach block: the share of a stage's questions from each level, and the valid "
+                 "rate after it.\n\n" + task_history(task, entries))
+    parts.append(rationale_module(state, settings, load_template("module_S.md", settings.prompts_dir)))
+    picked = pick_failures(eval_rows, settings.evidence_examples)
+    if picked:
+        nonce = evidence_nonce(settings.seed, stage, [r.get("text") or "" for r in picked])
+        blocks = fence_evidence(picked, max_chars=settings.evidence_chars, nonce=nonce)
+        parts.append(fill(load_template("module_X.md", settings.prompts_dir), open=f"{FENCE_OPEN} {nonce}>>>",
+                          close=f"{FENCE_CLOSE} {nonce}>>>", blocks=blocks))
+    return "\n\n".join(p.strip() for p in parts) + "\n"
+
+
 def summarize_failures(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     """Node: compose the engineer's context for the stage just evaluated from stage_k/{eval.jsonl,
     env_stats.json}; writes stage_k/summary.md and returns {"context"}."""
@@ -418,8 +447,6 @@ def summarize_failures(state: LoopState, runtime: Runtime[RunContext]) -> dict[s
     stage = int(state.get("stage") or 0)
     out_dir = stage_dir(runtime.context.run_dir, stage)
     if not settings.is_mapf:  # any other task family, through the task seam (nodes/task_loop.py)
-        from nodes.task_loop import build_context as task_context
-
         context = task_context(state, settings, _read_rows(out_dir / "eval.jsonl"))
         out_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out_dir / "summary.md", context)

@@ -104,6 +104,44 @@ def verdict_row(task, item: Any, text: str, completion_tokens: int | None = None
             "gold": task.gold(item)}
 
 
+def eval_task(settings) -> Any:
+    """The run's task family when it is not MAPF, else None (MAPF's own splits, prompts and verdicts)."""
+    return None if settings.is_mapf else task_of(settings)
+
+
+def split_items(settings, split: str) -> list[Any]:
+    from env import load_split
+
+    task = eval_task(settings)
+    return load_split(split) if task is None else task.split(split)
+
+
+def item_key(task: Any, inst: Any) -> str:
+    return inst.id if task is None else task.item_id(inst)
+
+
+def task_prompt(task: Any, inst: Any, prompt_style: str) -> list[dict]:
+    from env.library import prompt_messages
+
+    return prompt_messages(inst, prompt_style) if task is None else task.prompt(inst, prompt_style)
+
+
+def task_metrics(task: Any, rows, prefix: str = "eval") -> dict[str, Any]:
+    from nodes.metrics import compute_metrics
+
+    return compute_metrics(rows, prefix) if task is None else compute_metrics(rows, prefix, task.failure_labels)
+
+
+def level_table_md(task: Any, final: dict[str, Any]) -> str:
+    """The final table of a non-MAPF task: valid % per level, and overall."""
+    lines = [f"| {task.level_word} | what | n | valid |", "|---|---|---|---|"]
+    for lv in task.levels:
+        row = (final.get("by_size") or {}).get(str(lv.index)) or {}
+        lines.append(f"| {lv.index} | {lv.label} | {row.get('n', 0)} | {100 * row.get('valid_rate', 0.0):.1f}% |")
+    lines.append(f"| all | | {final.get('final/n', 0)} | {100 * final.get('final/valid_rate', 0.0):.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
 # ----------------------------------------------------------------------------- the engineer's context
 
 
@@ -137,42 +175,6 @@ def history_table(task, entries: list[dict]) -> str:
     return "\n\n".join(blocks) if blocks else "(no earlier stage to show yet)"
 
 
-def build_context(state: dict, settings, eval_rows: list[dict]) -> str:
-    """The engineer's context after stage k's evaluation: F (rates and failures per level), H (history), S (its
-    last rationale and what became of it), X (verbatim failing answers, fenced as untrusted)."""
-    from nodes.summarize_failures import (
-        FENCE_CLOSE,
-        FENCE_OPEN,
-        evidence_nonce,
-        fence_evidence,
-        fill,
-        load_template,
-        pick_failures,
-        rationale_module,
-    )
-
-    task = task_of(settings)
-    stage = int(state.get("stage") or 0)
-    m = state.get("metrics") or {}
-    parts = [f"# Evidence after training stage {stage} ({task.name})",
-             f"## F. Results on the validation set (stage {stage})\nOverall: valid rate "
-             f"{_pct(m.get('eval/valid_rate'))} over {m.get('eval/n', 0)} questions. Per {task.level_word}, the "
-             "valid rate and counts of each failure (no_answer: empty; wrong: no credit; partial: the scorer's "
-             "partial credit):\n\n" + levels_table(task, m.get("by_size") or {})]
-    entries = [e for e in (state.get("history") or []) if e.get("stage") != stage]
-    entries.append({"stage": stage, "config": state.get("config") or {}, "metrics": m})
-    parts.append("## H. History\nEach block: the share of a stage's questions from each level, and the valid "
-                 "rate after it.\n\n" + history_table(task, entries))
-    parts.append(rationale_module(state, settings, load_template("module_S.md", settings.prompts_dir)))
-    picked = pick_failures(eval_rows, settings.evidence_examples)
-    if picked:
-        nonce = evidence_nonce(settings.seed, stage, [r.get("text") or "" for r in picked])
-        blocks = fence_evidence(picked, max_chars=settings.evidence_chars, nonce=nonce)
-        parts.append(fill(load_template("module_X.md", settings.prompts_dir), open=f"{FENCE_OPEN} {nonce}>>>",
-                          close=f"{FENCE_CLOSE} {nonce}>>>", blocks=blocks))
-    return "\n\n".join(p.strip() for p in parts) + "\n"
-
-
 # ----------------------------------------------------------------------------- the engineer's prompt
 
 
@@ -203,33 +205,6 @@ def system_prompt(task) -> str:
         "share of the next stage's questions (shares in [0, 1] that sum to 1; a level left out gets none), and "
         f"`rationale` says briefly why. Example: {json.dumps(example)}",
     ] if p)
-
-
-def extract(text: str, parsed: Any = None) -> tuple[dict | None, str, str | None]:
-    """(proposal, rationale, error) from an engineer reply: the backend's decoded JSON when there is one, else the
-    first JSON object in the reply that has `levels` (a bare level -> share object is wrapped)."""
-    from nodes.propose_config import _candidates
-
-    def take(obj: Any) -> tuple[dict | None, str]:
-        if not isinstance(obj, dict):
-            return None, ""
-        rationale = obj.get("rationale") if isinstance(obj.get("rationale"), str) else ""
-        if "levels" in obj:
-            return {k: v for k, v in obj.items() if k != "rationale"}, rationale
-        if obj and all(str(k).strip().isdigit() for k in obj):
-            return {"levels": obj}, rationale
-        return None, ""
-
-    if parsed is not None:
-        got, why = take(parsed)
-        if got is not None:
-            return got, why, None
-    for obj, start, end in _candidates(text or ""):
-        got, why = take(obj)
-        if got is not None:
-            prose = ((text or "")[:start] + (text or "")[end:]).strip()
-            return got, why or prose[:2000], None
-    return None, (text or "").strip()[:2000], "no JSON object with `levels` found in the reply"
 
 
 # ----------------------------------------------------------------------------- classic curricula
@@ -294,40 +269,3 @@ def _pydantic_line(e: Exception) -> str:
     return str(e).splitlines()[0]
 
 
-def validate(state: dict, settings, run_dir) -> dict[str, Any]:
-    """The validate_config node for a non-MAPF task: accepted as proposed, else a retry with the error while
-    attempts remain, else the nearest valid config (projected), else the current config kept. Each attempt is a
-    record in stage_<k>/validation.json, as MAPF's."""
-    from nodes.validate_config import _append_record, stored_proposal
-
-    task = task_of(settings)
-    stage = int(state.get("stage") or 0)
-    n = settings.train.instances_per_stage
-    attempts = int(state.get("attempts") or 1)
-    current = dict(state.get("config") or {})
-    proposal = state.get("proposal")
-    errors = list(state.get("feedback") or []) if proposal is None else []
-    accepted, found = check(task, proposal, n) if proposal is not None else (None, [])
-    errors += found
-    if accepted is not None:
-        decision, reason = "accepted", "the proposal passed strict validation"
-    elif attempts < settings.engineer_max_attempts:
-        decision, reason = "retry", f"unusable proposal (attempt {attempts} of {settings.engineer_max_attempts})"
-    else:
-        decision, reason = "kept_previous", f"unusable proposal after {attempts} attempt(s); the current config is kept"
-        if isinstance(proposal, dict):
-            try:
-                accepted = task.project(proposal).model_copy(update={"num_instances": n}).model_dump(mode="json")
-                decision, reason = "projected", "the proposal failed strict validation and was projected"
-            except ValueError:
-                accepted = None
-        if accepted is None:
-            accepted = current
-    record = {"attempt": attempts, "decision": decision, "reason": reason, "errors": errors, "notes": [],
-              "proposal": stored_proposal(proposal), "rationale": state.get("rationale", ""),
-              "diff": {}, "feasibility": None, "accepted": accepted if decision != "retry" else None}
-    _append_record(stage_dir(run_dir, stage) / "validation.json", stage, record)
-    return {"accepted": accepted if decision != "retry" else None, "decision": decision,
-            "feedback": errors if decision != "accepted" else [], "attempts": attempts,
-            "log": [f"stage {stage}: validation attempt {attempts}: {decision}"
-                    + (f"; {errors[0][:160]}" if errors else "")]}

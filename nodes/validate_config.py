@@ -180,9 +180,7 @@ def validate_config(state: LoopState, runtime: Runtime[RunContext]) -> dict[str,
     """
     settings, run_dir = runtime.context.settings, runtime.context.run_dir
     if not settings.is_mapf:  # any other task family, through the task seam (nodes/task_loop.py)
-        from nodes.task_loop import validate
-
-        return validate(state, settings, run_dir)
+        return validate_task(state, settings, run_dir)
     stage = int(state.get("stage") or 0)
     attempts = int(state.get("attempts") or 1)
     max_attempts = settings.engineer_max_attempts
@@ -306,3 +304,42 @@ def record_person(run_dir: Path, stage: int, attempts: int, record: dict[str, An
     validation.json: numbered after the engineer's `attempts`, marked `by: person`, and made final."""
     _append_record(stage_dir(run_dir, stage) / "validation.json", stage,
                    {"attempt": attempts + 1, "by": "person", **record})
+
+
+def validate_task(state: dict, settings, run_dir) -> dict[str, Any]:
+    """The validate_config node for a non-MAPF task: accepted as proposed, else a retry with the error while
+    attempts remain, else the nearest valid config (projected), else the current config kept. Each attempt is a
+    record in stage_<k>/validation.json, as MAPF's."""
+    from nodes.task_loop import check, task_of
+
+    task = task_of(settings)
+    stage = int(state.get("stage") or 0)
+    n = settings.train.instances_per_stage
+    attempts = int(state.get("attempts") or 1)
+    current = dict(state.get("config") or {})
+    proposal = state.get("proposal")
+    errors = list(state.get("feedback") or []) if proposal is None else []
+    accepted, found = check(task, proposal, n) if proposal is not None else (None, [])
+    errors += found
+    if accepted is not None:
+        decision, reason = "accepted", "the proposal passed strict validation"
+    elif attempts < settings.engineer_max_attempts:
+        decision, reason = "retry", f"unusable proposal (attempt {attempts} of {settings.engineer_max_attempts})"
+    else:
+        decision, reason = "kept_previous", f"unusable proposal after {attempts} attempt(s); the current config is kept"
+        if isinstance(proposal, dict):
+            try:
+                accepted = task.project(proposal).model_copy(update={"num_instances": n}).model_dump(mode="json")
+                decision, reason = "projected", "the proposal failed strict validation and was projected"
+            except ValueError:
+                accepted = None
+        if accepted is None:
+            accepted = current
+    record = {"attempt": attempts, "decision": decision, "reason": reason, "errors": errors, "notes": [],
+              "proposal": stored_proposal(proposal), "rationale": state.get("rationale", ""),
+              "diff": {}, "feasibility": None, "accepted": accepted if decision != "retry" else None}
+    _append_record(stage_dir(run_dir, stage) / "validation.json", stage, record)
+    return {"accepted": accepted if decision != "retry" else None, "decision": decision,
+            "feedback": errors if decision != "accepted" else [], "attempts": attempts,
+            "log": [f"stage {stage}: validation attempt {attempts}: {decision}"
+                    + (f"; {errors[0][:160]}" if errors else "")]}

@@ -11,6 +11,7 @@ import pytest
 
 from graph.settings import SettingsError, build_settings
 from nodes import task_loop
+from nodes.propose_config import extract_levels
 from tests.support.node_helpers import ScriptedChat, runtime
 from tests.support.toy_task import ToyTask
 
@@ -42,10 +43,10 @@ def test_the_engineer_prompt_describes_the_task_levels_and_no_mapf():
 
 def test_extraction_and_validation_of_level_shares():
     task = ToyTask()
-    got, why, err = task_loop.extract('Shift up.\n{"levels": {"2": 0.5, "3": 0.5}, "rationale": "harder"}')
+    got, why, err = extract_levels('Shift up.\n{"levels": {"2": 0.5, "3": 0.5}, "rationale": "harder"}')
     assert got == {"levels": {"2": 0.5, "3": 0.5}} and why == "harder" and err is None
-    assert task_loop.extract('{"1": 1.0}')[0] == {"levels": {"1": 1.0}}
-    assert task_loop.extract("no json here")[2] == "no JSON object with `levels` found in the reply"
+    assert extract_levels('{"1": 1.0}')[0] == {"levels": {"1": 1.0}}
+    assert extract_levels("no json here")[2] == "no JSON object with `levels` found in the reply"
     cfg, errors = task_loop.check(task, {"levels": {"9": 1.0}}, 8)
     assert cfg is None and "9" in errors[0] and "allowed: 1, 2, 3" in errors[0]
     assert task_loop.check(task, {"levels": {"1": 0.2, "2": 0.2}}, 8)[0] is None
