@@ -155,7 +155,8 @@ def test_every_documented_setting_is_a_field_reachable_from_env():
         build_settings({}, {"CONTEXT_DETAILS": "everything"})
 
 
-def test_dry_run_builds_stage_0_data_and_trains_nothing(tmp_path):
+def test_dry_run_builds_stage_0_data_and_trains_nothing_and_resume_names_ignored_flags(tmp_path):
+    """One --dry-run (a graph.run start-up, seconds) serves both checks: what it kept, then a --resume of it."""
     run_dir = tmp_path / "run"
     r = run_cli(["--dry-run", "--run-dir", str(run_dir), "--engineer", "fixed", "--seed", "4"],
                 {"PRESET": "smoke"}, cwd=tmp_path)
@@ -165,12 +166,8 @@ def test_dry_run_builds_stage_0_data_and_trains_nothing(tmp_path):
     rows = (run_dir / "stage_0" / "train.jsonl").read_text().splitlines()
     assert len(rows) == Settings.load(run_dir / "settings.json").train.instances_per_stage
     assert not (run_dir / "stage_0" / "checkpoint").exists() and not (run_dir / "graph.sqlite").exists()
+    assert "engineer fixed" in (run_dir / "dry_run_engineer" / "stage_0" / "engineer_reply.md").read_text()
 
-
-def test_resume_says_which_flags_it_ignores(tmp_path):
-    run_dir = tmp_path / "run"
-    assert run_cli(["--dry-run", "--run-dir", str(run_dir), "--engineer", "fixed"], {"PRESET": "smoke"},
-                   cwd=tmp_path).returncode == 0
     r = run_cli(["--resume", str(run_dir), "--stages", "9", "--dry-run"], {}, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "[resume] ignoring stages" in r.stderr
