@@ -7,7 +7,7 @@ within each drawn seed treats that shared noise as if it averaged out over seeds
 with every seed added while the real uncertainty does not: 150 instances alone keep a gain's interval near
 ±5 points however many seeds run. Here each bootstrap replicate draws the seeds with replacement and, once,
 the instances with replacement, and applies that one instance draw to every drawn seed (a crossed design,
-seeds x instances). `tests/test_intervals.py` simulates such a design and checks the coverage.
+seeds x instances). `tests/test_intervals_coverage.py` simulates such a design and checks the coverage.
 
 Why not Student-t over seeds: with 3 seeds, t_{0.975,2} = 4.30 turns a spread of rates near 0 into
 intervals such as "10.2 ± 26.1", whose lower end is a negative success rate. A rate is a share of answers;
@@ -29,13 +29,18 @@ its interval must stay a share.
 - The gain of a training stage over its start (`crossed_interval`, for `evals.bench.bench_learning`): the
   per-instance differences after minus before, one row per seed over the same instances in the same order.
 
-The generator is seeded (`RNG_SEED`) per call, so a table rebuilt from the same verdicts is the same byte
-for byte. `DRAWS` = 4000 draws cost a few milliseconds per cell (numpy).
+The generator is seeded (`RNG_SEED`) per call, and each replicate's weighted sum of values is added up in
+one fixed order (`weighted_sums`: instance after instance, in blocks of `SUM_BLOCK` whose sums are added in
+turn), never by a BLAS matrix product, whose rounding depends on the machine's kernel and thread count; so a
+table rebuilt from the same verdicts is the same byte for byte on any machine. That order is the one of
+OpenBLAS's threaded dgemm with its Haswell-class kernels, which built the committed tables. `DRAWS` = 4000
+draws cost a few milliseconds per cell (numpy).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,6 +52,7 @@ DRAWS = 4000
 RNG_SEED = 20260617  # fixed: the same verdicts give the same intervals, byte for byte
 LEVEL = 0.95
 METHOD = "two-way bootstrap"  # the `method` of an interval drawn over seeds and shared instances
+SUM_BLOCK = 256  # terms summed in one run before a block's sum is added to the total (`weighted_sums`)
 
 # One seed's answers in one stratum: [(instance id, value), ...], or (n, k) when only counts are known.
 Cell = Sequence[tuple[str, float]] | tuple[int, int]
@@ -58,10 +64,89 @@ def _percentiles(draws: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def resample_weights(rng: np.random.Generator, n: int, draws: int = DRAWS) -> np.ndarray:
+class SeededDraws:
+    """A generator seeded with `seed` for one interval, whose draws are remembered across intervals.
+
+    A table asks for thousands of intervals, each from a fresh generator with the same seed, and most ask for
+    the same sequence of bootstrap sizes (the same sizes, strata and seeds in every row and metric), so they
+    draw the same counts. The counts of each sequence of draws so far are kept (least recently used first out,
+    `CACHE_BYTES` in all) with the generator's state after them: a repeated sequence is looked up, not drawn
+    again, and a new one continues the generator exactly where the sequence left it, so every interval is
+    the one a fresh `np.random.default_rng(seed)` gives."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.key: tuple = (seed,)
+        self.state: dict | None = None  # the generator's state after the draws of `key`; None: freshly seeded
+
+    def counts(self, n: int, draws: int) -> np.ndarray:
+        self.key = (*self.key, (n, draws))
+        hit = _DRAWN.get(self.key)
+        if hit is None:
+            rng = np.random.default_rng(self.seed)
+            if self.state is not None:
+                rng.bit_generator.state = self.state
+            counts = resample_counts(rng, n, draws).astype(np.min_scalar_type(n))
+            hit = _DRAWN[self.key] = (counts, rng.bit_generator.state)
+            global _drawn_bytes
+            _drawn_bytes += counts.nbytes
+            while _drawn_bytes > CACHE_BYTES and len(_DRAWN) > 1:
+                _drawn_bytes -= _DRAWN.pop(next(iter(_DRAWN)))[0].nbytes
+        else:
+            _DRAWN.move_to_end(self.key)
+        self.state = hit[1]
+        return hit[0]
+
+
+CACHE_BYTES = 256 * 2**20
+_DRAWN: OrderedDict[tuple, tuple[np.ndarray, dict]] = OrderedDict()
+_drawn_bytes = 0
+
+
+def resample_counts(rng: np.random.Generator | SeededDraws, n: int, draws: int = DRAWS) -> np.ndarray:
+    """(draws, n) integer counts of a bootstrap of n items: how often each item was drawn (rows sum to n)."""
+    if isinstance(rng, SeededDraws):
+        return rng.counts(n, draws)
+    idx = rng.integers(0, n, size=(draws, n))
+    idx += n * np.arange(draws)[:, None]
+    return np.bincount(idx.ravel(), minlength=draws * n).reshape(draws, n)
+
+
+def resample_weights(rng: np.random.Generator | SeededDraws, n: int, draws: int = DRAWS) -> np.ndarray:
     """(draws, n) weights of a bootstrap of n items: how often each item was drawn, divided by n (rows sum to 1)."""
-    idx = rng.integers(0, n, size=(draws, n)) + n * np.arange(draws)[:, None]
-    return np.bincount(idx.ravel(), minlength=draws * n).reshape(draws, n) / n
+    return resample_counts(rng, n, draws) / n
+
+
+def _sum_blocks(k: int) -> list[tuple[int, int]]:
+    """The blocks of `k` terms whose sums `weighted_sums` adds in turn: SUM_BLOCK at a time while at least twice
+    that is left, then the rest in two halves (the larger first) if it exceeds SUM_BLOCK."""
+    out, start = [], 0
+    while start < k:
+        size = k - start
+        if size >= 2 * SUM_BLOCK:
+            size = SUM_BLOCK
+        elif size > SUM_BLOCK:
+            size = (size + 1) // 2
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+def weighted_sums(counts: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """(counts / n) @ values, each replicate's sum added in one fixed order, the same on every machine (module
+    doc): counts (draws, k) from `resample_counts`; values (k,) or (k, columns), in practice 0, 1 or -1 (a
+    success, or the difference of two), whose zeros add nothing and are skipped."""
+    y = np.asarray(values, dtype=float)
+    cols = y[:, None] if y.ndim == 1 else y
+    out = np.empty((counts.shape[0], cols.shape[1]))
+    for c in range(cols.shape[1]):
+        total = np.zeros(counts.shape[0])
+        for a, b in _sum_blocks(cols.shape[0]):
+            keep = np.flatnonzero(cols[a:b, c]) + a
+            if len(keep):
+                total = total + np.cumsum((counts[:, keep] / n) * cols[keep, c], axis=1)[:, -1]
+        out[:, c] = total
+    return out[:, 0] if y.ndim == 1 else out
 
 
 def _as_pairs(cell: Cell, seed: Any) -> list[tuple[str, float]]:
@@ -93,24 +178,25 @@ def _matrix(cells: Sequence[Sequence[tuple[str, float]]], ids: Sequence[str]) ->
     return y
 
 
-def stratum_draws(cells: Sequence[Sequence[tuple[str, float]]], rng: np.random.Generator,
+def stratum_draws(cells: Sequence[Sequence[tuple[str, float]]], rng: np.random.Generator | SeededDraws,
                   draws: int = DRAWS) -> np.ndarray:
     """(draws, seeds) bootstrap replicates of each seed's mean value in one stratum: one instance draw shared by
     every seed where they answered the same ids, else each seed's own instances drawn on their own."""
     ids = shared_ids(cells)
     if ids is not None:
-        return resample_weights(rng, len(ids), draws) @ _matrix(cells, ids).T
-    cols = [resample_weights(rng, len(c), draws) @ np.array([v for _, v in c], dtype=float) for c in cells]
+        return weighted_sums(resample_counts(rng, len(ids), draws), len(ids), _matrix(cells, ids).T)
+    cols = [weighted_sums(resample_counts(rng, len(c), draws), len(c), np.array([v for _, v in c], dtype=float))
+            for c in cells]
     return np.stack(cols, axis=1)
 
 
-def seed_mean(per_seed_draws: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def seed_mean(per_seed_draws: np.ndarray, rng: np.random.Generator | SeededDraws) -> np.ndarray:
     """(draws,) the mean over a bootstrap draw of seeds (with replacement) of (draws, seeds) replicates."""
     return (resample_weights(rng, per_seed_draws.shape[1], per_seed_draws.shape[0]) * per_seed_draws).sum(axis=1)
 
 
 def _strata_mean_draws(per_seed: Mapping[Any, Mapping[Any, Sequence[tuple[str, float]]]], seeds: Sequence[Any],
-                       rng: np.random.Generator) -> np.ndarray:
+                       rng: SeededDraws) -> np.ndarray:
     """(draws, seeds) replicates of each seed's unweighted mean over its strata."""
     total = np.zeros((DRAWS, len(seeds)))
     count = np.zeros(len(seeds))
@@ -163,7 +249,7 @@ def rate_interval(per_seed: Mapping[Any, Mapping[Any, Cell]]) -> dict[str, Any]:
         c = next(iter(next(iter(seeds_data.values())).values()))
         lo, hi = wilson(int(sum(v for _, v in c)), len(c))
         return {**out, "low": lo, "high": hi, "method": "wilson"}
-    rng = np.random.default_rng(RNG_SEED)
+    rng = SeededDraws(RNG_SEED)
     seeds = sorted(seeds_data)
     lo, hi = _percentiles(seed_mean(_strata_mean_draws(seeds_data, seeds, rng), rng))
     return {**out, "low": min(lo, mean), "high": max(hi, mean), "method": METHOD}
@@ -204,7 +290,7 @@ def gap_interval(arm: Mapping[Any, Mapping[Any, Sequence[tuple[str, bool]]]],
     paired = all(p is not None for st in per_seed.values() for p, _, _ in st.values())
     out = {"n": len(values), "mean": mean, "per_seed": {str(s): v for s, v in sorted(values.items())},
            "paired_instances": paired}
-    rng = np.random.default_rng(RNG_SEED)
+    rng = SeededDraws(RNG_SEED)
     order = sorted(per_seed)
     total = np.zeros((DRAWS, len(order)))
     count = np.zeros(len(order))
