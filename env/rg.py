@@ -45,6 +45,8 @@ class RgTaskError(ValueError):
 
 
 def _value(v: Any) -> str:
+    if isinstance(v, tuple):
+        return "-".join(_value(x) for x in v)
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
@@ -100,15 +102,15 @@ class RgConfig(BaseModel):
     @classmethod
     def _shares(cls, v: dict[int, float]) -> dict[int, float]:
         if not v:
-            raise ValueError("levels is empty: give at least one level a share above 0")
+            raise ValueError("no level given: give at least one level a share above 0")
         for k, s in v.items():
             if not (isinstance(s, int | float) and math.isfinite(s) and 0 <= s <= 1):
-                raise ValueError(f"levels[{k}] = {s!r}: allowed: a share in [0, 1]")
+                raise ValueError(f"level {k} has share {s!r}: allowed: a share in [0, 1]")
         total = sum(v.values())
         if total <= 0:
-            raise ValueError("levels: every share is 0; give at least one level a share above 0")
+            raise ValueError("every share is 0; give at least one level a share above 0")
         if abs(total - 1.0) > 1e-6:
-            raise ValueError(f"levels: the shares sum to {total:.4g}; allowed: shares that sum to 1")
+            raise ValueError(f"the shares sum to {total:.4g}; allowed: shares that sum to 1")
         return {int(k): float(s) for k, s in sorted(v.items())}
 
 
@@ -166,15 +168,41 @@ class RgTask:
             axes.append((attr, pairs))
         self.attributes = {a: (list(d.levels), d.description or "") for a, d in attrs.items()}
         self.levels: list[Level] = []
-        for i, cell in enumerate(itertools.product(*(pairs for _, pairs in axes))):
-            self.levels.append(Level(i, tuple((a, lv) for (a, _), (lv, _) in zip(axes, cell, strict=True)),
-                                     tuple((a, v) for (a, _), (_, v) in zip(axes, cell, strict=True))))
+        seen: set[tuple] = set()
+        for cell in itertools.product(*(pairs for _, pairs in axes)):
+            attr_levels = tuple((a, lv) for (a, _), (lv, _) in zip(axes, cell, strict=True))
+            values = self._resolved(attr_levels)
+            if values in seen:  # an interval attribute's top level repeats the one below it: one cell
+                continue
+            seen.add(values)
+            self.levels.append(Level(len(self.levels), attr_levels, values))
         if len(self.levels) > MAX_LEVELS:
             sizes = ", ".join(f"{a} ({len(p)}: {'/'.join(_value(v) for _, v in p)})" for a, p in axes)
             raise RgTaskError(f"task {name!r}: its level grid has {len(self.levels)} cells, more than {MAX_LEVELS}: "
                               f"{sizes}; narrow it, e.g. rg:{dataset}:{axes[0][0]}="
                               f"{_value(axes[0][1][0][1])}-{_value(axes[0][1][min(2, len(axes[0][1]) - 1)][1])}")
         self._datasets: dict[tuple[int, int, int], Any] = {}
+
+    def _resolved(self, attr_levels: tuple[tuple[str, int], ...]) -> tuple[tuple[str, Any], ...]:
+        """What a cell generates: each attribute's value, or its (low, high) range, as reasoning-gym resolves it."""
+        from reasoning_gym.coaching.attributes import RangeAttributeDefinition
+        from reasoning_gym.coaching.base_curriculum import DefaultCurriculumContext, RangeAttributeMode
+        from reasoning_gym.factory import CURRICULA
+
+        cur = CURRICULA[self.dataset]()
+        for attr, lv in attr_levels:
+            cur.set_attr_level(attr, lv)
+        ctx = DefaultCurriculumContext(mode=RangeAttributeMode.UPPER_BOUND)
+        out = []
+        for attr, _ in attr_levels:
+            d = cur.attributes[attr]
+            v = ctx.get_attr_value(cur, d)
+            if isinstance(d, RangeAttributeDefinition):
+                lo, hi = (min(v), max(v)) if isinstance(v, list | tuple) else (v, v)
+                out.append((attr, lo if lo == hi else (lo, hi)))
+            else:
+                out.append((attr, v))
+        return tuple(out)
 
     @staticmethod
     def _narrow(name: str, attr: str, pairs: list[tuple[int, Any]], values: list[str]) -> list[tuple[int, Any]]:

@@ -91,6 +91,11 @@ class Settings(BaseModel):
         "rg:<dataset>[:attr=lo-hi,...] (a reasoning-gym dataset, its levels from the dataset's curriculum; "
         "docs/tasks.md)",
     )
+    start_config: dict[str, Any] | None = Field(
+        None,
+        description="stage 0's config as JSON (MAPF: {\"sizes\": ...}; other tasks: {\"levels\": {\"<level>\": share}}); "
+        "none: a random config from the seed (the paper's stage 0)",
+    )
     engineer: str = Field(
         "self",
         description="who designs the next stage: self | base | openai | gemini | fixed | random | "
@@ -175,6 +180,19 @@ class Settings(BaseModel):
     def _no_cpu_split(cls, v: Any) -> Any:
         return None if isinstance(v, str) and v.strip().lower() in ("", "none", "null") else v
 
+    @field_validator("start_config", mode="before")
+    @classmethod
+    def _start_config_text(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            text = v.strip()
+            if text.lower() in ("", "none", "null"):
+                return None
+            try:
+                return json.loads(text)
+            except ValueError:
+                raise ValueError(f"start_config={v!r}: allowed: a JSON object, or none") from None
+        return v
+
     @field_validator("task")
     @classmethod
     def _known_task(cls, v: str) -> str:
@@ -197,6 +215,20 @@ class Settings(BaseModel):
             if self.final_cpu_split is not None:
                 raise ValueError(f"final_cpu_split={self.final_cpu_split!r} is a MAPF split; allowed for task "
                                  f"{self.task}: none")
+        if self.start_config is not None:  # checked now, not after minutes of set-up
+            try:
+                if self.task == "mapf":
+                    from env import EnvConfig
+
+                    EnvConfig.model_validate(self.start_config)
+                else:
+                    from trainer.task import load_task
+
+                    load_task(self.task).parse_config(self.start_config)
+            except ValueError as e:
+                from env.config import format_validation_error
+
+                raise ValueError(f"start_config {json.dumps(self.start_config)}: {format_validation_error(e)}") from None
         return self
 
     @property

@@ -99,6 +99,8 @@ def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     (proposal None, attempts 0, feedback []), plus a log line.
     """
     settings, run_dir = runtime.context.settings, runtime.context.run_dir
+    if not state.get("train_path") and not state.get("config") and settings.start_config:
+        state = {**state, "config": settings.start_config}  # stage 0's config, as the run's settings give it
     if not settings.is_mapf:  # any other task family, through the task seam (nodes/task_loop.py)
         from nodes.task_loop import apply_stage
 
