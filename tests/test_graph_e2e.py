@@ -2,9 +2,9 @@
 Ctrl-C (SIGINT, with the vLLM policy server up) in the middle of stage 1, each resumed, and --approve.
 
 The SIGKILL and approve runs take their stage 0 from the session's smoke grid (conftest ``smoke_grid``,
-`--stage0-from`): what they test happens after stage 0. SIGINT trains its own: its policy answers on vLLM,
-a setting a fork must share with its donor, and keeps the unshrunk smoke preset. SIGKILL and approve use the
-grid's shrink overrides (tests/support/smoke_grid.py)."""
+`--stage0-from`): what they test happens after stage 0. SIGINT is sent to the cpu-preset run, which trains its
+own stage 0 and answers on vLLM. SIGKILL and approve use the grid's shrink overrides
+(tests/support/smoke_grid.py)."""
 
 from __future__ import annotations
 
@@ -107,46 +107,6 @@ def test_sigkill_in_stage_1_then_resume(tmp_path, smoke_grid):
     assert stat_snapshot(donor / "stage_0") == donor_before  # nothing wrote through the links into the donor
 
 
-def test_sigint_in_stage_1_stops_vllm_and_resumes(tmp_path):
-    """Ctrl-C in the middle of stage 1, while the kept vLLM policy server (started by stage 0's evaluation)
-    is up: the process exits with 130, the server is gone, and --resume finishes without touching stage 0."""
-    run_dir = tmp_path / "run"
-    env = {"PRESET": "smoke", "ENGINEER": "self", "SEED": "2", "POLICY_BACKEND": "vllm"}
-    proc = start_run(["--run-dir", str(run_dir), "--stages", "2"], env, tmp_path / "first.log")
-    try:
-        def vllm_children() -> list[psutil.Process]:
-            try:
-                kids = psutil.Process(proc.pid).children(recursive=True)
-            except psutil.NoSuchProcess:
-                return []
-            return [k for k in kids if "vllm" in " ".join(k.cmdline())]
-
-        # stage_1/train.jsonl appears when apply has built stage 1: training of stage 1 is next.
-        wait_for(lambda: (run_dir / "stage_1" / "train.jsonl").is_file() and bool(vllm_children()), proc, 1200,
-                 "stage 1 to start with a vLLM server up")
-        time.sleep(3)
-        servers = vllm_children()
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(120) == 130, (tmp_path / "first.log").read_text()[-3000:]
-        gone, alive = psutil.wait_procs(servers, timeout=30)
-        assert not alive, f"vLLM server still running: {[p.pid for p in alive]}"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert "--resume" in (tmp_path / "first.log").read_text()
-    assert not (run_dir / "report.md").exists()
-    before = snapshot(run_dir / "stage_0")  # after the exit: a stopping server may still log into stage_0
-    resumed = start_run(["--resume", str(run_dir)], {}, tmp_path / "resume.log")
-    assert resumed.wait(900) == 0, (tmp_path / "resume.log").read_text()[-3000:]
-    log = (tmp_path / "resume.log").read_text()
-    assert "[stage 1] trained" in log and "[stage 0] trained" not in log, log[-2000:]
-    check_finished_run(run_dir, stages=2)
-    after = snapshot(run_dir / "stage_0")
-    changed = [f for f in before if before[f] != after.get(f)]
-    assert not changed, f"stage 0 files changed on resume: {changed}"
-    assert train_stage_runs(run_dir) == [0, 1]  # stage 0 trained exactly once
-
-
 def test_approve_lets_a_person_replace_the_proposal(tmp_path, smoke_grid):
     """--approve pauses before apply; an edited config given on stdin is what stage 1 trains on. Stage 0 is
     the grid's (seed 0), so the one question is the stage 0 -> 1 proposal."""
@@ -175,11 +135,15 @@ def test_approve_lets_a_person_replace_the_proposal(tmp_path, smoke_grid):
     assert rows and {r["size"] for r in rows} == {3}
 
 
-def test_cpu_preset_end_to_end_through_the_stage_child(tmp_path, embedded_model_path):
+def test_cpu_preset_end_to_end_through_the_stage_child_with_a_ctrl_c_in_stage_1(tmp_path, embedded_model_path):
     """The cpu preset (compact prompt, cached SFT warm start, dynamic sampling, vLLM evaluation and
     self-engineer) runs end to end with every stage trained in its own child process, shrunk in
     length only: 2 stages, 1 GRPO step each of completions of at most 48 tokens, a 2-step warm start in a cache of
-    its own, 12 answers of at most 64 tokens per evaluation."""
+    its own, 12 answers of at most 64 tokens per evaluation.
+
+    On the way, a Ctrl-C in the middle of stage 1, while the kept vLLM policy server (started by stage 0's
+    evaluation) is up: the process exits with 130, the server is gone, and --resume finishes without touching
+    stage 0 (one loop run serves both checks)."""
     run_dir = tmp_path / "cpu-run"
     args = ["--preset", "cpu", "--run-dir", str(run_dir), "--set", "stages=2", "--set", "eval_limit=12",
             "--set", "final_limit=6", "--set", "eval_max_tokens=64", "--set", "train.max_steps=1",
@@ -188,13 +152,44 @@ def test_cpu_preset_end_to_end_through_the_stage_child(tmp_path, embedded_model_
     log = tmp_path / "run.log"
     (tmp_path / "cache").mkdir()  # a cache of its own, but the converted model linked in: no 50 s conversion again
     (tmp_path / "cache" / embedded_model_path.name).symlink_to(embedded_model_path)
-    proc = start_run(args, {"ENV_ENGINEER_CACHE": str(tmp_path / "cache")}, log)
+    cache_env = {"ENV_ENGINEER_CACHE": str(tmp_path / "cache")}
+    proc = start_run(args, cache_env, log)
     try:
-        rc = proc.wait(timeout=1800)
+        def vllm_children() -> list[psutil.Process]:
+            try:
+                kids = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                return []
+            return [k for k in kids if "vllm" in " ".join(k.cmdline())]
+
+        # stage_1/train.jsonl appears when apply has built stage 1: training of stage 1 is next.
+        wait_for(lambda: (run_dir / "stage_1" / "train.jsonl").is_file() and bool(vllm_children()), proc, 1800,
+                 "stage 1 to start with a vLLM server up")
+        time.sleep(3)
+        servers = vllm_children()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 130, log.read_text()[-3000:]
+        gone, alive = psutil.wait_procs(servers, timeout=30)
+        assert not alive, f"vLLM server still running: {[p.pid for p in alive]}"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert rc == 0, log.read_text()[-3000:]
+    assert "--resume" in log.read_text()
+    assert not (run_dir / "report.md").exists()
+    before = snapshot(run_dir / "stage_0")  # after the exit: a stopping server may still log into stage_0
+    resumed = start_run(["--resume", str(run_dir)], cache_env, tmp_path / "resume.log")
+    try:
+        rc = resumed.wait(timeout=1800)
+    finally:
+        if resumed.poll() is None:
+            os.killpg(resumed.pid, signal.SIGKILL)
+    assert rc == 0, (tmp_path / "resume.log").read_text()[-3000:]
+    resume_log = (tmp_path / "resume.log").read_text()
+    assert "[stage 1] trained" in resume_log and "[stage 0] trained" not in resume_log, resume_log[-2000:]
+    after = snapshot(run_dir / "stage_0")
+    changed = [f for f in before if before[f] != after.get(f)]
+    assert not changed, f"stage 0 files changed on resume: {changed}"
+    assert train_stage_runs(run_dir) == [0, 1]  # stage 0 trained exactly once
     check_finished_run(run_dir, 2)
     settings = json.loads((run_dir / "settings.json").read_text())
     assert settings["preset"] == "cpu" and settings["train"]["prompt_style"] == "compact"
