@@ -183,11 +183,14 @@ def test_resume_needs_its_file_and_refuses_another_experiment(tmp_path, capsys):
 @pytest.mark.slow
 def test_every_finished_seed_is_kept_and_resumed(embedded_model_path, tmp_path, monkeypatch, capsys):
     """The real bench, tiny: the file is written after each seed (not only at the end), and --resume trains only
-    the seeds it lacks, keeping the others' figures as they were."""
+    the seeds it lacks, keeping the others' figures as they were. Its policy is a two-block random Llama with the
+    embedded model's tokenizer: what is checked is the bookkeeping, never what the model answers."""
     import evals.bench.bench_learning as bench
+    from tests.support.tiny_llama import save_tiny_llama
 
+    policy = save_tiny_llama(tmp_path / "tiny", embedded_model_path)
     monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr("llm_backends.models.resolve_model", lambda name, cache_dir=None: embedded_model_path)
+    monkeypatch.setattr("llm_backends.models.resolve_model", lambda name, cache_dir=None: policy)
     out, answers = tmp_path / "bench.json", tmp_path / "answers.jsonl"
     args = ["--preset", "smoke", "--quick", "--per-size", "1", "--json", str(out), "--answers", str(answers),
             "--keep-checkpoints", str(tmp_path / "kept")]
@@ -202,7 +205,7 @@ def test_every_finished_seed_is_kept_and_resumed(embedded_model_path, tmp_path, 
     assert [r["seed"] for r in first["seeds"]] == [0] and len(first["seeds"][0]["diffs"]) == 3
     monkeypatch.undo()
     monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr("llm_backends.models.resolve_model", lambda name, cache_dir=None: embedded_model_path)
+    monkeypatch.setattr("llm_backends.models.resolve_model", lambda name, cache_dir=None: policy)
     capsys.readouterr()
     bench.main([*args, "--seeds", "0,1", "--resume"])
     printed = capsys.readouterr().out

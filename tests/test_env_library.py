@@ -174,18 +174,11 @@ def test_grpo_trainer_takes_the_public_dataset_and_reward(insts, embedded_model_
     """Trains nothing: a TRL GRPOTrainer built from the public API alone accepts its dataset and reward, and the
     reward it holds scores the dataset's own answers as the verifier does. The model is a folder, as a user's
     would be: a two-block random Llama with the embedded model's tokenizer (what it computes is not looked at)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
-    tok = AutoTokenizer.from_pretrained(embedded_model_path)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-    )).save_pretrained(tmp_path / "tiny")
-    tok.save_pretrained(tmp_path / "tiny")
+    from tests.support.tiny_llama import save_tiny_llama
+
+    save_tiny_llama(tmp_path / "tiny", embedded_model_path)
     ds = to_dataset(insts)
     args = GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, bf16=False, num_generations=2,
                       per_device_train_batch_size=2, max_completion_length=16, max_steps=1, report_to="none",
