@@ -285,6 +285,15 @@ def _tiny(**kw) -> TrainConfig:
                                        "sft_instances": 2, **kw})
 
 
+@pytest.fixture(scope="module")
+def tiny_policy_path(embedded_model_path, tmp_path_factory) -> Path:
+    """A two-block random Llama folder with the embedded model's tokenizer, for the tests below that check the
+    warm-start cache and TRL's sampling bookkeeping, never what the model says (tests/support/tiny_llama.py)."""
+    from tests.support.tiny_llama import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", embedded_model_path)
+
+
 def test_warm_start_key_follows_model_settings_and_seed(embedded_model_path, tmp_path):
     from trainer.sft import warm_start_key, warm_start_spec
 
@@ -341,7 +350,7 @@ def test_check_cached_detects_missing_truncated_and_corrupt_files(tmp_path):
 
 
 @pytest.mark.slow
-def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(embedded_model_path, tmp_path):
+def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(tiny_policy_path, tmp_path):
     import os
 
     from trainer.files import weights_sha256
@@ -349,7 +358,7 @@ def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(embedded
     from trainer.sft import build_warm_start, check_cached, warm_start_root
 
     cfg = _tiny()
-    first = build_warm_start(embedded_model_path, cfg, 0, cache_dir=tmp_path, progress=False)
+    first = build_warm_start(tiny_policy_path, cfg, 0, cache_dir=tmp_path, progress=False)
     assert not first["hit"] and Path(first["path"]).parent == warm_start_root(tmp_path)
     assert first["metrics"]["sft/steps"] == 1
     entry = Path(first["path"])
@@ -358,32 +367,32 @@ def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(embedded
     assert first["built"]["machine"]["cpu"] == machine()["cpu"] and first["built"]["packages"]["torch"]
     assert first["weights"] == weights_sha256(entry) and len(first["weights"]["model.safetensors"]) == 64
     stamp = {p.name: p.stat().st_mtime_ns for p in entry.iterdir()}
-    again = build_warm_start(embedded_model_path, cfg, 0, cache_dir=tmp_path, progress=False)
+    again = build_warm_start(tiny_policy_path, cfg, 0, cache_dir=tmp_path, progress=False)
     assert again["hit"] and again["key"] == first["key"] and again["metrics"] == first["metrics"]
     assert (again["built"], again["weights"]) == (first["built"], first["weights"])
     assert {p.name: p.stat().st_mtime_ns for p in entry.iterdir()} == stamp  # reused, not rewritten
     # another seed: another entry beside it
-    other = build_warm_start(embedded_model_path, cfg, 1, cache_dir=tmp_path, progress=False)
+    other = build_warm_start(tiny_policy_path, cfg, 1, cache_dir=tmp_path, progress=False)
     assert not other["hit"] and other["key"] != first["key"]
     # a corrupt weight file is detected and rebuilt, never loaded
     w = next(entry.glob("*.safetensors"))
     with open(w, "r+b") as f:
         f.seek(os.path.getsize(w) // 2)
         f.write(b"\x00\x01\x02\x03")
-    rebuilt = build_warm_start(embedded_model_path, cfg, 0, cache_dir=tmp_path, progress=False)
+    rebuilt = build_warm_start(tiny_policy_path, cfg, 0, cache_dir=tmp_path, progress=False)
     assert not rebuilt["hit"] and check_cached(Path(rebuilt["path"])) is None
     # a half-written entry (no manifest) is rebuilt too
     (entry / "warm_start.json").unlink()
-    assert not build_warm_start(embedded_model_path, cfg, 0, cache_dir=tmp_path, progress=False)["hit"]
+    assert not build_warm_start(tiny_policy_path, cfg, 0, cache_dir=tmp_path, progress=False)["hit"]
     assert not list(warm_start_root(tmp_path).glob(".*.tmp"))  # no leftovers
 
 
 @pytest.mark.slow
-def test_nodes_sft_cli_builds_then_reuses(embedded_model_path, tmp_path, monkeypatch, capsys):
+def test_nodes_sft_cli_builds_then_reuses(tiny_policy_path, tmp_path, monkeypatch, capsys):
     from trainer.sft import main
 
     monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path))
-    monkeypatch.setattr("llm_backends.models.resolve_model", lambda name, cache_dir=None: embedded_model_path)
+    monkeypatch.setattr("llm_backends.models.resolve_model", lambda name, cache_dir=None: tiny_policy_path)
     args = ["--preset", "smoke", "--set", "sft_steps=1", "--set", "train.sft_instances=2"]
     main(args)
     out = json.loads(capsys.readouterr().out)
@@ -398,7 +407,7 @@ def test_nodes_sft_cli_builds_then_reuses(embedded_model_path, tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(embedded_model_path, tmp_path):
+def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(tiny_policy_path, tmp_path):
     """A real TRL step: prompts of one kind always score 0 (a dead group), the others score by completion length
     (signal). Dead groups are replaced by fresh groups with signal, the batch keeps its size, the stats say so."""
     import random
@@ -409,7 +418,7 @@ def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(embedded_mode
     from trainer.grpo_trainer import make_trainer_class, sampling_metrics
     from trainer.trl_setup import grpo_config
 
-    model, tok = load_checkpoint(embedded_model_path, trainable=True)
+    model, tok = load_checkpoint(tiny_policy_path, trainable=True)
     rows = [{"prompt": [{"role": "user", "content": f"Say a number ({i})."}], "dead": i % 2 == 0} for i in range(16)]
     sizes = []
 
@@ -449,7 +458,7 @@ def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(embedded_mode
 
 
 @pytest.mark.slow
-def test_num_iterations_reuses_each_generated_batch_for_several_optimiser_steps(embedded_model_path, tmp_path):
+def test_num_iterations_reuses_each_generated_batch_for_several_optimiser_steps(tiny_policy_path, tmp_path):
     """train.num_iterations=2 with 4 optimiser steps: TRL samples and scores 2 batches, not 4, and every step
     still moves the weights (the reused batch is scored against its sampling log-probs)."""
     from datasets import Dataset
@@ -459,7 +468,7 @@ def test_num_iterations_reuses_each_generated_batch_for_several_optimiser_steps(
     from trainer.grpo_trainer import make_trainer_class
     from trainer.trl_setup import grpo_config
 
-    model, tok = load_checkpoint(embedded_model_path, trainable=True)
+    model, tok = load_checkpoint(tiny_policy_path, trainable=True)
     rows = [{"prompt": [{"role": "user", "content": f"Say a number ({i})."}]} for i in range(16)]
     calls = []
 
