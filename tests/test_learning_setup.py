@@ -523,20 +523,26 @@ def _shared_prompt_batch(pad: int = 0):
 
 
 @pytest.mark.parametrize("pad", [0, 3])
-def test_shared_prompt_scores_and_gradients_equal_trls_path(embedded_model_path, pad):
+def test_shared_prompt_scores_and_gradients_equal_trls_path(pad):
     """The shared-prompt path gives TRL's log-probs, entropies and gradients for a batch of one prompt; it runs the
-    prompt once. With common left padding it equals TRL's path on the same batch without that padding."""
+    prompt once. With common left padding it equals TRL's path on the same batch without that padding. Both
+    paths run on the same model: a small random Llama (SmolLM2's architecture), as the token ids are random too."""
     import contextlib
     import types
 
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
     from trl import GRPOTrainer
     from trl.trainer.utils import add_fused_lm_head
 
     from trainer.trl_cpu import per_token_logps, score_with_shared_prompt, shared_prompt
 
-    model = AutoModelForCausalLM.from_pretrained(embedded_model_path, dtype=torch.float32)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=1,
+        eos_token_id=2, pad_token_id=2,
+    ))
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     ids, mask = _shared_prompt_batch(pad)
     trl_self = types.SimpleNamespace(accelerator=types.SimpleNamespace(autocast=contextlib.nullcontext))
