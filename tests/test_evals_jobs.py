@@ -40,11 +40,18 @@ def test_bad_jobs_is_one_error_line_before_anything_runs(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable cores")
-def test_jobs_2_runs_the_donors_at_once_pinned_and_forks_from_them(tmp_path):
+def test_jobs_2_runs_the_donors_at_once_pinned_and_forks_from_them(tmp_path, embedded_model_path, monkeypatch):
+    """What is checked is the scheduling, never what a policy answers: the policy is a two-block random Llama
+    with the embedded model's tokenizer (tests/support/tiny_llama.py), with a model cache of its own."""
+    from tests.support.tiny_llama import save_tiny_llama
+
+    policy = save_tiny_llama(tmp_path / "tiny-llama", embedded_model_path)
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path / "cache"))
+    shrink = SHRINK.rstrip().removesuffix("}") + f", policy_model: {policy}}}\n"
     cfg = tmp_path / "compare.yaml"
     cfg.write_text(f"# python -m evals.compare_engineers --config {cfg} --jobs 2\npreset: smoke\n"
                    f"engineers: [fixed, random]\nseeds: [0, 1]\nbaseline: fixed\nshare_stage0: true\n"
-                   f"out: {tmp_path / 'out'}\nruns_dir: {tmp_path / 'runs'}\n{SHRINK}")
+                   f"out: {tmp_path / 'out'}\nruns_dir: {tmp_path / 'runs'}\n{shrink}")
     proc = evals_cmd("evals.compare_engineers", cfg, "--jobs", "2")
     assert proc.returncode == 0, proc.stderr[-4000:]
     events = (tmp_path / "out" / "events.log").read_text().splitlines()
@@ -62,4 +69,5 @@ def test_jobs_2_runs_the_donors_at_once_pinned_and_forks_from_them(tmp_path):
             assert t["jobs"] == 2 and t["last_rc"] == 0
             settings = json.loads((tmp_path / "runs" / f"{arm}-s{seed}" / "settings.json").read_text())
             assert settings["provenance"]["machine"]["cores_usable"] == 1  # pinned: graph.run saw one core
+            assert settings["policy_model"] == str(policy)
     assert (tmp_path / "out" / "table.md").is_file()
