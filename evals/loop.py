@@ -18,8 +18,19 @@ from typing import Any
 from evals.config import EvalConfigError, LoopConfig, LoopConfigT, config_command, load_config
 from evals.grid import GridResult, collect_verdicts, run_grid
 from evals.packed import PACK, PackError, unpacked
+from evals.pairs import Arm, guard_committed, make_pairs, stage0_donor
 from evals.plan import PlanError, check_seeds, confirm
 from evals.plan import note as plan_note
+from evals.plots import stage0_mismatches, write_plots
+from evals.results import add_reproduce_flags, committed, read_json, retarget_from_args, verdict_folders
+from evals.stats import (
+    identical_answer_notes,
+    identical_weight_notes,
+    read_verdicts,
+    summarize,
+    summarize_rows,
+)
+from evals.tables import write_tables
 
 PLAN_FILE = "plan.json"  # the confirmed plan of a grid, beside its tables (evals.plan)
 
@@ -36,17 +47,6 @@ def confirm_plan(path: Path, cfg: LoopConfig, labels: Sequence[str], tables_only
         raise PlanError(f"--plan {plan['file']}: arm {plan['arm']!r} is not in this grid; allowed: one of "
                         f"{', '.join(labels)}, or all")
     return plan
-from evals.pairs import Arm, guard_committed, make_pairs, stage0_donor
-from evals.plots import stage0_mismatches, write_plots
-from evals.results import add_reproduce_flags, committed, read_json, retarget_from_args, verdict_folders
-from evals.stats import (
-    identical_answer_notes,
-    identical_weight_notes,
-    read_verdicts,
-    summarize,
-    summarize_rows,
-)
-from evals.tables import write_tables
 
 
 def timing_notes(timings: Mapping[str, Any], labels: Sequence[str], seeds: Sequence[int]) -> list[str]:
@@ -160,8 +160,10 @@ def show_published(verdicts: Mapping[tuple[str, int], Path], setting: bool | Non
     benchmark was the full `test` split (its collected settings.json), the split the paper's numbers are on."""
     if setting is not None:
         return setting
-    splits = {(read_json(folder / "settings.json") or {}).get("final_split") for folder in verdicts.values()}
-    return splits == {"test"}
+    settings = [read_json(folder / "settings.json") or {} for folder in verdicts.values()]
+    if any(s.get("task", "mapf") != "mapf" for s in settings):  # the paper's rows are MAPF-FrozenLake's
+        return False
+    return {s.get("final_split") for s in settings} == {"test"}
 
 
 def write_loop_tables(verdicts: Mapping[tuple[str, int], Path], labels: Sequence[str], cfg: LoopConfig, out: Path, *,

@@ -59,8 +59,9 @@ def preset_help() -> str:
 
     out = []
     for name, run in PRESETS.items():
+        optimizer = "filtered fine-tuning" if train(name, "optimizer") == "filtered" else "GRPO"
         line = (f"  {name}: {run.get('stages', 3)} stages, {train(name, 'instances_per_stage')} training instances "
-                f"and {train(name, 'max_steps')} GRPO steps per stage (-1: epochs), answers capped at "
+                f"and {train(name, 'max_steps')} {optimizer} steps per stage (-1: epochs), answers capped at "
                 f"{train(name, 'max_completion_length')} tokens in training and {run.get('eval_max_tokens')} at "
                 f"evaluation, validation on {run.get('eval_split')}"
                 + (f" (first {run['eval_limit']})" if run.get("eval_limit") else "") + ".")
@@ -71,6 +72,9 @@ def preset_help() -> str:
                      "node, resume, the files) in minutes, never learning; use cpu for that.")
         elif name == "cpu":
             line += " The embedded 135M model on a CPU, from a cached SFT warm start (the default)."
+        elif name == "rg-cpu":
+            line += (f" The same model on a reasoning-gym task ({run.get('task')}), where it learns on a CPU: a cached "
+                     "full fine-tuning warm start, then reward-filtered fine-tuning stages (evals/results/rg_candidates).")
         elif name == "cpu-long":
             line += (" The same model from a 300-step warm start, with 96-step stages of 2 prompts x 8: one such "
                      "stage raised the greedy valid rate by about 4-5 points (evals/results/learning_cpu), where "

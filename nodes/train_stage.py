@@ -45,7 +45,7 @@ def train_stage(state: dict, runtime) -> dict:
         seed=int(settings.seed) + 1000 * stage,
         reward_state=state.get("reward_state") or None,
         warm_start=settings.train.sft_warm_start and prev is None,
-        task=settings.task,
+        task=getattr(settings, "task", "mapf"),  # a test's stand-in settings may have no task
     )
     m = result["metrics"]
     line = (

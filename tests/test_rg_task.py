@@ -100,14 +100,14 @@ def test_a_smoke_loop_on_a_reasoning_gym_task_runs_end_to_end(tmp_path):
     env = {**os.environ, "PRESET": "smoke", "PYTHONPATH": str(ROOT)}
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "graph.run", "--task", "rg:basic_arithmetic:num_terms=2,num_digits=1-2",
-           "--engineer", "learnability", "--run-dir", str(run), "--eval-limit", "8"]
+           "--engineer", "learnability", "--run-dir", str(run), "--eval-limit", "4", "--final-limit", "4"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     settings = json.loads((run / "settings.json").read_text())
     assert settings["task"].startswith("rg:basic_arithmetic") and settings["eval_split"] == "val"
     for k in (0, 1):
         rows = [json.loads(x) for x in (run / f"stage_{k}" / "eval.jsonl").read_text().splitlines()]
-        assert len(rows) == 8 and {r["size"] for r in rows} == {0, 1}  # both levels, the cap spread over them
+        assert len(rows) == 4 and {r["size"] for r in rows} == {0, 1}  # both levels, the cap spread over them
         assert (run / f"stage_{k}" / "checkpoint" / "trainer_meta.json").is_file()
     assert "## F. Results on the validation set" in (run / "stage_0" / "summary.md").read_text()
     validation = json.loads((run / "stage_0" / "validation.json").read_text())

@@ -383,4 +383,26 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         # a stage is about 1,000 optimiser steps, roughly a day on one GPU: a crash loses at most 50 of them
         "save_steps": 50,
     },
+    # A reasoning-gym task on 2 CPU cores (graph.settings PRESETS["rg-cpu"]: basic_arithmetic, 2-4 terms of 1-2
+    # digits): a full fine-tuning warm start on gold answers (150 steps x 16, cached), then per stage reward-filtered
+    # fine-tuning (trainer/filtered.py): rounds of 32 prompts x 8 samples at temperature 1, the verified answers
+    # fine-tuned on, 60 optimiser steps. evals/results/rg_candidates has the measurements that chose it.
+    "rg-cpu": {
+        "prompt_style": "compact",
+        "instances_per_stage": 512,
+        "max_train_size": None,
+        "max_prompt_length": 256,
+        "max_completion_length": 16,
+        "optimizer": "filtered",
+        "filtered_prompts": 32,
+        "num_generations": 8,
+        "temperature": 1.0,
+        "max_steps": 60,
+        "train_layers": 0,
+        "sft_train_layers": 0,
+        "sft_lr": 5e-5,
+        "sft_batch_size": 16,
+        "sft_steps": 150,
+        "sft_instances": 2400,
+    },
 }

@@ -36,8 +36,9 @@ def _encode(tok, messages: list[dict], answer: str, enable_thinking: bool | None
 
 
 def sample(model, tok, prompts: list[list[dict]], *, n: int, temperature: float, max_new_tokens: int,
-           enable_thinking: bool | None = None) -> list[list[str]]:
-    """`n` sampled answers to each chat prompt."""
+           enable_thinking: bool | None = None, bf16: bool = False) -> list[list[str]]:
+    """`n` sampled answers to each chat prompt (`bf16`: under bf16 autocast, on a CPU that multiplies bf16 in
+    hardware: the samples are only filtered, never differentiated)."""
     import torch
 
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
@@ -47,7 +48,7 @@ def sample(model, tok, prompts: list[list[dict]], *, n: int, temperature: float,
     try:
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
                                  max_new_tokens=max_new_tokens, num_return_sequences=n,
                                  pad_token_id=tok.pad_token_id)
@@ -108,6 +109,9 @@ def run_filtered_stage(*, train_path: Path, init_checkpoint: Path | str, out_dir
     model, tok = load_checkpoint(init_checkpoint, dtype="float32", trainable=True)
     if cfg.train_layers:
         freeze_lower_layers(model, cfg.train_layers)
+    from trainer.trl_setup import use_autocast
+
+    bf16 = use_autocast(cfg) and not torch.cuda.is_available()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr, weight_decay=0.0)
     per_round = max(1, cfg.filtered_prompts)
     order = list(range(len(items)))
@@ -124,7 +128,7 @@ def run_filtered_stage(*, train_path: Path, init_checkpoint: Path | str, out_dir
         pos += len(chunk)
         answers = sample(model, tok, [task.prompt(it, cfg.prompt_style) for it in chunk], n=cfg.num_generations,
                          temperature=cfg.temperature, max_new_tokens=cfg.max_completion_length,
-                         enable_thinking=cfg.enable_thinking)
+                         enable_thinking=cfg.enable_thinking, bf16=bf16)
         examples = []
         ok_here = 0
         for it, outs in zip(chunk, answers, strict=True):
