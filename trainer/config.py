@@ -76,7 +76,7 @@ class TrainConfig(BaseModel):
     optimizer: Literal["grpo", "filtered"] = Field(
         "grpo",
         description="the stage optimizer: grpo (TRL's GRPOTrainer), or filtered (reward-filtered fine-tuning: sample "
-        "num_generations answers a prompt, keep the verified ones, fine-tune on them at sft_lr; trainer/filtered.py)",
+        "num_generations answers a prompt, keep the verified ones, fine-tune on them at learning_rate in full batches of sft_batch_size; trainer/filtered.py)",
     )
     filtered_prompts: int = Field(16, ge=1, description="optimizer=filtered: prompts sampled per round")
     # --- GRPO

@@ -2,8 +2,8 @@
 
 Expert iteration (RAFT, ReST): in rounds of `filtered_prompts` prompts, the policy samples `num_generations`
 answers to each at `temperature`; the task verifies them; the policy is then fine-tuned (cross-entropy on the
-answer tokens only, AdamW at `sft_lr`, batches of `sft_batch_size`) on the verified ones, one copy of each
-distinct valid answer. It is RL from the same verified reward as GRPO, but needs no reward variance inside a
+answer tokens only, AdamW at `learning_rate`, full batches of `sft_batch_size`, the rest kept for the next round)
+on the verified ones, one copy of each distinct valid answer. It is RL from the same verified reward as GRPO, but needs no reward variance inside a
 group: on a 135M policy at temperature 1 most GRPO groups score all 0 or all 1 and move nothing, while every
 valid sample here is a training example. The stage stops after `max_steps` optimiser steps (or one pass over its
 items when `max_steps` <= 0).
@@ -112,11 +112,12 @@ def run_filtered_stage(*, train_path: Path, init_checkpoint: Path | str, out_dir
     from trainer.trl_setup import use_autocast
 
     bf16 = use_autocast(cfg) and not torch.cuda.is_available()
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.sft_lr, weight_decay=0.0)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate, weight_decay=0.0)
     per_round = max(1, cfg.filtered_prompts)
     order = list(range(len(items)))
     rng.shuffle(order)
     steps, rounds, sampled, kept_n, pos = 0, 0, 0, 0, 0
+    pending: list[tuple[list[int], int]] = []  # verified examples not yet trained on
     losses: list[float] = []
     valid_rates: list[float] = []
     budget = cfg.max_steps if cfg.max_steps > 0 else math.ceil(len(items) / per_round) * 10**6
@@ -144,11 +145,12 @@ def run_filtered_stage(*, train_path: Path, init_checkpoint: Path | str, out_dir
         valid_rates.append(ok_here / max(1, len(chunk) * cfg.num_generations))
         kept_n += len(examples)
         rounds += 1
-        if examples:
-            room = budget - steps
-            per_batch = cfg.sft_batch_size
-            examples = examples[:room * per_batch]
-            got = sft_steps(model, tok, examples, opt, per_batch, rng)
+        pending += examples
+        full = len(pending) // cfg.sft_batch_size  # optimiser steps on full batches only: a step on 3 examples is noise
+        if full:
+            take = min(full, budget - steps) * cfg.sft_batch_size
+            got = sft_steps(model, tok, pending[:take], opt, cfg.sft_batch_size, rng)
+            pending = pending[take:]
             losses += got
             steps += len(got)
         if progress:
