@@ -361,7 +361,7 @@ def build_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] 
         if not loc:  # a check across settings (Settings' model validators): its message names the settings
             raise SettingsError(f"bad settings: {err['msg'].removeprefix('Value error, ')}") from None
         where = source.get(loc, loc)
-        allowed = err["msg"]
+        allowed = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             allowed = f"unknown setting; known: {', '.join(sorted(TrainConfig.model_fields if loc.startswith('train.') else Settings.model_fields))}"
         raise SettingsError(f"bad setting {loc} from {where}: {err.get('input')!r}: {allowed}") from None
