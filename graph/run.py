@@ -73,8 +73,9 @@ def preset_help() -> str:
         elif name == "cpu":
             line += " The embedded 135M model on a CPU, from a cached SFT warm start (the default)."
         elif name == "rg-cpu":
-            line += (f" The same model on a reasoning-gym task ({run.get('task')}), where it learns on a CPU: a cached "
-                     "full fine-tuning warm start, then reward-filtered fine-tuning stages (evals/results/rg_candidates).")
+            line += (f" The same model on a reasoning-gym task ({run.get('task')}), a cached "
+                     "full fine-tuning warm start, then reward-filtered fine-tuning stages; no stage measured so far gained "
+                     "(evals/results/rg_candidates).")
         elif name == "cpu-long":
             line += (" The same model from a 300-step warm start, with 96-step stages of 2 prompts x 8: one such "
                      "stage raised the greedy valid rate by about 4-5 points (evals/results/learning_cpu), where "
