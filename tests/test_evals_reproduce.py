@@ -206,5 +206,5 @@ def test_a_config_names_only_a_graph_run_preset(tmp_path):
     body = "engineers: [fixed]\nseeds: [0]\nout: evals/results/compare_smoke\npreset: {}\n"
     cfg = config.load_config(_config(tmp_path, body.format("cpu-long")), compare_engineers.CompareConfig)
     assert cfg.preset == "cpu-long"
-    with pytest.raises(config.EvalConfigError, match=r"field preset='cpu-lng'.*allowed: smoke, cpu, cpu-long, paper"):
+    with pytest.raises(config.EvalConfigError, match=r"field preset='cpu-lng'.*allowed: smoke, cpu, cpu-long, rg-cpu, paper"):
         config.load_config(_config(tmp_path, body.format("cpu-lng")), compare_engineers.CompareConfig)

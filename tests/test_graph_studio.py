@@ -70,7 +70,7 @@ def test_studio_schemas_are_typed():
     assert schemas["input"]["properties"]["stage"]["type"] == "integer"
     assert schemas["output"]["properties"]["final_metrics"]["anyOf"][0]["type"] == "object"
     props = schemas["context"]["properties"]
-    assert props["preset"]["enum"] == ["smoke", "cpu", "cpu-long", "paper"]
+    assert props["preset"]["enum"] == ["smoke", "cpu", "cpu-long", "rg-cpu", "paper"]
     assert props["seed"]["type"] == "integer" and props["approve"]["type"] == "boolean"
     assert props["stages"]["description"].startswith("number of training stages")
     train = schemas["context"]["$defs"][props["train"]["$ref"].split("/")[-1]]["properties"]
@@ -81,11 +81,11 @@ def test_studio_schemas_are_typed():
     ({"preset": "smoke", "seeed": 1}, r"^unknown context key 'seeed': did you mean 'seed'\?$"),
     ({"preset": "smoke", "train": {"max_stepz": 1}}, r"^unknown context key 'train.max_stepz': did you mean "
                                                      r"'train.max_steps'\?$"),
-    ({"preset": "smoke", "wibble": 1}, r"^unknown context key 'wibble'; allowed settings: preset, engineer, .*seed,"),
+    ({"preset": "smoke", "wibble": 1}, r"^unknown context key 'wibble'; allowed settings: preset, task, start_config, engineer, .*seed,"),
     ({"preset": "smoke", "train": 3}, r"^bad context key 'train': 3: a dict of training settings is expected"),
 
     ({"preset": "smoke", "seed": "-1"}, r"bad setting seed from the run's context key 'seed': '-1'"),
-    ({"preset": "nope"}, r"PRESET='nope' is not a preset; allowed: smoke, cpu, cpu-long, paper"),
+    ({"preset": "nope"}, r"PRESET='nope' is not a preset; allowed: smoke, cpu, cpu-long, rg-cpu, paper"),
     ({"preset": "smoke", "train": {"report_to": "mlflow"}}, r"train.report_to .*'mlflow'"),
     ({"preset": "smoke", "openai_api_key": "sk-x"}, r"API keys are read from the environment only"),
     ({"preset": "smoke", "run_id": "x"}, r"run_id is set by the run itself"),
