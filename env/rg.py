@@ -38,6 +38,7 @@ SPLIT_SIZES = {"val": 24, "test": 48}  # questions per level in each fixed split
 SPLIT_SEEDS = {"val": 7_000_003, "test": 9_000_011}
 ANSWER_HINT = "Give only the final answer."
 FAILURES = ("no_answer", "wrong", "partial")
+SHARE_SUM_TOL = 1e-6  # as MAPF's data ratios: a config off by more is projected (scaled to 1), not accepted
 
 
 class RgTaskError(ValueError):
@@ -109,8 +110,8 @@ class RgConfig(BaseModel):
         total = sum(v.values())
         if total <= 0:
             raise ValueError("every share is 0; give at least one level a share above 0")
-        if abs(total - 1.0) > 1e-6:
-            raise ValueError(f"the shares sum to {total:.4g}; allowed: shares that sum to 1")
+        if abs(total - 1.0) > SHARE_SUM_TOL:
+            raise ValueError(f"the shares sum to {total:.10g}; allowed: shares that sum to 1 (within {SHARE_SUM_TOL:g})")
         return {int(k): float(s) for k, s in sorted(v.items())}
 
 

@@ -106,6 +106,48 @@ def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any])
         say(f"[dry-run] rationale: {str(out['rationale'])[:300]}")
 
 
+def _dry_run_task_proposal(settings: Settings, run_dir: Path, config: dict[str, Any]) -> None:
+    """A non-MAPF task's engineer asked once on a dummy context (half the answers valid on each level), its
+    proposal checked as validate_config would (nodes/task_loop.py)."""
+    from langgraph.runtime import Runtime
+
+    from graph.settings import RunContext
+    from nodes.propose_config import propose_config
+    from nodes.summarize_failures import task_context
+    from nodes.task_loop import check, task_metrics, task_of
+
+    task = task_of(settings)
+    rows = [{"size": lv.index, "valid": i < 2, "optimal": i < 2, "failure": None if i < 2 else task.failure_labels[0]}
+            for lv in task.levels for i in range(4)]
+    state: dict[str, Any] = {"stage": 0, "config": config, "metrics": task_metrics(task, rows), "history": []}
+    state["context"] = task_context(state, settings, [])
+    say(f"[dry-run] asking the {settings.engineer} engineer for one proposal on a dummy context "
+        f"({len(state['context'])} chars, task {task.name}) ...")
+    t0 = time.monotonic()
+    model = None if settings.is_classic_engineer else _dry_run_model(settings)
+    where = Path(run_dir) / "dry_run_engineer"
+    try:
+        if model is not None:
+            with model:
+                out = propose_config(state, Runtime(context=RunContext(settings, where)), model=model)
+        else:
+            out = propose_config(state, Runtime(context=RunContext(settings, where)))
+    except Exception as e:  # noqa: BLE001 - a server that did not start, ...: one line either way
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RunError(f"[dry-run] engineer {settings.engineer!r} did not answer: {first[:400]}") from None
+    took = time.monotonic() - t0
+    accepted, errors = check(task, out.get("proposal"), settings.train.instances_per_stage)
+    if accepted is None:
+        why = "; ".join(out.get("feedback") or errors)[:300]
+        say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s without a usable config: {why} (a run "
+            f"would ask again, up to engineer_max_attempts={settings.engineer_max_attempts})")
+        return
+    shares = ", ".join(f"{k}: {v:.2f}" for k, v in accepted["levels"].items())
+    say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s: a config, accepted (level shares {shares})")
+    if out.get("rationale"):
+        say(f"[dry-run] rationale: {str(out['rationale'])[:300]}")
+
+
 def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
     from langgraph.runtime import Runtime
 
@@ -130,6 +172,9 @@ def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
         say(f"[dry-run] engineer {settings.engineer!r} not pinged for a proposal: it is served by the vLLM server "
             "above, on a GPU this machine lacks")
         return
+    if not settings.is_mapf and config is not None:
+        _dry_run_task_proposal(settings, run_dir, config)
+        return
     if config is not None:
         from env import EnvConfig
 
@@ -153,7 +198,14 @@ def _say_training_plan(settings: Settings, run_dir: Path) -> dict | None:
     except Exception as e:  # noqa: BLE001 - a config TRL or vLLM refuses: one line, like any bad setting
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:400]
         raise RunError(f"[dry-run] the training configuration cannot be built: {type(e).__name__}: {first}") from None
+    t = settings.train
     for line in plan_lines(plan, settings):
+        if t.optimizer == "filtered" and line.startswith(("GRPOConfig", "steps per stage")):
+            continue  # not what a filtered stage runs: its own line below
         say(f"[dry-run] {line}")
+    if t.optimizer == "filtered":
+        say(f"[dry-run] stage optimizer: reward-filtered fine-tuning (trainer/filtered.py): rounds of "
+            f"{t.filtered_prompts} prompts x {t.num_generations} samples at temperature {t.temperature}, "
+            f"{t.max_steps} steps on full batches of {t.sft_batch_size} verified answers at lr {t.learning_rate}")
     return plan
 

@@ -232,7 +232,7 @@ def classic(name: str, task, config: dict, by_level: dict, memory: dict, rng) ->
                + LEARNABILITY_UNIFORM_MIX / len(levels) for lv in levels}
         best = max(levels, key=lambda lv: score[lv])
         why = f"most data to level {best} (p={p.get(best, 0.0):.2f})" if total > 0 else "no level has 0 < p < 1"
-        return {"levels": {str(k): round(v, 6) for k, v in new.items()}}, f"learnability p(1-p): {why}", memory
+        return {"levels": {str(k): v for k, v in new.items()}}, f"learnability p(1-p): {why}", memory
     if name == "threshold":
         new = dict(cur)
         raised = []

@@ -116,3 +116,12 @@ def test_a_smoke_loop_on_a_reasoning_gym_task_runs_end_to_end(tmp_path):
         "accepted"]["levels"]
     final = json.loads((run / "final" / "metrics.json").read_text())
     assert final["final/n"] > 0 and (run / "report.md").is_file()
+
+
+def test_every_classic_curriculum_answers_a_config_that_passes_the_strict_check(task):
+    import random
+
+    by_level = {str(lv.index): {"valid_rate": v} for lv, v in zip(task.levels, (0.9, 0.5, 0.3, 0.0), strict=True)}
+    for name in ("fixed", "random", "learnability", "threshold"):
+        raw, why, _ = task_loop.classic(name, task, {"levels": {"0": 0.5, "1": 0.5}}, by_level, {}, random.Random(1))
+        assert task_loop.check(task, raw, 16) == (task.parse_config(raw, 16).model_dump(mode="json"), []), (name, raw)
