@@ -47,15 +47,35 @@ def _dry_run_model(settings: Settings):
                       timeout_s=PING_TIMEOUT_S, total_budget_s=PING_TIMEOUT_S, max_attempts=1)
 
 
+def _ask_once(settings: Settings, run_dir: Path, state: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    """propose_config's answer to `state` and its seconds; a call that fails is a RunError (one line). Its prompt
+    and reply go to `run_dir/dry_run_engineer` (stage_0/ is the run's own, or a donor's)."""
+    from langgraph.runtime import Runtime
+
+    from graph.settings import RunContext
+    from nodes.propose_config import propose_config
+
+    t0 = time.monotonic()
+    model = None if settings.is_classic_engineer else _dry_run_model(settings)
+    where = Path(run_dir) / "dry_run_engineer"
+    try:
+        if model is not None:
+            with model:
+                out = propose_config(state, Runtime(context=RunContext(settings, where)), model=model)
+        else:
+            out = propose_config(state, Runtime(context=RunContext(settings, where)))
+    except Exception as e:  # noqa: BLE001 - a server that did not start, ...: one line either way
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise RunError(f"[dry-run] engineer {settings.engineer!r} did not answer: {first[:400]}") from None
+    return out, time.monotonic() - t0
+
+
 def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any]) -> None:
     """Ask the engineer for one real proposal on a dummy context (stage 0's config and made-up validation
     results), validate it as the run would (strict, projection, feasibility) and say what came out. A call
     that fails is a RunError (one line); a reply without a usable config is reported, not an error."""
-    from langgraph.runtime import Runtime
 
-    from graph.settings import RunContext
     from nodes.apply import stage_seed
-    from nodes.propose_config import propose_config
     from nodes.summarize_failures import build_context
     from nodes.validate_config import check_proposal, config_diff, feasibility
 
@@ -67,19 +87,7 @@ def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any])
     state["context"] = build_context(variant=settings.context, state=state, settings=settings, env_stats=env_stats)
     say(f"[dry-run] asking the {settings.engineer} engineer for one proposal on a dummy context "
         f"({len(state['context'])} chars, context {settings.context}) ...")
-    t0 = time.monotonic()
-    model = None if settings.is_classic_engineer else _dry_run_model(settings)
-    where = Path(run_dir) / "dry_run_engineer"  # its prompt and reply (stage_0/ is the run's own, or a donor's)
-    try:
-        if model is not None:
-            with model:
-                out = propose_config(state, Runtime(context=RunContext(settings, where)), model=model)
-        else:
-            out = propose_config(state, Runtime(context=RunContext(settings, where)))
-    except Exception as e:  # noqa: BLE001 - a server that did not start, ...: one line either way
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise RunError(f"[dry-run] engineer {settings.engineer!r} did not answer: {first[:400]}") from None
-    took = time.monotonic() - t0
+    out, took = _ask_once(settings, run_dir, state)
     feedback = "; ".join(out.get("feedback") or [])
     if out.get("proposal") is None:
         if feedback.startswith("the engineer call failed"):
@@ -109,10 +117,7 @@ def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any])
 def _dry_run_task_proposal(settings: Settings, run_dir: Path, config: dict[str, Any]) -> None:
     """A non-MAPF task's engineer asked once on a dummy context (half the answers valid on each level), its
     proposal checked as validate_config would (nodes/task_loop.py)."""
-    from langgraph.runtime import Runtime
 
-    from graph.settings import RunContext
-    from nodes.propose_config import propose_config
     from nodes.summarize_failures import task_context
     from nodes.task_loop import check, task_metrics, task_of
 
@@ -123,19 +128,7 @@ def _dry_run_task_proposal(settings: Settings, run_dir: Path, config: dict[str, 
     state["context"] = task_context(state, settings, [])
     say(f"[dry-run] asking the {settings.engineer} engineer for one proposal on a dummy context "
         f"({len(state['context'])} chars, task {task.name}) ...")
-    t0 = time.monotonic()
-    model = None if settings.is_classic_engineer else _dry_run_model(settings)
-    where = Path(run_dir) / "dry_run_engineer"
-    try:
-        if model is not None:
-            with model:
-                out = propose_config(state, Runtime(context=RunContext(settings, where)), model=model)
-        else:
-            out = propose_config(state, Runtime(context=RunContext(settings, where)))
-    except Exception as e:  # noqa: BLE001 - a server that did not start, ...: one line either way
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise RunError(f"[dry-run] engineer {settings.engineer!r} did not answer: {first[:400]}") from None
-    took = time.monotonic() - t0
+    out, took = _ask_once(settings, run_dir, state)
     accepted, errors = check(task, out.get("proposal"), settings.train.instances_per_stage)
     if accepted is None:
         why = "; ".join(out.get("feedback") or errors)[:300]

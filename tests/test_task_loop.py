@@ -13,6 +13,7 @@ from graph.settings import SettingsError, build_settings
 from nodes import task_loop
 from nodes.propose_config import extract_levels
 from tests.support.node_helpers import ScriptedChat, runtime
+from tests.support.tiny_llama import save_tiny_llama
 from tests.support.toy_task import ToyTask
 
 TOY = "tests.support.toy_task:ToyTask"
@@ -70,8 +71,6 @@ def test_classic_curricula_move_level_shares():
 
 @pytest.mark.slow
 def test_a_toy_task_runs_apply_train_evaluate_summarize_propose_validate(embedded_model_path, tmp_path, monkeypatch):
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from nodes.apply import apply
     from nodes.evaluate import evaluate
@@ -81,15 +80,7 @@ def test_a_toy_task_runs_apply_train_evaluate_summarize_propose_validate(embedde
     from nodes.validate_config import validate_config
 
     monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path / "cache"))  # the tiny model's warm start stays here
-    tok = AutoTokenizer.from_pretrained(embedded_model_path)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
-    base = tmp_path / "base"
-    model.save_pretrained(base)
-    tok.save_pretrained(base)
+    base = save_tiny_llama(tmp_path / "base", embedded_model_path)
     settings = toy_settings(policy_model=str(base), policy_backend="transformers", eval_max_tokens=8,
                             **{"train.max_steps": 1, "train.max_completion_length": 8, "train.train_layers": 0,
                                "train.instances_per_stage": 8, "train.prompt_style": "compact"})

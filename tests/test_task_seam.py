@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from tests.support.tiny_llama import save_tiny_llama
 from tests.support.toy_task import ToyTask
 from trainer.config import TRAIN_PRESETS, TrainConfig
 from trainer.task import Task, TaskReward, load_task
@@ -61,20 +62,10 @@ def test_sft_and_greedy_scoring_go_through_the_task(embedded_model_path):
 @pytest.mark.slow
 def test_a_toy_task_trains_through_run_stage(embedded_model_path, tmp_path):
     """SFT warm start on the toy task's gold answers, then one GRPO step scored by its verifier, in-process."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from trainer.stage import run_stage
 
-    tok = AutoTokenizer.from_pretrained(embedded_model_path)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
-    base = tmp_path / "base"
-    model.save_pretrained(base)
-    tok.save_pretrained(base)
+    base = save_tiny_llama(tmp_path / "base", embedded_model_path)
     task = ToyTask()
     train = tmp_path / "stage_0" / "train.jsonl"
     train.parent.mkdir()
