@@ -33,6 +33,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .task import TaskVerdict
+
 MAX_LEVELS = 36  # the most cells a task's level grid may have
 SPLIT_SIZES = {"val": 24, "test": 48}  # questions per level in each fixed split
 SPLIT_SEEDS = {"val": 7_000_003, "test": 9_000_011}
@@ -76,20 +78,6 @@ class RgItem:
 
     def entry(self) -> dict:
         return {"question": self.question, "answer": self.answer, "metadata": self.metadata}
-
-
-class Verdict(tuple):
-    """`trainer.task.Verdict`'s fields as a named tuple: valid, label, score, optimal."""
-
-    __slots__ = ()
-
-    def __new__(cls, valid: bool, label: str | None, score: float, optimal: bool):
-        return super().__new__(cls, (valid, label, score, optimal))
-
-    valid = property(lambda self: self[0])
-    label = property(lambda self: self[1])
-    score = property(lambda self: self[2])
-    optimal = property(lambda self: self[3])
 
 
 class RgConfig(BaseModel):
@@ -332,10 +320,10 @@ class RgTask:
         lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
         return lines[0] if lines else ""
 
-    def verify(self, item: RgItem, text: str) -> Verdict:
+    def verify(self, item: RgItem, text: str) -> TaskVerdict:
         answer = self.answer_of(text)
         if not answer:
-            return Verdict(False, "no_answer", 0.0, False)
+            return TaskVerdict(False, "no_answer", 0.0, False)
         ds = self._rg_dataset(item.level, 1, 0)
         try:
             score = float(ds.score_answer(answer, item.entry()))
@@ -343,8 +331,8 @@ class RgTask:
             score = 0.0
         score = min(1.0, max(0.0, score))
         if score >= 1.0:
-            return Verdict(True, None, 1.0, True)
-        return Verdict(False, "partial" if score > 0 else "wrong", score, False)
+            return TaskVerdict(True, None, 1.0, True)
+        return TaskVerdict(False, "partial" if score > 0 else "wrong", score, False)
 
     # ------------------------------------------------------------------ what the loop shows the engineer
 
@@ -409,9 +397,7 @@ class RgTask:
         total = sum(kept.values())
         if not kept or total <= 0:
             raise ValueError("no level with a positive share")
-        return RgConfig(levels={k: v / total for k, v in kept.items()},
-                        num_instances=int(raw.get("num_instances", 64)) if isinstance(raw.get("num_instances", 64),
-                                                                                        int) else 64)
+        return RgConfig(levels={k: v / total for k, v in kept.items()})  # the caller sets num_instances
 
     def random_config(self, seed: int, num_instances: int = 64) -> RgConfig:
         """A random stage-0 config: 1-3 levels from the easier half of the grid, random shares."""

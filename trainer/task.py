@@ -69,8 +69,16 @@ def load_task(name: str | Task) -> Task:
     """The task named `name` (see the module docstring); a `Task` object is returned as it is."""
     if not isinstance(name, str):
         return name
+    return _load_named(name)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_named(name: str) -> Task:
+    """The task of a name, built once per process (a family's splits and generators are not rebuilt per node)."""
     if name.startswith("rg:"):  # a reasoning-gym dataset (env/rg.py)
-        return _cached_rg(name)
+        from env.rg import RgTask
+
+        return RgTask(name)
     target = BUILT_IN.get(name, name)
     if ":" not in target:
         raise ValueError(f"task {name!r}: allowed: {', '.join(sorted(BUILT_IN))}, rg:<dataset> (a reasoning-gym "
@@ -88,13 +96,6 @@ def load_task(name: str | Task) -> Task:
     if missing:
         raise ValueError(f"task {name!r}: {target} lacks {', '.join(missing)} (trainer.task.Task)")
     return task
-
-
-@functools.lru_cache(maxsize=8)
-def _cached_rg(name: str) -> Task:
-    from env.rg import RgTask
-
-    return RgTask(name)
 
 
 def last_user_text(prompt: Any) -> str:
