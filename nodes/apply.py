@@ -25,12 +25,14 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from env import EnvConfig, SizeKnobs, generate, random_config, restrict_sizes
 from env.instance import write_jsonl
 from trainer.files import stage_dir, write_json_atomic, write_text_atomic
+from trainer.task import load_task
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -44,40 +46,40 @@ def stage_seed(seed: int, stage: int) -> int:
     return int(hashlib.sha256(f"train-data:{seed}:{stage}".encode()).hexdigest()[:8], 16)
 
 
-def generate_stage(cfg: EnvConfig, out_dir: Path, *, seed: int) -> dict[str, Any]:
-    """Write config.json, train.jsonl and env_stats.json for one stage (`cfg.num_instances` instances);
-    return the env stats."""
+def stage_files(out_dir: Path, config: dict[str, Any], *, seed: int, n: int,
+                produce: Callable[[Path], tuple[int, dict[str, Any]]], what: str = "instances") -> dict[str, Any]:
+    """A stage folder's config.json, train.jsonl and env_stats.json, for any task: reused when the same config,
+    seed and count wrote them already (resume), else `produce(train_path)` writes the items and returns (how many,
+    the generator's figures). config.json is written last: its presence marks a complete stage folder."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    n = cfg.num_instances
-    config_json = json.dumps(cfg.model_dump(mode="json"), indent=2) + "\n"
-    cfg_path, data_path, stats_path = (
-        out_dir / "config.json",
-        out_dir / "train.jsonl",
-        out_dir / "env_stats.json",
-    )
-    if (
-        data_path.is_file()
-        and stats_path.is_file()
-        and cfg_path.is_file()
-        and cfg_path.read_text() == config_json
-    ):
+    config_json = json.dumps(config, indent=2) + "\n"
+    cfg_path, data_path, stats_path = out_dir / "config.json", out_dir / "train.jsonl", out_dir / "env_stats.json"
+    if data_path.is_file() and stats_path.is_file() and cfg_path.is_file() and cfg_path.read_text() == config_json:
         stats = json.loads(stats_path.read_text())
         if stats.get("seed") == seed and stats.get("n") == n:
             return stats
     where = out_dir.name
-    print(f"apply: generating {n} training instances for {where} (seed {seed}) ...", file=sys.stderr, flush=True)
+    print(f"apply: generating {n} training {what} for {where} (seed {seed}) ...", file=sys.stderr, flush=True)
     t0 = time.monotonic()
-    gen = generate(cfg, n, seed, num_agents=cfg.num_agents)
-    print(
-        f"apply: generated {len(gen.instances)} of {n} instances for {where} in {time.monotonic() - t0:.1f} s",
-        file=sys.stderr,
-        flush=True,
-    )
-    write_jsonl(data_path, gen.instances)
-    stats = {"seed": seed, "n": n, "generated": len(gen.instances), **_jsonable(gen.stats)}
+    made, figures = produce(data_path)
+    print(f"apply: generated {made} of {n} {what} for {where} in {time.monotonic() - t0:.1f} s", file=sys.stderr,
+          flush=True)
+    stats = {"seed": seed, "n": n, "generated": made, **_jsonable(figures)}
     write_json_atomic(stats_path, stats, ensure_ascii=True)
-    write_text_atomic(cfg_path, config_json)  # last: its presence marks a complete stage folder
+    write_text_atomic(cfg_path, config_json)
     return stats
+
+
+def generate_stage(cfg: EnvConfig, out_dir: Path, *, seed: int) -> dict[str, Any]:
+    """Write config.json, train.jsonl and env_stats.json for one MAPF stage (`cfg.num_instances` instances);
+    return the env stats."""
+
+    def produce(path: Path) -> tuple[int, dict[str, Any]]:
+        gen = generate(cfg, cfg.num_instances, seed, num_agents=cfg.num_agents)
+        write_jsonl(path, gen.instances)
+        return len(gen.instances), gen.stats
+
+    return stage_files(out_dir, cfg.model_dump(mode="json"), seed=seed, n=cfg.num_instances, produce=produce)
 
 
 def _jsonable(obj: Any) -> Any:
@@ -93,7 +95,8 @@ def checked_config(dump: dict[str, Any]) -> EnvConfig:
 
 def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     """Node: build the training set of the next stage (or of stage 0; see the module docstring for how
-    stage 0 is recognised).
+    stage 0 is recognised). A task other than MAPF parses, draws and generates its config through the task seam
+    (`nodes/task_loop.py`); the stage folder, the history and the returned keys are the same.
 
     Returns: stage, config, train_path, history, and the per-proposal keys reset for the next round
     (proposal None, attempts 0, feedback []), plus a log line.
@@ -101,23 +104,24 @@ def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     settings, run_dir = runtime.context.settings, runtime.context.run_dir
     if not state.get("train_path") and not state.get("config") and settings.start_config:
         state = {**state, "config": settings.start_config}  # stage 0's config, as the run's settings give it
-    if not settings.is_mapf:  # any other task family, through the task seam (nodes/task_loop.py)
-        from nodes.task_loop import apply_stage
-
-        return apply_stage(state, settings, run_dir, stage_seed)
+    task = None if settings.is_mapf else load_task(settings.task)
+    n = settings.train.instances_per_stage
     first = not state.get("train_path")
+    history = list(state.get("history") or [])
     if first:
         stage = int(state.get("stage") or 0)
-        cfg = (
-            EnvConfig.model_validate(state["config"]) if state.get("config") else random_config(settings.seed)
-        )
-        history = list(state.get("history") or [])
-        how = "initial config" if state.get("config") else f"random_config(seed={settings.seed})"
+        given = state.get("config")
+        if task is None:
+            cfg = EnvConfig.model_validate(given) if given else random_config(settings.seed)
+        else:
+            cfg = task.parse_config(given, n) if given else task.random_config(settings.seed, n)
+        how = "initial config" if given else f"random_config(seed={settings.seed})"
     else:
         prev = int(state.get("stage") or 0)
         stage = prev + 1
-        cfg = checked_config(state.get("accepted") or state["config"])
-        history = [e for e in (state.get("history") or []) if e.get("stage") != prev]
+        raw = state.get("accepted") or state["config"]
+        cfg = checked_config(raw) if task is None else task.parse_config(raw, n)
+        history = [e for e in history if e.get("stage") != prev]
         history.append(
             {
                 "stage": prev,
@@ -128,13 +132,23 @@ def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
             }
         )
         how = state.get("decision") or "accepted"
-    n = settings.train.instances_per_stage
-    cfg, restricted = restrict_sizes(cfg.model_copy(update={"num_instances": n}), settings.train.max_train_size)
     seed = stage_seed(settings.seed, stage)
     out_dir = stage_dir(run_dir, stage)
-    if restricted:
-        print(f"apply: stage {stage}: {restricted}", file=sys.stderr, flush=True)
-    stats = generate_stage(cfg, out_dir, seed=seed)
+    restricted = None
+    if task is None:
+        cfg, restricted = restrict_sizes(cfg.model_copy(update={"num_instances": n}), settings.train.max_train_size)
+        if restricted:
+            print(f"apply: stage {stage}: {restricted}", file=sys.stderr, flush=True)
+        stats = generate_stage(cfg, out_dir, seed=seed)
+    else:
+        cfg = cfg.model_copy(update={"num_instances": n})
+
+        def produce(path: Path) -> tuple[int, dict[str, Any]]:
+            items, figures = task.generate(cfg, n, seed)
+            write_text_atomic(path, "".join(task.item_to_json(i) + "\n" for i in items))
+            return len(items), figures
+
+        stats = stage_files(out_dir, cfg.model_dump(mode="json"), seed=seed, n=n, produce=produce, what="items")
     return {
         "stage": stage,
         "config": cfg.model_dump(mode="json"),  # what config.json holds
@@ -144,8 +158,8 @@ def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         "attempts": 0,
         "feedback": [],
         "log": [
-            f"stage {stage}: generated {stats.get('generated', n)} training instances ({how}, seed {seed})"
+            f"stage {stage}: generated {stats.get('generated', n)} training {'instances' if task is None else 'items'} "
+            f"({how}, seed {seed})"
         ]
         + ([f"stage {stage}: {restricted}"] if restricted else []),
     }
-

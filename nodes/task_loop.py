@@ -6,7 +6,7 @@ A family gives the loop (beside the trainer's methods: items, prompt, gold, veri
 |---|---|---|
 | `levels` (each with a `label`), `level_word` | the difficulty grid the engineer allocates over | every node |
 | `parse_config(raw, num_instances)` / `project(raw)` | the strict config check, and the nearest valid config | validate_config |
-| `random_config(seed, num_instances)` | the random stage-0 config | apply |
+| `random_config(seed, num_instances)` | the random stage-0 config | apply (`nodes/apply.py`) |
 | `generate(config, n, seed)` | a stage's items and the generator's figures | apply |
 | `split_names`, `split(name)` | the fixed evaluation splits | evaluate |
 | `describe_levels()`, `describe_attributes()` | the engineer's picture of its levers | propose_config |
@@ -20,10 +20,8 @@ work on the level shares. `env/rg.py` (reasoning-gym) and `tests/support/toy_tas
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
-from trainer.files import stage_dir, write_json_atomic, write_text_atomic
 from trainer.task import load_task
 
 LEARNABILITY_UNIFORM_MIX = 0.2
@@ -37,57 +35,6 @@ def task_of(settings) -> Any:
 
 def _pct(x: Any) -> str:
     return "-" if not isinstance(x, int | float) else f"{100 * x:.1f}%"
-
-
-# ----------------------------------------------------------------------------- apply
-
-
-def apply_stage(state: dict, settings, run_dir, stage_seed) -> dict[str, Any]:
-    """The apply node for a non-MAPF task: the stage's config (stage 0: the given or a random one; later: what
-    validate_config accepted), its items generated into stage_<k>/train.jsonl, config.json and env_stats.json
-    (reused when the same config and seed wrote them already)."""
-    task = task_of(settings)
-    n = settings.train.instances_per_stage
-    first = not state.get("train_path")
-    history = list(state.get("history") or [])
-    if first:
-        stage = int(state.get("stage") or 0)
-        cfg = (task.parse_config(state["config"], n) if state.get("config")
-               else task.random_config(settings.seed, n))
-        how = "initial config" if state.get("config") else f"random config (seed {settings.seed})"
-    else:
-        prev = int(state.get("stage") or 0)
-        stage = prev + 1
-        cfg = task.parse_config(state.get("accepted") or state["config"], n)
-        history = [e for e in history if e.get("stage") != prev]
-        history.append({"stage": prev, "config": state.get("config"), "metrics": state.get("metrics") or {},
-                        "rationale": state.get("rationale", ""), "decision": state.get("decision")})
-        how = state.get("decision") or "accepted"
-    cfg = cfg.model_copy(update={"num_instances": n})
-    seed = stage_seed(settings.seed, stage)
-    out = stage_dir(run_dir, stage)
-    out.mkdir(parents=True, exist_ok=True)
-    dump = cfg.model_dump(mode="json")
-    config_json = json.dumps(dump, indent=2) + "\n"
-    stats_path, cfg_path, data_path = out / "env_stats.json", out / "config.json", out / "train.jsonl"
-    stats = None
-    if data_path.is_file() and stats_path.is_file() and cfg_path.is_file() and cfg_path.read_text() == config_json:
-        stats = json.loads(stats_path.read_text())
-        if stats.get("seed") != seed or stats.get("n") != n:
-            stats = None
-    if stats is None:
-        print(f"apply: generating {n} training items of {task.name} for {out.name} (seed {seed}) ...",
-              file=sys.stderr, flush=True)
-        items, gen = task.generate(cfg, n, seed)
-        write_text_atomic(data_path, "".join(task.item_to_json(i) + "\n" for i in items))
-        stats = {"seed": seed, "n": n, "generated": len(items), **gen}
-        write_json_atomic(stats_path, stats, ensure_ascii=True)
-        write_text_atomic(cfg_path, config_json)  # last: its presence marks a complete stage folder
-    return {
-        "stage": stage, "config": dump, "train_path": str(data_path), "history": history, "proposal": None,
-        "attempts": 0, "feedback": [],
-        "log": [f"stage {stage}: generated {stats.get('generated', n)} training items ({how}, seed {seed})"],
-    }
 
 
 # ----------------------------------------------------------------------------- evaluate
