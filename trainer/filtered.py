@@ -6,7 +6,8 @@ answer tokens only, AdamW at `learning_rate`, full batches of `sft_batch_size`, 
 on the verified ones, one copy of each distinct valid answer. It is RL from the same verified reward as GRPO, but needs no reward variance inside a
 group: on a 135M policy at temperature 1 most GRPO groups score all 0 or all 1 and move nothing, while every
 valid sample here is a training example. The stage stops after `max_steps` optimiser steps (or one pass over its
-items when `max_steps` <= 0).
+items when `max_steps` <= 0; with `max_steps`, a stage whose samples are never valid gives up after 50 rounds a
+step).
 
 `run_filtered_stage` writes the same files as `trainer.stage.run_stage` (`checkpoint/` with `trainer_meta.json`,
 `metrics.json`), so the loop, resume and evaluation read it unchanged.
@@ -18,6 +19,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -120,8 +122,10 @@ def run_filtered_stage(*, train_path: Path, init_checkpoint: Path | str, out_dir
     pending: list[tuple[list[int], int]] = []  # verified examples not yet trained on
     losses: list[float] = []
     valid_rates: list[float] = []
-    budget = cfg.max_steps if cfg.max_steps > 0 else math.ceil(len(items) / per_round) * 10**6
-    while steps < budget and (cfg.max_steps > 0 or pos < len(order)):
+    # max_steps optimiser steps, giving up after 50 rounds a step that find nothing valid; else one pass over the items
+    budget = cfg.max_steps if cfg.max_steps > 0 else math.inf
+    max_rounds = 50 * cfg.max_steps if cfg.max_steps > 0 else math.ceil(len(items) / per_round)
+    while steps < budget and rounds < max_rounds:
         if pos >= len(order):
             rng.shuffle(order)
             pos = 0
@@ -148,7 +152,7 @@ def run_filtered_stage(*, train_path: Path, init_checkpoint: Path | str, out_dir
         pending += examples
         full = len(pending) // cfg.sft_batch_size  # optimiser steps on full batches only: a step on 3 examples is noise
         if full:
-            take = min(full, budget - steps) * cfg.sft_batch_size
+            take = int(min(full, budget - steps)) * cfg.sft_batch_size
             got = sft_steps(model, tok, pending[:take], opt, cfg.sft_batch_size, rng)
             pending = pending[take:]
             losses += got
@@ -156,8 +160,6 @@ def run_filtered_stage(*, train_path: Path, init_checkpoint: Path | str, out_dir
         if progress:
             log.info("filtered round %d: %d/%d samples valid, %d kept, step %d/%s", rounds, ok_here,
                      len(chunk) * cfg.num_generations, len(examples), steps, cfg.max_steps)
-        if rounds > 50 * max(1, budget) :  # nothing valid for very long: stop rather than loop forever
-            break
     out_dir = Path(out_dir)
     ckpt = out_dir / "checkpoint"
     tmp = ckpt.with_name("checkpoint.tmp")
@@ -172,8 +174,6 @@ def run_filtered_stage(*, train_path: Path, init_checkpoint: Path | str, out_dir
             "grpo_steps": 0, "optimizer": "filtered", "filtered_steps": steps, "sft_warm_start": False,
             "prompt_style": cfg.prompt_style, **(meta or {}), "train_config": cfg.model_dump(mode="json")}
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    import shutil
-
     if ckpt.exists():
         shutil.rmtree(ckpt)
     tmp.replace(ckpt)
