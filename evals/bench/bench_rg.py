@@ -71,14 +71,25 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.sft import build_warm_start
     from trainer.task import load_task
 
-    task = load_task(a.task)
+    try:
+        task = load_task(a.task)
+    except ValueError as e:
+        p.error(str(e))
     overrides = dict(RG_CPU)
     for kv in a.set:
-        k, _, v = kv.partition("=")
-        overrides[k] = json.loads(v) if v[:1] in "[{0123456789-.tf" and v not in ("true", "false") else v
-        if v in ("true", "false"):
-            overrides[k] = v == "true"
-    cfg = TrainConfig(**overrides)
+        k, eq, v = kv.partition("=")
+        if not eq or not k:
+            p.error(f"--set {kv!r}: allowed: KEY=VALUE with a TrainConfig field as KEY")
+        try:
+            overrides[k] = json.loads(v)  # numbers, true/false, lists
+        except ValueError:
+            overrides[k] = v  # text as it is
+    try:
+        cfg = TrainConfig(**overrides)
+    except ValueError as e:
+        from graph.settings import _first_error
+
+        p.error(f"--set: {_first_error(e)}")
     val = task.split("val")
     base = resolve_model("smollm2-135m")
     out: dict = json.loads(a.json.read_text()) if (a.resume and a.json and a.json.is_file()) else {}
