@@ -146,7 +146,7 @@ def run_grid(
     planned_donor: dict[int, Pair] = {}  # seed -> the first pair planned to run in full (dry-run display)
     for pair, resume in todo:
         donor = donor_of(pair) if share_stage0 and not resume else None
-        cmd = short_command(pair.command(preset, overrides, resume=resume, stage0_from=donor))
+        cmd = short_command(pair.command(preset, overrides, resume=resume, stage0_from=donor, donor=share_stage0))
         if resume:
             how = "resume"
         elif not share_stage0:
@@ -176,7 +176,8 @@ def run_grid(
 
     def run_one(pair: Pair, resume: bool, cores: list[int] | None) -> None:
         donor = donor_of(pair) if share_stage0 and not resume else None
-        cmd = pair.command(preset, overrides, resume=resume, stage0_from=donor)
+        # with stage 0 shared, a run that trains its own stage 0 may be a donor: it keeps every checkpoint
+        cmd = pair.command(preset, overrides, resume=resume, stage0_from=donor, donor=share_stage0)
         log_path = out / "logs" / f"{pair.name}.log"
         where = f" (cores {','.join(map(str, cores))})" if cores is not None else ""
         log(f"[start] {pair.name}{where}: {short_command(cmd)}")
@@ -192,7 +193,7 @@ def run_grid(
             log(f"[warn] {pair.name}: graph.run refused --stage0-from {repo_relative(donor)} (exit {rc}: "
                 f"{_last_line(log_path)}); running its stage 0 in full")
             donor = None
-            cmd = pair.command(preset, overrides, resume=False)
+            cmd = pair.command(preset, overrides, resume=False, donor=True)
             log(f"[start] {pair.name}{where}: {short_command(cmd)}")
             rc, wall2 = _run_child(cmd, log_path, pair.name, timeout_s, penv, **pinned)
             wall += wall2

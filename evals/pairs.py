@@ -10,9 +10,11 @@ Stage-0 sharing (`share_stage0`, on by default): stage 0 (apply -> train_stage -
 random stage-0 config) does not depend on the engineer, so it is trained once per seed. The first pair of a
 seed to run is the *donor* and runs in full; every later new pair of that seed starts with
 `graph.run --stage0-from <donor run folder>`, which copies the donor's finished stage 0 and continues from
-summarize_failures with its own engineer. Every arm of a seed then starts its designed stages from the same
-stage-0 checkpoint and validation verdicts (a stronger paired design, and one stage-0 training per seed
-instead of one per pair). Any run folder of that seed in `runs_dir` that has finished stage 0 with the same
+summarize_failures with its own engineer (every run that trains its own stage 0 is started with
+`keep_checkpoints=all`: a preset's `last`, e.g. smoke's, would delete the stage-0 weights before a later fork
+links them). Every arm of a seed then starts its designed stages from the same stage-0 checkpoint and
+validation verdicts (a stronger paired design, and one stage-0 training per seed instead of one per pair).
+Any run folder of that seed in `runs_dir` that has finished stage 0 with the same
 stage-0 settings can be the donor; with none (e.g. the seed's other pairs were run in another sitting and
 only their verdicts are kept) the pair runs in full.
 """
@@ -73,8 +75,12 @@ class Pair:
         return values
 
     def command(self, preset: str, overrides: Mapping[str, Any], resume: bool = False,
-                stage0_from: Path | None = None) -> list[str]:
-        """The graph.run command: a new run (forking stage 0 from `stage0_from` when given) or `--resume`."""
+                stage0_from: Path | None = None, donor: bool = False) -> list[str]:
+        """The graph.run command: a new run (forking stage 0 from `stage0_from` when given) or `--resume`.
+        `donor`: a new run that trains its own stage 0 may give it to later forks, so it keeps every stage's
+        checkpoint (`--set keep_checkpoints=all`, after the config's overrides so that it wins over them and the
+        preset: `keep_checkpoints=last` deletes the stage-0 weights once stage 1 is evaluated, before a fork
+        that starts later could link them)."""
         if resume:
             return [sys.executable, "-m", "graph.run", "--resume", str(self.run_dir)]
         cmd = [sys.executable, "-m", "graph.run", "--preset", preset, "--engineer", self.arm.engineer,
@@ -87,6 +93,8 @@ class Pair:
             cmd += ["--engineer-base-url", self.arm.engineer_base_url]
         for k, v in overrides.items():
             cmd += ["--set", f"{k}={_flag_value(v)}"]
+        if donor and stage0_from is None:
+            cmd += ["--set", "keep_checkpoints=all"]
         if stage0_from is not None:
             cmd += ["--stage0-from", str(stage0_from)]
         return cmd

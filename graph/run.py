@@ -69,7 +69,8 @@ def preset_help() -> str:
             line += (" Its training cap makes a valid plan impossible (the shortest plan of the validation splits, "
                      "3x3 with two agents, takes about 39 tokens of the embedded model), so every GRPO reward is 0 "
                      "by design, and the evaluation cap fits only the shortest plans. It checks the plumbing (every "
-                     "node, resume, the files) in minutes, never learning; use cpu for that.")
+                     "node, resume, the files) in minutes, never learning; use cpu for that. It keeps only the "
+                     "last stage's checkpoint (keep_checkpoints=last).")
         elif name == "cpu":
             line += " The embedded 135M model on a CPU, from a cached SFT warm start (the default)."
         elif name == "rg-cpu":

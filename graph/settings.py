@@ -53,6 +53,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "final_limit": 9,
         "engineer_max_tokens": 384,  # the self-engineer's schema-constrained JSON needs about 275 tokens
         "policy_dtype": "float32",  # CI: the same greedy answers on every CPU, bf16 hardware or not
+        # only the last stage's weights (about 517 MB a stage of the embedded model); with stage 0 shared, an
+        # eval starts every run that trains its own stage 0 (a donor) with keep_checkpoints=all (evals.grid)
+        "keep_checkpoints": "last",
     },
     "cpu": _CPU_RUN,
     # `cpu`'s run, around a 4x longer stage (the one measured to gain most on a CPU) (trainer.config.TRAIN_PRESETS["cpu-long"])

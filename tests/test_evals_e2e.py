@@ -91,14 +91,17 @@ def test_compare_engineers_smoke(compared):
             assert (runs / f"fixed-s{s}" / rel).read_bytes() == (runs / f"self-s{s}" / rel).read_bytes(), (s, rel)
         donor = json.loads((runs / f"self-s{s}" / "stage0_from.json").read_text())["donor"]
         assert Path(donor).resolve() == (runs / f"fixed-s{s}").resolve()
-        # each stage's weights are recorded by their sha256 beside the verdicts; a forked stage 0 has the donor's
+        # each stage's kept weights are recorded by their sha256 beside the verdicts
         weights = {p: json.loads((out / "verdicts" / f"{p}-s{s}" / "weights.json").read_text()) for p in ("fixed", "self")}
         for p, recorded in weights.items():
             kept = sorted((runs / f"{p}-s{s}").glob("stage_*/checkpoint/*.safetensors"))
             assert kept and recorded == {
                 f.parent.parent.name: {f.name: hashlib.sha256(f.read_bytes()).hexdigest()} for f in kept}
-        if "stage_0" in weights["fixed"] and "stage_0" in weights["self"]:
-            assert weights["fixed"]["stage_0"] == weights["self"]["stage_0"]
+        # the donor keeps every stage's weights (the grid starts it with keep_checkpoints=all); the fork, on the
+        # smoke preset's keep_checkpoints=last, deleted its links to stage 0's once its stage 1 was saved
+        assert "stage_0" in weights["fixed"] and "stage_0" not in weights["self"], weights
+        assert (runs / f"self-s{s}" / "stage_0" / "pruned.json").is_file()
+        assert not (runs / f"fixed-s{s}" / "stage_0" / "pruned.json").exists()
     md = (out / "table.md").read_text()
     assert "| fixed | 2 |" in md and "| self | 2 |" in md and "Gap of Sum to `fixed`" in md
     for png in ("validation_per_stage.png", "allocation.png"):

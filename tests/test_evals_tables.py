@@ -388,6 +388,43 @@ def test_refused_stage0_fork_falls_back_to_a_full_run(tmp_path, monkeypatch, cap
     assert "[warn] self-s0: graph.run refused --stage0-from" in err and "unrecognized arguments" in err
     t = json.loads((tmp_path / "out" / "timings.json").read_text())["self-s0"]
     assert t["stage0_shared"] is False and t["last_rc"] == 0
+    # the full run that replaced the refused fork trains its own stage 0: it may be a donor, so it keeps all
+    assert [kept_checkpoints(c) for _, c in fake.calls] == ["all", "last", "all"]
+
+
+def kept_checkpoints(cmd: list[str]) -> str:
+    """The keep_checkpoints of the settings graph.run builds from `cmd` (its own parser; no environment)."""
+    from graph.run import _cli_values, _parser
+    from graph.settings import build_settings
+
+    assert cmd[1:3] == ["-m", "graph.run"], cmd
+    return build_settings(_cli_values(_parser().parse_args(cmd[3:])), {}).keep_checkpoints
+
+
+def test_a_run_that_trains_its_own_stage_0_keeps_every_checkpoint(tmp_path, monkeypatch, capsys):
+    """The smoke preset keeps only the last stage's weights (keep_checkpoints=last), which would delete a donor's
+    stage-0 weights once its stage 1 is evaluated, before the forks that start after it link them. With stage 0
+    shared, the grid starts every run that trains its own stage 0 with keep_checkpoints=all, over the preset and
+    over the config's own `set:`; a fork, and every run of a grid without sharing, keeps what it was given."""
+    fake = FakeGraphRun()
+    monkeypatch.setattr(grid, "_run_child", fake)
+    cfg = write_config(tmp_path / "c.yaml", tmp_path, ["fixed", "self"], [0, 1])
+    cfg.write_text(cfg.read_text() + "set: {keep_checkpoints: last}\n")
+    assert compare_engineers.main(["--config", str(cfg), "--dry-run"]) == 0
+    plan = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("[plan] fixed-s")]
+    assert len(plan) == 2 and all(ln.endswith("--set keep_checkpoints=last --set keep_checkpoints=all") for ln in plan)
+    assert compare_engineers.main(["--config", str(cfg)]) == 0
+    cmds = fake.commands()
+    assert {n: kept_checkpoints(c) for n, c in cmds.items()} == {
+        "fixed-s0": "all", "self-s0": "last", "fixed-s1": "all", "self-s1": "last"}
+    assert all("--stage0-from" in cmds[f"self-s{s}"] for s in (0, 1))  # the two donors were forked from
+
+    fake = FakeGraphRun()  # no sharing: no donor, and the preset's keep_checkpoints=last for every run
+    monkeypatch.setattr(grid, "_run_child", fake)
+    cfg = write_config(tmp_path / "b.yaml", tmp_path / "b", ["fixed", "self"], [0])
+    cfg.write_text(cfg.read_text() + "share_stage0: false\n")
+    assert compare_engineers.main(["--config", str(cfg)]) == 0
+    assert [kept_checkpoints(c) for _, c in fake.calls] == ["last", "last"]
 
 
 # --------------------------------------------------------------------------- audit gaps

@@ -193,15 +193,22 @@ def test_keep_checkpoints_setting_and_the_loop(tmp_path, monkeypatch, stub_nodes
 
     monkeypatch.setattr(gg, "train_stage", train_stage)
     monkeypatch.setattr(gg, "evaluate", evaluate)
-    assert build_settings({}, {"PRESET": "smoke"}).keep_checkpoints == "all"
+    from graph.settings import PRESETS
+
+    # the smoke preset keeps only the last stage's weights (about 517 MB a stage of the embedded model); every
+    # other preset, and a flag over smoke's, keeps them all
+    assert {p: build_settings({}, {"PRESET": p}).keep_checkpoints for p in PRESETS} == {
+        p: "last" if p == "smoke" else "all" for p in PRESETS}
+    assert build_settings({"keep_checkpoints": "all"}, {"PRESET": "smoke"}).keep_checkpoints == "all"
     with pytest.raises(Exception, match="keep_checkpoints"):
         build_settings({"keep_checkpoints": "first"}, {"PRESET": "smoke"})
-    settings, run_dir = settings_for(tmp_path, stages=3, keep_checkpoints="last")
+    settings, run_dir = settings_for(tmp_path, stages=3)  # the smoke preset's own keep_checkpoints=last
+    assert settings.keep_checkpoints == "last"
     loop.run_graph(run_dir, settings, resume=False)
     assert seen == [True, True, True]
     assert [(run_dir / f"stage_{k}" / "checkpoint" / "model.safetensors").exists() for k in range(3)] == [
         False, False, True]
     (tmp_path / "all").mkdir()
-    settings, run_dir2 = settings_for(tmp_path / "all", stages=3)
+    settings, run_dir2 = settings_for(tmp_path / "all", stages=3, keep_checkpoints="all")
     loop.run_graph(run_dir2, settings, resume=False)
     assert all((run_dir2 / f"stage_{k}" / "checkpoint" / "model.safetensors").exists() for k in range(3))
