@@ -1,6 +1,10 @@
 """`--approve`: the run pauses before each `apply` (graph.loop) and a person answers for the validated
 proposal. Their edit goes through validate_config's own checks, and every answer is written to
-stage_k/validation.json by validate_config's own writer (`nodes.validate_config.record_person`)."""
+stage_k/validation.json by validate_config's own writer (`nodes.validate_config.record_person`).
+
+MAPF-FrozenLake's proposal is its per-size knobs (`{"sizes": ...}`); any other task's (`--task`, e.g.
+reasoning-gym) is its level shares (`{"levels": ...}`), shown one row per level with the level's label and
+checked as validate_config checks it for that task (the task's strict check, else its projection)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from graph.progress import RunError, config_table, diff_summary, say
+from graph.progress import RunError, config_table, diff_summary, levels_table, say
 from graph.settings import Settings
 from trainer.files import stage_dir, write_json_atomic
 
@@ -27,12 +31,77 @@ def _editor_command() -> list[str]:
     return cmd
 
 
-def _edit_in_editor(path: Path, config: dict[str, Any]) -> Any:
-    """Write `config` to `path`, open $VISUAL/$EDITOR on it, and return the JSON it holds afterwards (raises
-    ValueError with one line when it is not JSON or the editor failed)."""
+def _lever(settings: Settings) -> str:
+    """The key of what the engineer (and the person) sets: MAPF's `sizes`, any other task's `levels`."""
+    return "sizes" if settings.is_mapf else "levels"
+
+
+def _task(settings: Settings) -> Any:
+    from trainer.task import load_task
+
+    return load_task(settings.task)  # built once per process
+
+
+def _shares(config: dict[str, Any] | None) -> dict[int, float]:
+    levels = (config or {}).get("levels")
+    return {int(k): float(v) for k, v in levels.items()} if isinstance(levels, dict) else {}
+
+
+def _diff(current: dict[str, Any] | None, new: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """validation.json's `diff`: MAPF's per-size knobs, or another task's level shares
+    (`{"<level>": {"share": {"from": a, "to": b}}}`, a level a config leaves out at share 0)."""
+    from nodes.validate_config import config_diff
+
+    if settings.is_mapf:
+        return config_diff(current, new)
+    a, b = _shares(current), _shares(new)
+    return {str(k): {"share": {"from": a.get(k, 0.0), "to": b.get(k, 0.0)}}
+            for k in sorted(set(a) | set(b)) if abs(a.get(k, 0.0) - b.get(k, 0.0)) > 1e-9}
+
+
+def _table(current: dict[str, Any] | None, new: dict[str, Any], settings: Settings) -> str:
+    if settings.is_mapf:
+        return config_table(current, new)
+    task = _task(settings)
+    return levels_table(current, new, {lv.index: lv.label for lv in task.levels}, task.level_word)
+
+
+def _check_edit(answer: Any, current: dict[str, Any], settings: Settings, stage: int) -> dict[str, Any]:
+    """An edited config through validate_config's checks for the run's task: `{"config": the checked config's dump,
+    or None when unusable, "decision": "accepted" | "projected", "errors", "notes", "feasibility"}`."""
+    if settings.is_mapf:
+        from nodes.apply import stage_seed
+        from nodes.validate_config import check_proposal, feasibility
+
+        checked = check_proposal(answer if isinstance(answer, dict) else None, current)
+        if checked["config"] is None:
+            return {**checked, "errors": [f"cannot use the edit: {'; '.join(checked['errors'])}".splitlines()[0][:500]]}
+        feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, stage + 1))
+        if not feas["ok"]:
+            return {**checked, "config": None,
+                    "errors": [f"cannot use the edit: infeasible: {'; '.join(feas['problems'])}"[:500]]}
+        return {**checked, "config": checked["config"].model_dump(mode="json"), "feasibility": feas}
+    from nodes.task_loop import check
+
+    task, n = _task(settings), settings.train.instances_per_stage
+    accepted, errors = check(task, answer, n)
+    if accepted is not None:
+        return {"config": accepted, "decision": "accepted", "errors": [], "notes": [], "feasibility": None}
+    try:  # as validate_config does with the engineer's last attempt: the nearest valid config
+        projected = task.project(answer).model_copy(update={"num_instances": n}).model_dump(mode="json")
+    except (ValueError, TypeError, AttributeError) as e:
+        return {"config": None, "errors": [f"cannot use the edit: {'; '.join(errors)}; cannot project it: {e}"
+                                           .splitlines()[0][:500]]}
+    return {"config": projected, "decision": "projected", "errors": errors, "feasibility": None,
+            "notes": [f"{errors[0]}: projected onto the nearest valid config"[:500]]}
+
+
+def _edit_in_editor(path: Path, config: dict[str, Any], key: str = "sizes") -> Any:
+    """Write `config`'s `key` (what the engineer sets) to `path`, open $VISUAL/$EDITOR on it, and return the JSON
+    it holds afterwards (raises ValueError with one line when it is not JSON or the editor failed)."""
     import subprocess
 
-    write_json_atomic(path, {"sizes": config.get("sizes", config)})
+    write_json_atomic(path, {key: config.get(key, config)})
     cmd = _editor_command()
     try:
         rc = subprocess.run([*cmd, str(path)]).returncode
@@ -50,12 +119,11 @@ def decide(answer: Any, values: dict[str, Any], settings: Settings, run_dir: Pat
            source: str | None = None) -> tuple[dict[str, Any] | None, list[str]]:
     """A person's answer to the validated proposal: `y`, `n`, or an edited config (a dict, or its JSON text)
     that goes through validate_config's own checks (strict validation, else projection, then the generator's
-    feasibility dry-run on the next stage's data seed). A usable answer is recorded in stage_k/validation.json
-    (`record_person`, `by: person`) and gives (the state update, the lines that say what will be applied); an
-    unusable one gives (None, [why]) and records nothing. `--approve` and a LangGraph interrupt both answer
-    through here."""
-    from nodes.apply import stage_seed
-    from nodes.validate_config import check_proposal, config_diff, feasibility, record_person
+    feasibility dry-run on the next stage's data seed; another task's own strict check, else its projection).
+    A usable answer is recorded in stage_k/validation.json (`record_person`, `by: person`) and gives (the state
+    update, the lines that say what will be applied); an unusable one gives (None, [why]) and records nothing.
+    `--approve` and a LangGraph interrupt both answer through here."""
+    from nodes.validate_config import record_person
 
     accepted, current = values["accepted"], values["config"]
     stage = int(values.get("stage", 0))
@@ -66,9 +134,9 @@ def decide(answer: Any, values: dict[str, Any], settings: Settings, run_dir: Pat
             record_person(run_dir, stage, attempts, {
                 "decision": "approved (person)", "accepted": accepted,
                 "reason": f"a person approved the engineer's {values.get('decision')} config",
-                "diff": config_diff(current, accepted)})
+                "diff": _diff(current, accepted, settings)})
             return {}, [f"[approve] applying the engineer's config to stage {stage + 1}: "
-                        f"{diff_summary(config_diff(current, accepted))}"]
+                        f"{diff_summary(_diff(current, accepted, settings))}"]
         if word in ("n", "no"):
             record_person(run_dir, stage, attempts, {"decision": "kept_previous (person)", "accepted": current,
                                                      "reason": "a person kept the current config", "diff": {}})
@@ -79,24 +147,21 @@ def decide(answer: Any, values: dict[str, Any], settings: Settings, run_dir: Pat
         except ValueError:
             return None, [f"please answer y, n or an edited config (got {answer.strip()[:40]!r})"
                           if answer.strip() else "please answer y, n or an edited config"]
-    checked = check_proposal(answer if isinstance(answer, dict) else None, current)
+    checked = _check_edit(answer, current, settings, stage)
     if checked["config"] is None:
-        return None, [f"cannot use the edit: {'; '.join(checked['errors'])}".splitlines()[0][:500]]
-    feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, stage + 1))
-    if not feas["ok"]:
-        return None, [f"cannot use the edit: infeasible: {'; '.join(feas['problems'])}"[:500]]
+        return None, checked["errors"]
     lines = []
     if checked["decision"] == "projected":
         lines.append(f"the edit was projected onto allowed values: {'; '.join(checked['notes'])}"[:500])
-    edited = checked["config"].model_dump(mode="json")
+    edited, feas = checked["config"], checked["feasibility"]
     record_person(run_dir, stage, attempts, {
         "decision": "edited (person)", "accepted": edited, **({"source": source} if source else {}),
         "reason": f"a person replaced the engineer's config ({checked['decision']} by validation)",
-        "errors": checked["errors"], "notes": checked["notes"], "diff": config_diff(current, edited),
-        "feasibility": {k: v for k, v in feas.items() if k != "stats"},
+        "errors": checked["errors"], "notes": checked["notes"], "diff": _diff(current, edited, settings),
+        "feasibility": None if feas is None else {k: v for k, v in feas.items() if k != "stats"},
     })
     lines += [f"[approve] applying the edited config to stage {stage + 1} ({checked['decision']} by validation):",
-              config_table(current, edited)]
+              _table(current, edited, settings)]
     return {"accepted": edited, "decision": "edited (person)"}, lines
 
 
@@ -116,7 +181,7 @@ def ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) 
     accepted, current = values["accepted"], values["config"]
     stage = int(values.get("stage", 0))
     say(f"\nProposed config for stage {stage + 1} (decision: {values.get('decision')}; * = changed):")
-    say(config_table(current, accepted))
+    say(_table(current, accepted, settings))
     if values.get("rationale"):
         say(f"rationale: {values['rationale'][:1000]}")
     edit_path = stage_dir(run_dir, stage) / "approve_edit.json"
@@ -134,11 +199,11 @@ def ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) 
             continue
         else:
             try:
-                raw = _edit_in_editor(edit_path, draft)
+                raw = _edit_in_editor(edit_path, draft, _lever(settings))
             except ValueError as e:
                 say(f"cannot use the edit: {e}"[:500])
                 continue
-            if isinstance(raw, dict) and isinstance(raw.get("sizes"), dict):
+            if isinstance(raw, dict) and isinstance(raw.get(_lever(settings)), dict):
                 draft = raw  # a second [e] reopens the person's own last edit
             update, lines = decide(raw if isinstance(raw, dict) else [], values, settings, run_dir,
                                    source=str(edit_path))
@@ -154,20 +219,19 @@ def ask_approval(graph, cfg: dict[str, Any], settings: Settings, run_dir: Path) 
 def interrupt_for_approval(state: dict[str, Any], settings: Settings, run_dir: Path) -> dict[str, Any]:
     """`approve` on the LangGraph server (Studio, the SDK): before apply, the run pauses in a LangGraph
     interrupt whose value shows the proposal; the value it is resumed with (`Command(resume=...)`) is the
-    person's decision, as at the `--approve` prompt: "y", "n" or an edited config ({"sizes": ...}). An unusable
-    answer pauses again, its reason in the interrupt's `error`. Returns the state update (`accepted`,
-    `decision`) apply then runs with; recorded in validation.json as `--approve` records it."""
+    person's decision, as at the `--approve` prompt: "y", "n" or an edited config ({"sizes": ...}; another
+    task's {"levels": ...}). An unusable answer pauses again, its reason in the interrupt's `error`. Returns the
+    state update (`accepted`, `decision`) apply then runs with; recorded in validation.json as `--approve`
+    records it."""
     from langgraph.types import interrupt
-
-    from nodes.validate_config import config_diff
 
     accepted, current = state["accepted"], state["config"]
     stage = int(state.get("stage", 0))
     payload: dict[str, Any] = {
         "question": f"apply the proposed config to stage {stage + 1}? resume with \"y\" (apply it), \"n\" (keep "
-                    f"stage {stage}'s config) or an edited config {{\"sizes\": ...}}",
+                    f"stage {stage}'s config) or an edited config {{\"{_lever(settings)}\": ...}}",
         "stage": stage + 1, "decision": state.get("decision"), "rationale": state.get("rationale"),
-        "diff": config_diff(current, accepted), "table": config_table(current, accepted),
+        "diff": _diff(current, accepted, settings), "table": _table(current, accepted, settings),
         "proposed": accepted, "current": current,
     }
     while True:

@@ -79,11 +79,44 @@ def diff_summary(diff: dict[str, dict[str, dict[str, Any]]], cap: int = 6) -> st
         for knob, change in diff[size].items():
             a, b = change.get("from"), change.get("to")
             digits = 2 if num(a, 2) != num(b, 2) else 3
-            items.append(f"{size}x{size} {KNOB_NAMES.get(knob, knob)} {num(a, digits)}->{num(b, digits)}")
+            where = f"level {size}" if knob == "share" else f"{size}x{size}"  # another task's level, or a MAPF size
+            items.append(f"{where} {KNOB_NAMES.get(knob, knob)} {num(a, digits)}->{num(b, digits)}")
     if not items:
         return "no change"
     more = len(items) - cap
     return ", ".join(items[:cap]) + (f", +{more} more" if more > 0 else "")
+
+
+def _cell(a: float | None, b: float | None) -> str:
+    """`old -> new`, or `old  =` when unchanged; `-` for a missing value."""
+    fa = "-" if a is None else f"{a:.3f}"
+    fb = "-" if b is None else f"{b:.3f}"
+    return f"{fa}  =    " if a is not None and b is not None and abs(a - b) <= 1e-9 else f"{fa} -> {fb}"
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def levels_table(old: dict[str, Any] | None, new: dict[str, Any], labels: dict[int, str] | None = None,
+                 word: str = "level") -> str:
+    """A proposal of a task other than MAPF (`{"levels": {"<level>": share}}`) as one row per level: its share
+    `old -> new` (`=` when unchanged; a level a config leaves out has share 0) and, from `labels`, what the level
+    is. Every level of `labels` gets a row, and any other level either config names."""
+
+    def shares(cfg: dict[str, Any] | None) -> dict[str, float | None]:
+        levels = (cfg or {}).get("levels")
+        return {str(k): _number(v) for k, v in levels.items()} if isinstance(levels, dict) else {}
+
+    a, b = shares(old), shares(new)
+    names = {str(k): v for k, v in (labels or {}).items()}
+    keys = sorted(set(names) | set(a) | set(b), key=lambda x: (int(x), x) if x.lstrip("-").isdigit() else (1 << 30, x))
+    head = f"{word:<7}{'share':<17}what"
+    rows = [head, "-" * max(len(head), 40)]
+    for k in keys:
+        c = _cell(a.get(k, 0.0 if a else None), b.get(k, 0.0 if b else None))
+        rows.append(f"{k:<7}{c:<17}{names.get(k, '')}" + (" *" if "->" in c else ""))
+    return "\n".join(rows)
 
 
 def config_table(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
@@ -92,14 +125,9 @@ def config_table(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
     def knob(cfg: dict[str, Any] | None, size: str, name: str) -> float | None:
         sizes = (cfg or {}).get("sizes") or {}
         v = (sizes.get(size) or sizes.get(int(size)) or {}) if isinstance(sizes, dict) else {}
-        v = v.get(name) if isinstance(v, dict) else None
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        return _number(v.get(name) if isinstance(v, dict) else None)
 
-    def cell(a: float | None, b: float | None) -> str:
-        fa = "-" if a is None else f"{a:.3f}"
-        fb = "-" if b is None else f"{b:.3f}"
-        return f"{fa}  =    " if a is not None and b is not None and abs(a - b) <= 1e-9 else f"{fa} -> {fb}"
-
+    cell = _cell
     sizes = sorted({str(k) for k in ((new or {}).get("sizes") or {})} | {str(k) for k in ((old or {}).get("sizes") or {})},
                    key=lambda x: (int(x), x) if x.isdigit() else (1 << 30, x))
     head = f"{'size':<6}" + "".join(f"{name:<17}" for name in KNOB_NAMES.values())

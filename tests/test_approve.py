@@ -94,3 +94,49 @@ def test_e_without_editor_is_one_line_and_asks_again(tmp_path, monkeypatch, stub
     _run(monkeypatch, "e\nn\n", settings, run_dir)
     err = capsys.readouterr().err
     assert "no editor: set EDITOR" in err and err.count(approve.APPROVE_PROMPT) == 2
+
+
+def test_another_tasks_proposal_is_shown_and_edited_by_its_levels(tmp_path):
+    """A reasoning-gym run's proposal is its level shares (`{"levels": ...}`), not MAPF's sizes: the answer goes
+    through the task's strict check, else its projection, and validation.json records the levels and their diff.
+    (tests/test_rg_loop.py runs the same through the real CLI, killed and resumed at the prompt.)"""
+    from graph.settings import build_settings
+
+    settings = build_settings({"task": "rg:basic_arithmetic:num_terms=2,num_digits=1-2", "engineer": "fixed"},
+                              {"PRESET": "smoke"})
+    run_dir = tmp_path / "run"
+    (run_dir / "stage_0").mkdir(parents=True)
+    current, proposed = {"levels": {"0": 1.0}, "num_instances": 16}, {"levels": {"0": 0.5, "1": 0.5}, "num_instances": 16}
+    values = {"stage": 0, "config": current, "accepted": proposed, "decision": "accepted", "attempts": 1}
+
+    def person() -> dict:
+        return json.loads((run_dir / "stage_0" / "validation.json").read_text())["decisions"][-1]
+
+    update, lines = approve.decide("y", values, settings, run_dir)
+    assert update == {} and lines == ["[approve] applying the engineer's config to stage 1: level 0 share "
+                                      "1.00->.50, level 1 share .00->.50"]
+    assert person()["diff"] == {"0": {"share": {"from": 1.0, "to": 0.5}}, "1": {"share": {"from": 0.0, "to": 0.5}}}
+
+    update, lines = approve.decide({"levels": {"0": 0.25, "1": 0.75}}, values, settings, run_dir, source="e.json")
+    assert update == {"accepted": {"levels": {"0": 0.25, "1": 0.75}, "num_instances": 16},
+                      "decision": "edited (person)"}
+    assert lines[0] == "[approve] applying the edited config to stage 1 (accepted by validation):"
+    table = lines[1].splitlines()
+    assert table[0].split() == ["level", "share", "what"]
+    assert table[2].split() == ["0", "1.000", "->", "0.250", "num_terms=2", "num_digits=1", "*"]
+    assert table[3].split() == ["1", "0.000", "->", "0.750", "num_terms=2", "num_digits=2", "*"]
+    assert person()["accepted"] == update["accepted"] and person()["feasibility"] is None
+
+    # shares outside [0, 1] fail the strict check and are projected, as the engineer's last attempt would be
+    update, lines = approve.decide('{"levels": {"0": 2, "1": 6}}', values, settings, run_dir)
+    assert update["accepted"] == {"levels": {"0": 0.25, "1": 0.75}, "num_instances": 16}
+    assert lines[0].startswith("the edit was projected onto allowed values: ")
+    assert person()["decision"] == "edited (person)" and person()["errors"]
+    # unusable: no level of this task, or a MAPF config; nothing is recorded
+    before = (run_dir / "stage_0" / "validation.json").read_text()
+    for bad in ({"levels": {"7": 1.0}}, {"sizes": {"3": {"data_ratio": 1.0}}}, []):
+        update, lines = approve.decide(bad, values, settings, run_dir)
+        assert update is None and len(lines) == 1 and lines[0].startswith("cannot use the edit: "), (bad, lines)
+    assert "'7' is not a level; allowed: 0-1" in approve.decide({"levels": {"7": 1.0}}, values, settings, run_dir)[1][0]
+    assert (run_dir / "stage_0" / "validation.json").read_text() == before
+
