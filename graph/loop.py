@@ -121,7 +121,11 @@ def run_graph(run_dir: Path, settings: Settings, resume: bool) -> dict[str, Any]
                 raise stop.StageInterrupted(f"stopped before {snap.next[0]}")
             if settings.approve and snap.next[0] == "apply":
                 if asked_for != int(snap.values.get("stage", 0)):
-                    ask_approval(graph, cfg, settings, run_dir)
+                    SIGNALS["interruptible"] = True  # paused before apply, nothing in flight: a first signal
+                    try:  # at the prompt stops at once, as before the graph streams
+                        ask_approval(graph, cfg, settings, run_dir)
+                    finally:
+                        SIGNALS["interruptible"] = False
                 asked_for = None
                 continue
             raise RunError(f"the run stopped before {snap.next}; resume with --resume {run_dir}")

@@ -140,3 +140,29 @@ def test_another_tasks_proposal_is_shown_and_edited_by_its_levels(tmp_path):
     assert "'7' is not a level; allowed: 0-1" in approve.decide({"levels": {"7": 1.0}}, values, settings, run_dir)[1][0]
     assert (run_dir / "stage_0" / "validation.json").read_text() == before
 
+
+def test_a_first_ctrl_c_at_the_prompt_stops_the_run_there(tmp_path, monkeypatch, stubs):
+    """Nothing is in flight while the run waits at the prompt (the graph is paused before apply): the first
+    Ctrl-C stops the run at once (exit 130, resumable), as before the graph streams. Nothing is decided or
+    applied, and --resume asks again."""
+    import os
+    import signal
+
+    from graph import run as gr
+    from tests.support.graph_stubs import SET
+
+    class CtrlCAtThePrompt(io.StringIO):
+        def readline(self, *args):
+            os.kill(os.getpid(), signal.SIGINT)  # the person presses Ctrl-C instead of answering
+            return super().readline(*args)
+
+    monkeypatch.setattr(sys, "stdin", CtrlCAtThePrompt("y\n"))
+    run_dir = tmp_path / "run"
+    assert gr.main(["--run-dir", str(run_dir), "--stages", "2", "--approve", *SET]) == 130
+    assert stubs.trained() == [0] and not (run_dir / "stage_1").exists()
+    doc = json.loads((run_dir / "stage_0" / "validation.json").read_text())
+    assert not [d for d in doc["decisions"] if d.get("by") == "person"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("n\n"))
+    assert gr.main(["--resume", str(run_dir)]) == 0
+    assert stubs.trained() == [0, 1]
+    assert json.loads((run_dir / "stage_0" / "validation.json").read_text())["final"] == "kept_previous (person)"
