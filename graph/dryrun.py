@@ -75,16 +75,22 @@ def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any])
     results), validate it as the run would (strict, projection, feasibility) and say what came out. A call
     that fails is a RunError (one line); a reply without a usable config is reported, not an error."""
 
+    from env import EnvConfig
     from nodes.apply import stage_seed
-    from nodes.summarize_failures import build_context
+    from nodes.family import family_of
     from nodes.validate_config import check_proposal, config_diff, feasibility
 
+    try:
+        config = EnvConfig.model_validate(config).model_dump(mode="json")
+    except ValueError:
+        say("[dry-run] no readable stage-0 config to show the engineer; not asked for a proposal")
+        return
     state: dict[str, Any] = {"stage": 0, "config": config, "metrics": dummy_metrics(), "history": []}
     try:
         env_stats = json.loads((stage_dir(run_dir, 0) / "env_stats.json").read_text())
     except (OSError, ValueError):
         env_stats = None
-    state["context"] = build_context(variant=settings.context, state=state, settings=settings, env_stats=env_stats)
+    state["context"] = family_of(settings).context(state, settings, [], env_stats)
     say(f"[dry-run] asking the {settings.engineer} engineer for one proposal on a dummy context "
         f"({len(state['context'])} chars, context {settings.context}) ...")
     out, took = _ask_once(settings, run_dir, state)
@@ -118,14 +124,15 @@ def _dry_run_task_proposal(settings: Settings, run_dir: Path, config: dict[str, 
     """A non-MAPF task's engineer asked once on a dummy context (half the answers valid on each level), its
     proposal checked as validate_config would (nodes/task_loop.py)."""
 
-    from nodes.summarize_failures import task_context
-    from nodes.task_loop import check, task_metrics, task_of
+    from nodes.family import family_of
+    from nodes.task_loop import check
 
-    task = task_of(settings)
+    family = family_of(settings)
+    task = family.task
     rows = [{"size": lv.index, "valid": i < 2, "optimal": i < 2, "failure": None if i < 2 else task.failure_labels[0]}
             for lv in task.levels for i in range(4)]
-    state: dict[str, Any] = {"stage": 0, "config": config, "metrics": task_metrics(task, rows), "history": []}
-    state["context"] = task_context(state, settings, [])
+    state: dict[str, Any] = {"stage": 0, "config": config, "metrics": family.metrics(rows), "history": []}
+    state["context"] = family.context(state, settings, [], None)
     say(f"[dry-run] asking the {settings.engineer} engineer for one proposal on a dummy context "
         f"({len(state['context'])} chars, task {task.name}) ...")
     out, took = _ask_once(settings, run_dir, state)
@@ -165,20 +172,17 @@ def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
         say(f"[dry-run] engineer {settings.engineer!r} not pinged for a proposal: it is served by the vLLM server "
             "above, on a GPU this machine lacks")
         return
-    if not settings.is_mapf and config is not None:
-        _dry_run_task_proposal(settings, run_dir, config)
-        return
-    if config is not None:
-        from env import EnvConfig
-
-        try:
-            config = EnvConfig.model_validate(config).model_dump(mode="json")
-        except ValueError:
-            config = None
     if config is None:
         say("[dry-run] no readable stage-0 config to show the engineer; not asked for a proposal")
         return
-    _dry_run_proposal(settings, run_dir, config)
+    from nodes.family import family_of
+
+    DRY_RUNS[family_of(settings).answer_key](settings, run_dir, config)
+
+
+# One proposal asked and checked as validate_config checks it, by the family's answer format
+# (`LoopFamily.answer_key`, as `nodes.validate_config.VALIDATORS`)
+DRY_RUNS = {"sizes": _dry_run_proposal, "levels": _dry_run_task_proposal}
 
 
 def _say_training_plan(settings: Settings, run_dir: Path) -> dict | None:

@@ -1,5 +1,9 @@
 """Generate a stage's training set from its configuration.
 
+What a config is, how stage 0's is drawn and how a stage's items are generated is the run's family's
+(`nodes/family.py` `LoopFamily`: `first_config`, `next_config`, `trained_config`, `stage_items`); what follows
+names MAPF-FrozenLake's, and the stage folder is the same for every family (`stage_files`).
+
 The first apply of a run is recognised by the state having no `train_path` yet (nothing has been
 generated): it builds stage `state.get("stage", 0)` from the state's `config` when the caller supplied one
 (an initial config), else from `random_config(settings.seed)` (the paper's random stage 0). Every later
@@ -29,10 +33,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from env import EnvConfig, SizeKnobs, generate, random_config, restrict_sizes
-from env.instance import write_jsonl
+from env import EnvConfig
+from nodes.family import family_of
+from nodes.mapf_family import MapfFamily, checked_config  # noqa: F401 (checked_config: under its old name here)
 from trainer.files import stage_dir, write_json_atomic, write_text_atomic
-from trainer.task import load_task
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
@@ -75,9 +79,7 @@ def generate_stage(cfg: EnvConfig, out_dir: Path, *, seed: int) -> dict[str, Any
     return the env stats."""
 
     def produce(path: Path) -> tuple[int, dict[str, Any]]:
-        gen = generate(cfg, cfg.num_instances, seed, num_agents=cfg.num_agents)
-        write_jsonl(path, gen.instances)
-        return len(gen.instances), gen.stats
+        return MapfFamily().stage_items(cfg, cfg.num_instances, seed, path)
 
     return stage_files(out_dir, cfg.model_dump(mode="json"), seed=seed, n=cfg.num_instances, produce=produce)
 
@@ -86,17 +88,10 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
-def checked_config(dump: dict[str, Any]) -> EnvConfig:
-    """The EnvConfig of a dump validate_config already checked (`state["accepted"]`), rebuilt without
-    checking it again."""
-    sizes = {int(s): SizeKnobs.model_construct(**knobs) for s, knobs in dump["sizes"].items()}
-    return EnvConfig.model_construct(sizes=sizes, num_agents=dump["num_agents"], num_instances=dump["num_instances"])
-
-
 def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     """Node: build the training set of the next stage (or of stage 0; see the module docstring for how
-    stage 0 is recognised). A task other than MAPF parses, draws and generates its config through the task seam
-    (`nodes/task_loop.py`); the stage folder, the history and the returned keys are the same.
+    stage 0 is recognised). The run's family (`nodes/family.py` `LoopFamily`) parses, draws and generates its
+    config; the stage folder, the history and the returned keys are the same for every family.
 
     Returns: stage, config, train_path, history, and the per-proposal keys reset for the next round
     (proposal None, attempts 0, feedback []), plus a log line.
@@ -104,23 +99,19 @@ def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     settings, run_dir = runtime.context.settings, runtime.context.run_dir
     if not state.get("train_path") and not state.get("config") and settings.start_config:
         state = {**state, "config": settings.start_config}  # stage 0's config, as the run's settings give it
-    task = None if settings.is_mapf else load_task(settings.task)
+    family = family_of(settings)
     n = settings.train.instances_per_stage
     first = not state.get("train_path")
     history = list(state.get("history") or [])
     if first:
         stage = int(state.get("stage") or 0)
         given = state.get("config")
-        if task is None:
-            cfg = EnvConfig.model_validate(given) if given else random_config(settings.seed)
-        else:
-            cfg = task.parse_config(given, n) if given else task.random_config(settings.seed, n)
+        cfg = family.first_config(given, settings.seed, n)
         how = "initial config" if given else f"random_config(seed={settings.seed})"
     else:
         prev = int(state.get("stage") or 0)
         stage = prev + 1
-        raw = state.get("accepted") or state["config"]
-        cfg = checked_config(raw) if task is None else task.parse_config(raw, n)
+        cfg = family.next_config(state.get("accepted") or state["config"], n)
         history = [e for e in history if e.get("stage") != prev]
         history.append(
             {
@@ -134,21 +125,11 @@ def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         how = state.get("decision") or "accepted"
     seed = stage_seed(settings.seed, stage)
     out_dir = stage_dir(run_dir, stage)
-    restricted = None
-    if task is None:
-        cfg, restricted = restrict_sizes(cfg.model_copy(update={"num_instances": n}), settings.train.max_train_size)
-        if restricted:
-            print(f"apply: stage {stage}: {restricted}", file=sys.stderr, flush=True)
-        stats = generate_stage(cfg, out_dir, seed=seed)
-    else:
-        cfg = cfg.model_copy(update={"num_instances": n})
-
-        def produce(path: Path) -> tuple[int, dict[str, Any]]:
-            items, figures = task.generate(cfg, n, seed)
-            write_text_atomic(path, "".join(task.item_to_json(i) + "\n" for i in items))
-            return len(items), figures
-
-        stats = stage_files(out_dir, cfg.model_dump(mode="json"), seed=seed, n=n, produce=produce, what="items")
+    cfg, restricted = family.trained_config(cfg, n, settings.train.max_train_size)
+    if restricted:
+        print(f"apply: stage {stage}: {restricted}", file=sys.stderr, flush=True)
+    stats = stage_files(out_dir, cfg.model_dump(mode="json"), seed=seed, n=n,
+                        produce=lambda path: family.stage_items(cfg, n, seed, path), what=family.item_word)
     return {
         "stage": stage,
         "config": cfg.model_dump(mode="json"),  # what config.json holds
@@ -158,8 +139,7 @@ def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         "attempts": 0,
         "feedback": [],
         "log": [
-            f"stage {stage}: generated {stats.get('generated', n)} training {'instances' if task is None else 'items'} "
-            f"({how}, seed {seed})"
+            f"stage {stage}: generated {stats.get('generated', n)} training {family.item_word} ({how}, seed {seed})"
         ]
         + ([f"stage {stage}: {restricted}"] if restricted else []),
     }

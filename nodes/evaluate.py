@@ -1,5 +1,8 @@
 """Evaluate the current policy: answer a benchmark split, verify every answer, aggregate.
 
+The split, the prompts, the verdict rows, the metrics and the final table are the run's family's
+(`nodes/family.py` `LoopFamily`); what follows names MAPF-FrozenLake's.
+
 `evaluate` runs after every train stage on `settings.eval_split` (the fixed 2-agent validation set) and
 writes `stage_<k>/eval.jsonl` (one row per instance: id, size, agents, tags, the raw answer text and the
 verdict fields) and `stage_<k>/metrics.json`. `final_evaluate` runs once at the end on
@@ -27,9 +30,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from env import verify
+from nodes.family import LoopFamily, family_of
+from nodes.mapf_family import instance_tags, verdict_row  # noqa: F401 (verdict_row: MAPF's, under its old name)
 from nodes.metrics import compute_final_metrics, compute_metrics, final_table_md  # noqa: F401 (compute_metrics: graph.dryrun)
-from nodes.task_loop import eval_task, item_key, level_table_md, split_items, task_metrics, task_prompt
 from trainer import stop
 from trainer.files import stage_dir, weights_sha256, write_text_atomic
 
@@ -41,12 +44,6 @@ if TYPE_CHECKING:
     from llm_backends.base import ChatModel
 
 # ----------------------------------------------------------------------------- answering and verifying
-
-
-def instance_tags(inst: Any) -> dict[str, Any]:
-    """The subset tags of an instance (`{"agents": 3, "wait": 0.25}` on test splits, else {})."""
-    tags = getattr(inst, "tags", None)
-    return dict(tags) if isinstance(tags, dict) else {}
 
 
 def limit_instances(instances: Sequence[Any], limit: int | None) -> list[Any]:
@@ -116,12 +113,13 @@ def answer_and_verify(
     prompt_style: str = "full",
     criterion: str = "makespan",
     on_batch: Callable[[list[dict]], None] | None = None,
-    task: Any = None,
+    family: LoopFamily | None = None,
 ) -> list[dict]:
     """Ask `model` (a `llm_backends.base.ChatModel`) every instance's prompt in batches and verify each answer.
 
-    The prompt is the policy's own (`env.library.prompt_messages` in `prompt_style`, the run's
-    `train.prompt_style`), so the policy is evaluated on the prompt it was trained on.
+    The prompt is the policy's own (the family's task's `prompt` in `prompt_style`, the run's `train.prompt_style`;
+    for MAPF-FrozenLake, the default family, `env.library.prompt_messages`), so the policy is evaluated on the
+    prompt it was trained on.
 
     Returns one row per instance, in order: id, size, num_agents, tags, text, completion_tokens,
     finish_reason and the verdict fields (valid, optimal by `criterion`, failure, cost, optimal_cost, details,
@@ -132,14 +130,15 @@ def answer_and_verify(
     """
     from tqdm.auto import tqdm
 
+    family = family or family_of("mapf")
     rows: list[dict] = []
     with tqdm(total=len(instances), desc=desc, unit="answer", disable=not progress, leave=False) as bar:
         for start in range(0, len(instances), batch_size):
             batch = instances[start : start + batch_size]
-            messages = [task_prompt(task, inst, prompt_style) for inst in batch]
+            messages = [family.task.prompt(inst, prompt_style) for inst in batch]
             results = model.chat_batch(messages, max_tokens=max_tokens, temperature=0.0)
-            new = [task_row(task, inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None),
-                            criterion) for inst, res in zip(batch, results, strict=True)]
+            new = [family.verdict_row(inst, res.text, res.completion_tokens, getattr(res, "finish_reason", None),
+                                      criterion) for inst, res in zip(batch, results, strict=True)]
             rows += new
             if on_batch is not None:
                 on_batch(new)
@@ -149,32 +148,6 @@ def answer_and_verify(
                 raise stop.StageInterrupted(f"stopped during {desc} after {len(rows)} of {len(instances)} answers "
                                             "(kept: the evaluation goes on from there on resume)")
     return rows
-
-
-def verdict_row(inst: Any, text: str, completion_tokens: int | None = None, finish_reason: str | None = None,
-                criterion: str = "makespan"):
-    """One `eval.jsonl` row: the instance's identity, the answer and its verdict (optimal by `criterion`)."""
-    verdict = verify(inst, text, criterion)
-    return {
-        "id": inst.id,
-        "size": inst.size,
-        "num_agents": inst.num_agents,
-        "tags": instance_tags(inst),
-        "text": text,
-        "completion_tokens": completion_tokens,
-        "finish_reason": finish_reason,
-        **verdict.model_dump(mode="json"),
-        "optimal_soc": verdict.optimal_cost,
-    }
-
-
-def task_row(task: Any, inst: Any, text: str, completion_tokens: int | None = None, finish_reason: str | None = None,
-             criterion: str = "makespan") -> dict:
-    if task is None:
-        return verdict_row(inst, text, completion_tokens, finish_reason, criterion)
-    from nodes.task_loop import verdict_row as family_row
-
-    return family_row(task, inst, text, completion_tokens, finish_reason)
 
 
 # ----------------------------------------------------------------------------- files
@@ -208,8 +181,8 @@ def eval_key(split: str, instances: Sequence[Any], *, checkpoint: str | None, se
     checkpoint's weight files, so a moved or copied run folder keeps its answers; the name of a model that is not
     a folder), how it answers (backend, dtype, prompt, token budget) and the optimality criterion of the
     verdicts. Saved answers are reused only under an equal key."""
-    task = eval_task(settings)
-    ids = "\n".join(str(item_key(task, inst)) for inst in instances)
+    family = family_of(settings)
+    ids = "\n".join(str(family.task.item_id(inst)) for inst in instances)
     if model is not None:
         policy: Any = f"{type(model).__module__}.{type(model).__qualname__}:{getattr(model, 'model', '')}"
     else:
@@ -226,7 +199,7 @@ def eval_key(split: str, instances: Sequence[Any], *, checkpoint: str | None, se
         "prompt_style": settings.train.prompt_style,
         "max_tokens": settings.eval_max_tokens,
         "criterion": settings.train.optimality,
-        **({} if settings.is_mapf else {"task": settings.task}),
+        **family.eval_key_fields(),
     }
 
 
@@ -274,17 +247,18 @@ def run_eval(
     `eval_key` answers only the rest. A finished evaluation leaves `eval.jsonl` and `eval.key.json`; calling
     again with the same key reuses it without starting the policy. A vLLM server started for it logs into
     `log_dir` (default `out_dir`)."""
-    task = eval_task(settings)
-    instances = limit_instances(split_items(settings, split), limit)
+    family = family_of(settings)
+    item_id = family.task.item_id
+    instances = limit_instances(family.split(split), limit)
     key = eval_key(split, instances, checkpoint=checkpoint, settings=settings, model=model)
     done = saved_answers(out_dir, key)  # split ids are unique (env.load_split checks)
-    todo = [inst for inst in instances if item_key(task, inst) not in done]
+    todo = [inst for inst in instances if item_id(inst) not in done]
     if done:
         print(f"eval {split}: {len(instances) - len(todo)} of {len(instances)} answers kept from an earlier "
               "evaluation of the same policy", flush=True)
     if todo:
         (out_dir / KEY_FILE).unlink(missing_ok=True)
-        kept = [done[item_key(task, inst)] for inst in instances if item_key(task, inst) in done]
+        kept = [done[item_id(inst)] for inst in instances if item_id(inst) in done]
         # rewritten, not appended to: drops a cut-off line, and never writes through a hard link (a fork's files)
         write_jsonl(out_dir / JOURNAL, [{"key": key}, *kept])
         with open(out_dir / JOURNAL, "a", encoding="utf-8") as journal:
@@ -297,7 +271,7 @@ def run_eval(
             answer = partial(answer_and_verify, todo, max_tokens=settings.eval_max_tokens,
                              batch_size=settings.eval_batch_size, desc=desc or f"eval {split}",
                              prompt_style=settings.train.prompt_style, criterion=settings.train.optimality,
-                             on_batch=keep, task=task)
+                             on_batch=keep, family=family)
             if model is not None:
                 new = answer(model)
             else:
@@ -315,7 +289,7 @@ def run_eval(
                 ) as policy:
                     new = answer(policy)
         done.update((r["id"], r) for r in new)
-    rows = [done[item_key(task, inst)] for inst in instances]
+    rows = [done[item_id(inst)] for inst in instances]
     write_jsonl(out_dir / "eval.jsonl", rows)
     write_json(out_dir / KEY_FILE, key)
     (out_dir / JOURNAL).unlink(missing_ok=True)
@@ -335,8 +309,9 @@ def start_cache_file(key: dict[str, Any], instances: Sequence[Any], settings: Se
     from llm_backends.models import cache_root
     from trainer.provenance import cpu_id, machine, package_versions
 
-    task = eval_task(settings)
-    prompts = json.dumps([task_prompt(task, inst, settings.train.prompt_style) for inst in instances], sort_keys=True)
+    family = family_of(settings)
+    prompts = json.dumps([family.task.prompt(inst, settings.train.prompt_style) for inst in instances],
+                         sort_keys=True)
     mach = machine()
     spec = json.dumps({
         "key": key, "prompts": hashlib.sha256(prompts.encode()).hexdigest(),
@@ -348,20 +323,20 @@ def start_cache_file(key: dict[str, Any], instances: Sequence[Any], settings: Se
 
 
 def _kept_start_rows(file: Path, key: dict[str, Any], instances: Sequence[Any], criterion: str,
-                     task: Any = None) -> list[dict] | None:
+                     family: LoopFamily) -> list[dict] | None:
     """The kept answers of `file`, verified again (a kept answer is only text), or None when there are none for
     exactly `key` and these instances (missing, unreadable, another key, a field of the wrong type)."""
     try:
         kept = json.loads(file.read_text())
         answers = kept["answers"]
-        if kept["key"] != key or [a["id"] for a in answers] != [item_key(task, inst) for inst in instances]:
+        if kept["key"] != key or [a["id"] for a in answers] != [family.task.item_id(inst) for inst in instances]:
             return None
         for a in answers:
             tokens, reason = a.get("completion_tokens"), a.get("finish_reason")
             if (not isinstance(a["text"], str) or not (tokens is None or type(tokens) is int)
                     or not (reason is None or isinstance(reason, str))):
                 return None
-        return [task_row(task, inst, a["text"], a.get("completion_tokens"), a.get("finish_reason"), criterion)
+        return [family.verdict_row(inst, a["text"], a.get("completion_tokens"), a.get("finish_reason"), criterion)
                 for inst, a in zip(instances, answers, strict=True)]
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
@@ -394,11 +369,11 @@ def evaluate_start(run_dir: Path, stage_metrics: dict[str, Any], settings: Setti
     path = stage_metrics.get("sft/cache_path")
     if not isinstance(path, str) or not Path(path).is_dir():
         return None
-    task = eval_task(settings)
-    instances = limit_instances(split_items(settings, settings.eval_split), settings.eval_limit)
+    family = family_of(settings)
+    instances = limit_instances(family.split(settings.eval_split), settings.eval_limit)
     key = eval_key(settings.eval_split, instances, checkpoint=path, settings=settings, model=model)
     cache = start_cache_file(key, instances, settings) if model is None else None  # a stand-in's are not the start's
-    kept = None if cache is None else _kept_start_rows(cache, key, instances, settings.train.optimality, task)
+    kept = None if cache is None else _kept_start_rows(cache, key, instances, settings.train.optimality, family)
     # only answers this machine gave go into its cache: not those of a run folder copied here mid-evaluation
     answered_here = kept is None and not saved_answers(out_dir, key)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -413,7 +388,7 @@ def evaluate_start(run_dir: Path, stage_metrics: dict[str, Any], settings: Setti
         answers = [{k: r.get(k) for k in ("id", "text", "completion_tokens", "finish_reason")} for r in rows]
         cache.parent.mkdir(parents=True, exist_ok=True)
         write_json(cache, {"key": key, "answers": answers})
-    metrics = {**task_metrics(task, rows), "start/cache_key": stage_metrics.get("sft/cache_key"),
+    metrics = {**family.metrics(rows), "start/cache_key": stage_metrics.get("sft/cache_key"),
                "start/cache_path": path, "start/answers_reused": kept is not None}
     write_json(out_dir / "metrics.json", metrics)
     return metrics
@@ -453,7 +428,7 @@ def evaluate(
         update = start_update(runtime.context.run_dir, kept, settings, model=model)
     rows = run_eval(settings.eval_split, out_dir, checkpoint=state.get("checkpoint"), settings=settings,
                     limit=settings.eval_limit, model=model)
-    metrics = task_metrics(eval_task(settings), rows)
+    metrics = family_of(settings).metrics(rows)
     write_json(on_disk, {**kept, **metrics})
     line = (f"stage {stage}: eval on {settings.eval_split} (n={metrics['eval/n']}): "
             f"valid {metrics['eval/valid_rate']:.3f}, optimal {metrics['eval/optimal_rate']:.3f}")
@@ -476,10 +451,9 @@ def final_evaluate(
         limit=settings.final_limit,
         model=model,
     )
-    task = eval_task(settings)
-    final = compute_final_metrics(rows) if task is None else task_metrics(task, rows, prefix="final")
+    final, table = family_of(settings).final(rows)
     write_json(out_dir / "metrics.json", final)
-    write_text_atomic(out_dir / "table.md", final_table_md(final) if task is None else level_table_md(task, final))
+    write_text_atomic(out_dir / "table.md", table)
     lines = [
         f"final on {settings.final_split} (n={final['final/n']}): "
         f"valid {final['final/valid_rate']:.3f}, optimal {final['final/optimal_rate']:.3f}"

@@ -1,13 +1,15 @@
 """Ask the engineer for the next stage's configuration and extract it from the reply.
 
-LLM engineers (`settings.engineer` in self | base | openai | gemini | a custom endpoint name) get the
-system prompt `prompts/engineer_system.md` (with `EnvConfig.engineer_schema()` in its `{schema}`
-placeholder) and, as the user message, the context from `summarize_failures` plus, on a retry, the
-validation errors of the previous attempt. Structured output (`json_schema`) is asked for unless
+LLM engineers (`settings.engineer` in self | base | openai | gemini | a custom endpoint name) get the run's
+family's system prompt and answer schema (`nodes/family.py` `LoopFamily`; for MAPF-FrozenLake
+`prompts/engineer_system.md` with `EnvConfig.engineer_schema()` in its `{schema}` placeholder, for any other family
+one generated from its levels) and, as the user message, the context from `summarize_failures` plus, on a retry,
+the validation errors of the previous attempt. Structured output (`json_schema`) is asked for unless
 `settings.engineer_structured` is False; backends that cannot enforce it put the schema in the prompt.
 
-Classic engineers (fixed | random | learnability | threshold, `nodes/curricula.py`) answer through the same
-node with the same answer shape, and their answers go through the same validation.
+Classic engineers (fixed | random | learnability | threshold: `nodes/curricula.py` over MAPF's per-size knobs,
+`nodes/task_loop.py` over level shares; the family's `classic`) answer through the same node with the same answer
+shape, and their answers go through the same validation.
 
 Files (stage_<k>/): `engineer_prompt.md` (the request parameters, max_tokens, temperature and whether a
 json_schema was sent, then the exact messages) and `engineer_reply.md` (the reply as received, made inert
@@ -15,7 +17,9 @@ first, `nodes.inert.inert_reply`: API keys and key-shaped tokens redacted, contr
 `<`/`>` escaped; the reply is untrusted, and a remote engineer may echo a key);
 attempt 1 writes them, later attempts append a section each (written atomically, `trainer.files`).
 
-The reply is parsed once: the JSON object the chat backend decoded (`ChatResult.parsed`, when a json_schema
+A reply is read for the family's answer format (`READERS`, by `LoopFamily.answer_key`): MAPF-FrozenLake's
+`{"sizes": ...}` (`extract_proposal`, below) or a family's `{"levels": ...}` (`extract_levels`). The reply is
+parsed once: the JSON object the chat backend decoded (`ChatResult.parsed`, when a json_schema
 was asked for) is the proposal's source when there is one. Otherwise the extraction is tolerant
 (`extract_proposal`): the whole reply as JSON, else code-fenced JSON, else the
 first balanced `{...}` that decodes (a size-keyed object is preferred), trailing commas forgiven; a bare
@@ -40,10 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from env import SIZES, EnvConfig
+from env import SIZES
 from nodes.curricula import CLASSIC
+from nodes.family import family_of
 from nodes.inert import inert_reply, inert_value
-from nodes.summarize_failures import fill, load_template
+from nodes.mapf_family import OPTIMAL_MEANS, answer_schema, system_prompt  # noqa: F401 (MAPF's, under their old names)
 from trainer.files import append_text_atomic, stage_dir, write_text_atomic
 
 if TYPE_CHECKING:
@@ -245,28 +250,17 @@ def extract_levels(text: str, parsed: Any = None) -> tuple[dict | None, str, str
     return None, (text or "").strip()[:2000], "no JSON object with `levels` found in the reply"
 
 
-def answer_schema() -> dict:
-    """JSON schema of the whole answer: the engineer-editable config plus an optional `rationale`."""
-    schema = EnvConfig.engineer_schema()
-    schema = json.loads(json.dumps(schema))
-    schema["properties"]["rationale"] = {"type": "string", "description": "what changed and why, briefly"}
-    return schema
+def _read_levels(text: str, finish_reason: str | None, parsed: Any) -> Extracted:
+    found, why, err = extract_levels(text, parsed)
+    return Extracted(found, rationale=why, error=err)
 
 
-OPTIMAL_MEANS = {
-    "makespan": "its makespan (the number of steps until the last agent is at its goal)",
-    "soc": "its sum of costs (the steps of all agents, summed)",
+# How a reply is read, by the family's answer format (`LoopFamily.answer_key`): MAPF-FrozenLake's per-size object,
+# or a level-share object. Both readers share the bounded JSON scan above (`_candidates`).
+READERS = {
+    "sizes": extract_proposal,
+    "levels": _read_levels,
 }
-
-
-def system_prompt(prompts_dir: Path | str | None = None, optimality: str = "makespan") -> str:
-    """The engineer's system prompt: the task, the knobs, the answer contract and schema, and what "optimal"
-    means in this run (`train.optimality`: makespan, the paper's criterion, or sum of costs)."""
-    if optimality not in OPTIMAL_MEANS:
-        raise ValueError(f"optimality {optimality!r}: allowed: {', '.join(OPTIMAL_MEANS)}")
-    schema = json.dumps(EnvConfig.engineer_schema(), indent=1)
-    return fill(load_template("engineer_system.md", prompts_dir), schema=schema,
-                optimal_means=OPTIMAL_MEANS[optimality]).strip()
 
 
 def user_message(context: str, feedback: list[str]) -> str:
@@ -327,18 +321,13 @@ def propose_config(
     engineer = settings.engineer
     append = attempt > 1
     header = f"attempt {attempt} (stage {stage}, engineer {engineer})"
+    family = family_of(settings)
 
     if engineer in CLASSIC:
         rng = random.Random(f"{settings.seed}:{stage}:{attempt}")
         memory = dict(state.get("engineer_memory") or {})
         by_size = (state.get("metrics") or {}).get("by_size") or {}
-        if settings.is_mapf:
-            raw, rationale, memory = CLASSIC[engineer](state.get("config") or {}, by_size, memory, rng)
-        else:  # the same curricula over a task family's level shares (nodes/task_loop.py)
-            from nodes.task_loop import classic, task_of
-
-            raw, rationale, memory = classic(engineer, task_of(settings), state.get("config") or {}, by_size,
-                                             memory, rng)
+        raw, rationale, memory = family.classic(engineer, state.get("config") or {}, by_size, memory, rng)
         inputs = {
             "config": state.get("config"),
             "metrics_by_size": by_size,
@@ -365,13 +354,7 @@ def propose_config(
             "log": [f"stage {stage}: {engineer} engineer proposed (attempt {attempt})"],
         }
 
-    if settings.is_mapf:
-        system, schema = system_prompt(settings.prompts_dir, settings.train.optimality), answer_schema()
-    else:  # the family's own levers, generated from its description (nodes/task_loop.py)
-        from nodes import task_loop
-
-        family = task_loop.task_of(settings)
-        system, schema = task_loop.system_prompt(family), task_loop.answer_schema(family)
+    system, schema = family.system_prompt(settings), family.answer_schema()
     messages = [
         {"role": "system", "content": system},
         {"role": "user", "content": user_message(state.get("context") or "", feedback)},
@@ -400,11 +383,8 @@ def propose_config(
 
     if meta.get("error") is not None:
         ex = Extracted(None, error=f"the engineer call failed: {meta['error']}")
-    elif settings.is_mapf:
-        ex = extract_proposal(text, meta.get("finish_reason"), parsed)
     else:
-        found, why, err = extract_levels(text, parsed)
-        ex = Extracted(found, rationale=why, error=err)
+        ex = READERS[family.answer_key](text, meta.get("finish_reason"), parsed)
     if cut > 0:
         what = f"the reply was cut to its first {MAX_REPLY_CHARS} characters ({cut} more not read)"
         ex.notes.insert(0, what)

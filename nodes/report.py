@@ -20,6 +20,7 @@ from typing import Any
 
 from env import SIZES
 from nodes.evaluate import final_table_md
+from nodes.family import family_of
 from nodes.inert import for_markdown, md_inline
 from nodes.report_plots import num as _num
 from nodes.report_plots import plot  # noqa: F401 - the report's plots, also for tests
@@ -82,14 +83,13 @@ def collect(run_dir: Path) -> dict[str, Any]:
 
 
 def task_levels(settings: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """A non-MAPF run's levels [{index, label}] (the tables' and plots' axis), None for MAPF's grid sizes."""
+    """The levels [{index, label}] of the run's family (the tables' and plots' axis; `LoopFamily.report_levels`),
+    None for MAPF's grid sizes (and for a settings.json that names no task, or one that does not load here)."""
     name = settings.get("task") if isinstance(settings, dict) else None
-    if not isinstance(name, str) or name == "mapf":
+    if not isinstance(name, str):
         return None
     try:
-        from trainer.task import load_task
-
-        return [{"index": lv.index, "label": lv.label} for lv in load_task(name).levels]
+        return family_of(name).report_levels()
     except (ValueError, ImportError, AttributeError):
         return None
 

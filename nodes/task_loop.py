@@ -1,6 +1,5 @@
-"""The nodes' work for a task family other than MAPF-FrozenLake, through the task seam alone (`trainer.task`).
-
-A family gives the loop (beside the trainer's methods: items, prompt, gold, verify):
+"""Any task family other than MAPF-FrozenLake in the loop: `LevelShareFamily`, its `nodes/family.py` `LoopFamily`,
+built from the task's own members (beside the trainer's methods: items, prompt, gold, verify):
 
 | member | what it gives | used by |
 |---|---|---|
@@ -13,24 +12,38 @@ A family gives the loop (beside the trainer's methods: items, prompt, gold, veri
 
 A config is `{"levels": {"<level>": share, ...}, "num_instances": n}`. The evidence shown to the engineer comes
 from the family: rates and failure labels per level, its history of configs and rates, and verbatim failing
-answers, fenced as untrusted, exactly as MAPF's. The classic curricula (fixed, random, learnability, threshold)
-work on the level shares. `env/rg.py` (reasoning-gym) and `tests/support/toy_task.py` implement it.
+answers, fenced as untrusted, exactly as MAPF's (`nodes/evidence.py`). The classic curricula (fixed, random,
+learnability, threshold) work on the level shares. The engineer answers `{"levels": ...}`, read by
+`nodes/propose_config.py` `extract_levels` and checked by `nodes/validate_config.py` `validate_task` (through
+`check` here). `env/rg.py` (reasoning-gym) and `tests/support/toy_task.py` implement it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from trainer.task import load_task
+from nodes.evidence import (
+    FENCE_CLOSE,
+    FENCE_OPEN,
+    evidence_nonce,
+    fence_evidence,
+    fill,
+    load_template,
+    pick_failures,
+    rationale_module,
+)
+from nodes.metrics import compute_metrics
+from trainer.files import write_text_atomic
+
+if TYPE_CHECKING:
+    from graph.settings import Settings
 
 LEARNABILITY_UNIFORM_MIX = 0.2
 THRESHOLD_BAR = 0.7
 THRESHOLD_SHIFT = 0.5
-
-
-def task_of(settings) -> Any:
-    return load_task(settings.task)
 
 
 def _pct(x: Any) -> str:
@@ -49,34 +62,6 @@ def verdict_row(task, item: Any, text: str, completion_tokens: int | None = None
             "completion_tokens": completion_tokens, "finish_reason": finish_reason, "valid": bool(v.valid),
             "optimal": bool(v.optimal), "failure": v.label, "score": float(v.score),
             "gold": task.gold(item)}
-
-
-def eval_task(settings) -> Any:
-    """The run's task family when it is not MAPF, else None (MAPF's own splits, prompts and verdicts)."""
-    return None if settings.is_mapf else task_of(settings)
-
-
-def split_items(settings, split: str) -> list[Any]:
-    from env import load_split
-
-    task = eval_task(settings)
-    return load_split(split) if task is None else task.split(split)
-
-
-def item_key(task: Any, inst: Any) -> str:
-    return inst.id if task is None else task.item_id(inst)
-
-
-def task_prompt(task: Any, inst: Any, prompt_style: str) -> list[dict]:
-    from env.library import prompt_messages
-
-    return prompt_messages(inst, prompt_style) if task is None else task.prompt(inst, prompt_style)
-
-
-def task_metrics(task: Any, rows, prefix: str = "eval") -> dict[str, Any]:
-    from nodes.metrics import compute_metrics
-
-    return compute_metrics(rows, prefix) if task is None else compute_metrics(rows, prefix, task.failure_labels)
 
 
 def level_table_md(task: Any, final: dict[str, Any]) -> str:
@@ -120,6 +105,30 @@ def history_table(task, entries: list[dict]) -> str:
                          f"{_pct((by.get(str(lv.index)) or {}).get('valid_rate'))} |")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) if blocks else "(no earlier stage to show yet)"
+
+
+def task_context(task, state: dict, settings: Settings, eval_rows: Sequence[dict]) -> str:
+    """The family's context for the engineer after stage k's evaluation: F (rates and failures per level), H
+    (history), S (its last rationale and what became of it), X (verbatim failing answers, fenced as untrusted)."""
+    stage = int(state.get("stage") or 0)
+    m = state.get("metrics") or {}
+    parts = [f"# Evidence after training stage {stage} ({task.name})",
+             f"## F. Results on the validation set (stage {stage})\nOverall: valid rate "
+             f"{_pct(m.get('eval/valid_rate'))} over {m.get('eval/n', 0)} questions. Per {task.level_word}, the "
+             "valid rate and counts of each failure (no_answer: empty; wrong: no credit; partial: the scorer's "
+             "partial credit):\n\n" + levels_table(task, m.get("by_size") or {})]
+    entries = [e for e in (state.get("history") or []) if e.get("stage") != stage]
+    entries.append({"stage": stage, "config": state.get("config") or {}, "metrics": m})
+    parts.append("## H. History\nEach block: the share of a stage's questions from each level, and the valid "
+                 "rate after it.\n\n" + history_table(task, entries))
+    parts.append(rationale_module(state, settings, load_template("module_S.md", settings.prompts_dir)))
+    picked = pick_failures(eval_rows, settings.evidence_examples)
+    if picked:
+        nonce = evidence_nonce(settings.seed, stage, [r.get("text") or "" for r in picked])
+        blocks = fence_evidence(picked, max_chars=settings.evidence_chars, nonce=nonce)
+        parts.append(fill(load_template("module_X.md", settings.prompts_dir), open=f"{FENCE_OPEN} {nonce}>>>",
+                          close=f"{FENCE_CLOSE} {nonce}>>>", blocks=blocks))
+    return "\n\n".join(p.strip() for p in parts) + "\n"
 
 
 # ----------------------------------------------------------------------------- the engineer's prompt
@@ -216,3 +225,63 @@ def _pydantic_line(e: Exception) -> str:
     return str(e).splitlines()[0]
 
 
+# ----------------------------------------------------------------------------- the family
+
+
+class LevelShareFamily:
+    """A task family with level shares as the engineer's levers, through the loop's protocol (`nodes/family.py`
+    `LoopFamily`). `task` is the loaded task, `task_name` the run's `task` setting it was loaded from."""
+
+    answer_key = "levels"
+    item_word = "items"
+
+    def __init__(self, task: Any, task_name: str):
+        self.task = task
+        self.task_name = task_name
+        self.name = task.name
+
+    def context(self, state: dict, settings: Settings, eval_rows: Sequence[dict], env_stats: dict | None) -> str:
+        return task_context(self.task, state, settings, eval_rows)
+
+    def system_prompt(self, settings: Settings) -> str:
+        return system_prompt(self.task)
+
+    def answer_schema(self) -> dict:
+        return answer_schema(self.task)
+
+    def classic(self, name: str, config: dict, by_level: dict, memory: dict, rng) -> tuple[dict, str, dict]:
+        return classic(name, self.task, config, by_level, memory, rng)
+
+    def first_config(self, given: dict | None, seed: int, n: int) -> Any:
+        return self.task.parse_config(given, n) if given else self.task.random_config(seed, n)
+
+    def next_config(self, accepted: dict, n: int) -> Any:
+        return self.task.parse_config(accepted, n)
+
+    def trained_config(self, cfg: Any, n: int, max_train_size: int | None) -> tuple[Any, None]:
+        return cfg.model_copy(update={"num_instances": n}), None
+
+    def stage_items(self, cfg: Any, n: int, seed: int, path: Path) -> tuple[int, dict[str, Any]]:
+        items, figures = self.task.generate(cfg, n, seed)
+        write_text_atomic(path, "".join(self.task.item_to_json(i) + "\n" for i in items))
+        return len(items), figures
+
+    def split(self, name: str) -> list:
+        return self.task.split(name)
+
+    def verdict_row(self, item: Any, text: str, completion_tokens: int | None, finish_reason: str | None,
+                    criterion: str) -> dict[str, Any]:
+        return verdict_row(self.task, item, text, completion_tokens, finish_reason)
+
+    def metrics(self, rows, prefix: str = "eval") -> dict[str, Any]:
+        return compute_metrics(rows, prefix, self.task.failure_labels)
+
+    def final(self, rows) -> tuple[dict[str, Any], str]:
+        final = self.metrics(rows, prefix="final")
+        return final, level_table_md(self.task, final)
+
+    def eval_key_fields(self) -> dict[str, Any]:
+        return {"task": self.task_name}
+
+    def report_levels(self) -> list[dict[str, Any]]:
+        return [{"index": lv.index, "label": lv.label} for lv in self.task.levels]

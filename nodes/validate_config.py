@@ -1,6 +1,9 @@
 """Check the engineer's proposal and decide what the next stage trains on.
 
-Order of checks, each recorded:
+The checks are those of the run's family's answer format (`nodes/family.py` `LoopFamily.answer_key`,
+`VALIDATORS`): a level-share family's proposal (`validate_task`) is accepted as proposed, sent back while attempts
+remain, then projected onto the nearest valid config or the current one kept. MAPF-FrozenLake's (`validate_sizes`)
+goes through these checks, in order, each recorded:
 1. Extraction: no proposal (the reply had no usable JSON) is unusable; the reason comes from
    `propose_config` through `state["feedback"]`.
 2. Strict validation: `EnvConfig.model_validate` of the proposal's `sizes` with the run-level fields
@@ -34,12 +37,14 @@ from pydantic import ValidationError
 
 from env import EnvConfig, generate, project
 from env.config import format_validation_error
+from nodes.family import family_of
+from nodes.task_loop import check
 from trainer.files import stage_dir, write_json_atomic
 
 if TYPE_CHECKING:
     from langgraph.runtime import Runtime
 
-    from graph.settings import RunContext
+    from graph.settings import RunContext, Settings
     from graph.state import LoopState
 
 KNOBS = ("data_ratio", "hole_ratio", "wait_ratio")
@@ -172,15 +177,20 @@ def check_proposal(
 
 
 def validate_config(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
-    """Node: strict check, projection, feasibility (see the module docstring).
+    """Node: check the engineer's proposal as its family's answer format asks (`VALIDATORS`, by the run's
+    `LoopFamily.answer_key`): MAPF-FrozenLake's strict check, projection and feasibility (`validate_sizes`), or a
+    family's level shares (`validate_task`).
 
     Reads state: stage, config (current), proposal, feedback (extraction errors when proposal is None),
-    attempts, rationale. Returns: accepted (EnvConfig dump, or None on "retry"), decision, feedback (errors
+    attempts, rationale. Returns: accepted (the config dump, or None on "retry"), decision, feedback (errors
     for the engineer; [] when accepted), attempts, log.
     """
     settings, run_dir = runtime.context.settings, runtime.context.run_dir
-    if not settings.is_mapf:  # any other task family, through the task seam (nodes/task_loop.py)
-        return validate_task(state, settings, run_dir)
+    return VALIDATORS[family_of(settings).answer_key](state, settings, run_dir)
+
+
+def validate_sizes(state: dict, settings: Settings, run_dir: Path) -> dict[str, Any]:
+    """MAPF-FrozenLake's validation: strict check, projection, feasibility (see the module docstring)."""
     stage = int(state.get("stage") or 0)
     attempts = int(state.get("attempts") or 1)
     max_attempts = settings.engineer_max_attempts
@@ -306,13 +316,11 @@ def record_person(run_dir: Path, stage: int, attempts: int, record: dict[str, An
                    {"attempt": attempts + 1, "by": "person", **record})
 
 
-def validate_task(state: dict, settings, run_dir) -> dict[str, Any]:
-    """The validate_config node for a non-MAPF task: accepted as proposed, else a retry with the error while
-    attempts remain, else the nearest valid config (projected), else the current config kept. Each attempt is a
-    record in stage_<k>/validation.json, as MAPF's."""
-    from nodes.task_loop import check, task_of
-
-    task = task_of(settings)
+def validate_task(state: dict, settings: Settings, run_dir: Path) -> dict[str, Any]:
+    """A level-share family's validation (`nodes/task_loop.py`): accepted as proposed, else a retry with the error
+    while attempts remain, else the nearest valid config (projected), else the current config kept. Each attempt is
+    a record in stage_<k>/validation.json, as MAPF's."""
+    task = family_of(settings).task
     stage = int(state.get("stage") or 0)
     n = settings.train.instances_per_stage
     attempts = int(state.get("attempts") or 1)
@@ -343,3 +351,8 @@ def validate_task(state: dict, settings, run_dir) -> dict[str, Any]:
             "feedback": errors if decision != "accepted" else [], "attempts": attempts,
             "log": [f"stage {stage}: validation attempt {attempts}: {decision}"
                     + (f"; {errors[0][:160]}" if errors else "")]}
+
+
+# How a proposal is checked, by the family's answer format (`LoopFamily.answer_key`); both write the same
+# validation.json records (`_append_record`).
+VALIDATORS = {"sizes": validate_sizes, "levels": validate_task}
