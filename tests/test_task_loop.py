@@ -42,6 +42,26 @@ def test_the_engineer_prompt_describes_the_task_levels_and_no_mapf():
     assert set(schema["properties"]["levels"]["properties"]) == {"1", "2", "3"}
 
 
+def test_the_nodes_reach_a_run_s_task_through_one_family_with_every_member():
+    from graph.dryrun import DRY_RUNS
+    from nodes.family import LoopFamily, family_of
+    from nodes.mapf_family import MapfFamily
+    from nodes.propose_config import READERS
+    from nodes.validate_config import VALIDATORS
+
+    mapf, toy = family_of(build_settings({"preset": "smoke", "engineer": "fixed"}, env={})), family_of(toy_settings())
+    assert isinstance(mapf, MapfFamily) and isinstance(toy, task_loop.LevelShareFamily)
+    assert (mapf.task.name, toy.task.name) == ("mapf", "toy-add") and family_of(TOY) is toy
+    members = set(LoopFamily.__annotations__) | {m for m in vars(LoopFamily) if not m.startswith("_")}
+    for family in (mapf, toy):
+        assert not [m for m in members if not hasattr(family, m)]
+        assert family.answer_key in READERS and family.answer_key in VALIDATORS and family.answer_key in DRY_RUNS
+    assert toy.split("val") == ToyTask().split("val") and toy.eval_key_fields() == {"task": TOY}
+    assert [lv["index"] for lv in toy.report_levels()] == [1, 2, 3] and mapf.report_levels() is None
+    with pytest.raises(ValueError, match="cannot import"):
+        family_of("no_such_module:Task")
+
+
 def test_extraction_and_validation_of_level_shares():
     task = ToyTask()
     got, why, err = extract_levels('Shift up.\n{"levels": {"2": 0.5, "3": 0.5}, "rationale": "harder"}')
