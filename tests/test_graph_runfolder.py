@@ -2,7 +2,8 @@
 slow nodes stubbed (train_stage writes a small real checkpoint folder, evaluate writes eval.jsonl and
 metrics.json); apply, propose_config (the fixed engineer), validate_config and summarize_failures are real.
 
-- identity: a copied, a symlinked and a `.` run folder resume where they stopped, reading their own files;
+- identity: a copied, a symlinked and a `.` run folder resume where they stopped, reading their own files and
+  deleting only their own older weights (keep_checkpoints=last), also after such a deletion;
 - lost state: a missing, empty or garbage graph.sqlite with finished stages is refused in one line, never
   retrained; garbage with nothing finished says how to start over;
 - one process per folder: a second process is refused with the PID of the first; the lock goes with it;
@@ -79,8 +80,52 @@ def test_copied_symlinked_and_dot_run_folders_resume_where_they_stopped(tmp_path
     assert stubs.trained() == [1]  # stage 0 not retrained
     train = [c for c in stubs.calls if c[0] == "train_stage"][0]
     assert Path(train[3]).resolve() == (moved / "stage_1" / "train.jsonl").resolve()  # its own file, not the original's
-    assert files(moved / "stage_0") == before
+    # stage 0 is not rewritten; the smoke preset keeps only the last checkpoint, so once stage 1's is saved the
+    # resumed folder deletes its own stage-0 weights (pruned.json names them), never the original's
+    after = files(moved / "stage_0")
+    pruned = json.loads(after.pop("pruned.json"))["deleted"]
+    assert pruned == ["model.safetensors"]
+    assert after == {f: b for f, b in before.items() if f not in {f"checkpoint/{w}" for w in pruned}}
+    assert files(run_dir / "stage_0") == before
     assert (moved / "report.md").is_file() and not (run_dir / "report.md").exists()  # the original is untouched
+
+
+@pytest.mark.parametrize("how", ["copy", "symlink", "dot"])
+def test_a_copied_folder_whose_older_weights_were_pruned_resumes_from_its_own_last_checkpoint(
+        tmp_path, stubs, monkeypatch, capsys, how):
+    """keep_checkpoints=last (the smoke preset's): stage 0's weights were deleted when stage 1 was evaluated, then
+    stage 2's training crashed. The copy resumes at stage 2 from its own stage-1 checkpoint (the resume check
+    finds it intact), and prunes its own stage 1 once stage 2's is saved; the original keeps its files."""
+    run_dir = tmp_path / "run"
+    stubs.crash_train_at = 2
+    assert gr.main(["--run-dir", str(run_dir), "--stages", "3", *SET]) == 1
+    stubs.crash_train_at = None
+    assert stubs.trained() == [0, 1, 2]
+    stubs.calls.clear()
+    assert (run_dir / "stage_0" / "pruned.json").is_file()
+    assert not (run_dir / "stage_0" / "checkpoint" / "model.safetensors").exists()
+    original = {k: files(run_dir / f"stage_{k}") for k in range(3)}
+    moved = tmp_path / "elsewhere" / "renamed"
+    moved.parent.mkdir()
+    shutil.copytree(run_dir, moved, symlinks=True)
+    if how == "symlink":
+        target, moved = moved, tmp_path / "link"
+        moved.symlink_to(target)
+    arg = str(moved)
+    if how == "dot":
+        monkeypatch.chdir(moved)
+        arg = "."
+    capsys.readouterr()
+    assert gr.main(["--resume", arg]) == 0, capsys.readouterr().err
+    assert "continuing at stage 2, node train_stage" in capsys.readouterr().err
+    assert stubs.trained() == [2]
+    evaluated = [c for c in stubs.calls if c[0] == "evaluate"]
+    assert [Path(c[3]).resolve() for c in evaluated] == [(moved / "stage_2" / "checkpoint").resolve()]
+    assert files(moved / "stage_0") == original[0]  # pruned before the copy: nothing more to delete
+    assert json.loads((moved / "stage_1" / "pruned.json").read_text())["deleted"] == ["model.safetensors"]
+    assert (moved / "stage_2" / "checkpoint" / "model.safetensors").is_file()
+    assert {k: files(run_dir / f"stage_{k}") for k in range(3)} == original
+    assert (run_dir / "stage_1" / "checkpoint" / "model.safetensors").is_file()
 
 
 def test_state_paths_are_stored_relative_and_old_absolute_paths_move_with_the_folder(tmp_path):
