@@ -291,6 +291,13 @@ def stage0_finished(run_dir: Path) -> bool:
     return (stage_dir(d, 0) / "summary.md").is_file() or stage_dir(d, 1).is_dir() or (d / "final").is_dir()
 
 
+def stage0_weights_kept(run_dir: Path) -> bool:
+    """Whether a run folder still holds stage 0's weights: a run on keep_checkpoints=last (the smoke preset's;
+    a fork of the grid) deleted them once stage 1's were saved (stage_0/pruned.json), and graph.run
+    --stage0-from refuses such a donor."""
+    return not (stage_dir(Path(run_dir), 0) / "pruned.json").is_file()
+
+
 def donor_candidates(pair: Pair, pairs: Sequence[Pair], runs_dirs: Iterable[Path]) -> list[Path]:
     """Folders that may give `pair` its stage 0, best first: the grid's pairs of the same seed in run order
     (the first one is the seed's donor), then any other `*-s<seed>` run folder in the runs folders."""
@@ -311,8 +318,9 @@ def stage0_donor(folder: Path) -> str | None:
 
 def find_donor(pair: Pair, candidates: Iterable[Path], preset: str, overrides: Mapping[str, Any],
                env: Mapping[str, str]) -> Path | None:
-    """The first candidate that has finished stage 0 with this pair's stage-0 settings, or None. Runs that
-    trained their own stage 0 come before runs that forked it (the same stage 0, one copy fewer)."""
+    """The first candidate that has finished stage 0 with this pair's stage-0 settings and still holds its
+    weights, or None. Runs that trained their own stage 0 come before runs that forked it (the same stage 0,
+    one copy fewer)."""
     from graph.settings import build_settings
 
     try:
@@ -320,7 +328,7 @@ def find_donor(pair: Pair, candidates: Iterable[Path], preset: str, overrides: M
             return None  # nothing to share: stage 0 is the whole run's training
     except Exception:  # noqa: BLE001 - bad settings are reported by check_settings
         return None
-    ok = [c for c in candidates if stage0_finished(c) and not settings_drift(
+    ok = [c for c in candidates if stage0_finished(c) and stage0_weights_kept(c) and not settings_drift(
         pair, preset, overrides, env, saved_path=c / "settings.json", keys=stage0_setting)]
     own = [c for c in ok if not (c / "stage0_from.json").is_file()]
     return (own or ok or [None])[0]

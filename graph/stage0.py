@@ -6,8 +6,9 @@ cpu-preset run) and a paired design (every engineer starts from the same checkpo
 evidence).
 
 - `check_donor` (before the new run folder exists) refuses, with one line (`SettingsError`), a donor that
-  is not a run folder, whose graph.sqlite holds no checkpoint where stage 0's `evaluate` has finished, or
-  whose settings.json differs from this run's settings in any field outside `MAY_DIFFER`.
+  is not a run folder, whose graph.sqlite holds no checkpoint where stage 0's `evaluate` has finished,
+  whose settings.json differs from this run's settings in any field outside `MAY_DIFFER`, or whose stage-0
+  weights are gone (a donor that ran with `keep_checkpoints=last` deleted them once stage 1's were saved).
 - `seed_from_donor` hard-links (else copies) the donor's stage-0 artefacts (`STAGE0_FILES`) into the new
   run, writes the donor's state at that checkpoint, with its paths moved to the new run, as the new
   thread's first checkpoint (as if this run's own `evaluate` had just finished), and records the donor in
@@ -30,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from graph.prune import WEIGHT_PATTERNS
 from graph.runfolder import RunFolderError, relative_to_run, state_paths, thread_id
 from graph.settings import RunContext, Settings, SettingsError
 from trainer.files import stage_dir, write_json_atomic
@@ -148,6 +150,11 @@ def check_donor(donor_dir: Path, settings: Settings) -> Donor:
     missing = [n for n in REQUIRED if not (stage_dir(donor_dir, 0) / n).exists()]
     if missing:
         raise SettingsError(f"{flag}: its stage_0 lacks {', '.join(missing)}")
+    if not _has_weights(stage_dir(donor_dir, 0) / "checkpoint"):
+        why = ("were deleted once a later stage's checkpoint was saved (its stage_0/pruned.json: the donor ran "
+               "with keep_checkpoints=last)" if (stage_dir(donor_dir, 0) / "pruned.json").is_file() else "are missing")
+        raise SettingsError(f"{flag}: its stage-0 weights {why}; a fork trains stage 1 from them. Choose a donor "
+                            "that kept them (a run started with --set keep_checkpoints=all), or run stage 0 in full")
 
     def at(stage_next: str) -> str | None:
         hits = [s.created_at for s in history if s.values.get("stage") == 0 and tuple(s.next) == (stage_next,)]
@@ -165,6 +172,11 @@ def check_donor(donor_dir: Path, settings: Settings) -> Donor:
     }
     return Donor(donor_dir, donor_settings, snap.config["configurable"]["checkpoint_id"], snap.created_at,
                  dict(snap.values), timings)
+
+
+def _has_weights(ckpt: Path) -> bool:
+    """Whether a checkpoint folder still holds weight files (keep_checkpoints=last deletes an older stage's)."""
+    return ckpt.is_dir() and any(f.is_file() for pat in WEIGHT_PATTERNS for f in ckpt.rglob(pat))
 
 
 def link_tree(src: Path, dst: Path, counts: dict[str, int]) -> None:

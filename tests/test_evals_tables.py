@@ -547,6 +547,14 @@ def test_stage0_settings_that_must_match_a_donor(tmp_path):
     assert pairs.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {}, {}) == tmp_path / "fixed-s0"
     assert pairs.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {"final_limit": 3}, {}) is None
     assert pairs.find_donor(pair, [tmp_path / "fixed-s0"], "smoke", {"stages": 1}, {}) is None  # nothing to share
+    # a run on keep_checkpoints=last (a fork of the grid, or a run without sharing) deleted stage 0's weights
+    # once stage 1's were saved: graph.run --stage0-from would refuse it, so the next candidate is the donor
+    make_finished_run(tmp_path / "self-s0", 0, 0.0, "self")
+    (tmp_path / "self-s0" / "stage_0" / "pruned.json").write_text('{"deleted": ["model.safetensors"]}\n')
+    assert not pairs.stage0_weights_kept(tmp_path / "self-s0") and pairs.stage0_weights_kept(tmp_path / "fixed-s0")
+    both = [tmp_path / "self-s0", tmp_path / "fixed-s0"]
+    assert pairs.find_donor(pair, both, "smoke", {}, {}) == tmp_path / "fixed-s0"
+    assert pairs.find_donor(pair, both[:1], "smoke", {}, {}) is None
 
 
 def test_failure_shares_and_identical_answers_from_raw_verdicts(tmp_path):

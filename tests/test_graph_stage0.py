@@ -143,6 +143,9 @@ def test_compare_settings_names_the_field():
         ("missing", [], "no settings.json there"),
         ("not_run", [], "no graph.sqlite there"),
         ("before_evaluate", [], "has not finished stage 0's evaluate"),
+        ("pruned", [], "its stage-0 weights were deleted once a later stage's checkpoint was saved (its "
+                       "stage_0/pruned.json: the donor ran with keep_checkpoints=last)"),
+        ("no_weights", [], "its stage-0 weights are missing"),
         ("ok", ["--seed", "1"], "setting seed differs: this run 1, donor 0"),
         ("ok", ["--set", "train.max_steps=9"], "setting train.max_steps differs: this run 9, donor 2"),
         ("ok", ["--stages", "1"], "sharing stage 0 needs stages >= 2"),
@@ -158,6 +161,12 @@ def test_stage0_from_errors_one_line_no_run_folder(tmp_path, donor_kind, args, n
         build_settings({}, {"PRESET": "smoke"}).save(donor / "settings.json")
     else:
         donor, _ = make_donor(tmp_path, upto="train_stage" if donor_kind == "before_evaluate" else "evaluate")
+        if donor_kind == "pruned":  # keep_checkpoints=last: stage 1's checkpoint saved, stage 0's weights deleted
+            from graph.prune import prune_older
+
+            assert prune_older(donor, 1, donor / "stage_1" / "checkpoint") == [0]
+        elif donor_kind == "no_weights":
+            (donor / "stage_0" / "checkpoint" / "model.safetensors").unlink()
     run_dir = tmp_path / "fork"
     r = run_cli(["--stage0-from", str(donor), "--run-dir", str(run_dir), "--engineer", "random", *args],
                 {"PRESET": "smoke"}, cwd=tmp_path)

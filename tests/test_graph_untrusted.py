@@ -101,8 +101,9 @@ def test_a_fork_that_evaluates_stage_0_again_never_writes_into_its_donor(tmp_pat
     from nodes.evaluate import evaluate
     from tests.support.node_helpers import runtime, scripted_policy
 
-    donor = tmp_path / "donor"
-    assert gr.main(["--run-dir", str(donor), "--stages", "2", *SET]) == 0
+    donor = tmp_path / "donor"  # a donor keeps its stage-0 weights (the smoke preset alone keeps only the last)
+    assert gr.main(["--run-dir", str(donor), "--stages", "2", *SET, "--set", "keep_checkpoints=all"]) == 0
+    assert (donor / "stage_0" / "checkpoint" / "model.safetensors").is_file()
     before = files(donor / "stage_0")
     inodes = {p: os.stat(donor / "stage_0" / p).st_ino for p in before}
     dsettings = Settings.load(donor / "settings.json")
