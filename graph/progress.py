@@ -159,8 +159,10 @@ def describe_start(node: str, state: dict[str, Any], settings: Settings) -> str 
     return None
 
 
-def describe_update(node: str, update: dict[str, Any], state: dict[str, Any]) -> str | None:
-    """The line printed when `node` returned `update`; `state` is the loop's state with `update` merged in."""
+def describe_update(node: str, update: dict[str, Any], state: dict[str, Any],
+                    settings: Settings | None = None) -> str | None:
+    """The line printed when `node` returned `update`; `state` is the loop's state with `update` merged in;
+    `settings` name the run's task (MAPF-FrozenLake when None)."""
     if not isinstance(update, dict):
         return None
     stage = update.get("stage", state.get("stage", 0))
@@ -175,10 +177,12 @@ def describe_update(node: str, update: dict[str, Any], state: dict[str, Any]) ->
     if node == "validate_config":
         decision = update.get("decision", "?")
         if decision in ("accepted", "projected"):
-            from nodes.validate_config import config_diff
+            from nodes.validate_config import config_diff, proposal_diff
 
-            # the diff validation.json records: the accepted config against the current one
-            diff = config_diff(state.get("config"), update.get("accepted"))
+            # the diff validation.json records: the accepted config against the current one, per-size knobs
+            # for MAPF-FrozenLake, level shares for another task
+            diff = (proposal_diff(state.get("config"), update.get("accepted"), settings) if settings is not None
+                    else config_diff(state.get("config"), update.get("accepted")))
             return f"[stage {stage}] engineer proposal: {decision} ({diff_summary(diff)})"
         extra = "; ".join(update.get("feedback") or [])[:200]
         return f"[stage {stage}] engineer proposal: {decision}" + (f" ({extra})" if extra and decision == "retry" else "")
@@ -245,7 +249,7 @@ class Progress:
                 continue
             if isinstance(update, dict):
                 self.state.update(update)
-            line = describe_update(node, update or {}, self.state)
+            line = describe_update(node, update or {}, self.state, self.settings)
             now = time.monotonic()
             if line:
                 took = now - self.started.get(node, now)

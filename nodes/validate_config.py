@@ -18,7 +18,7 @@ goes through these checks, in order, each recorded:
 An unusable proposal goes back to the engineer with the errors ("retry") while `attempts <
 settings.engineer_max_attempts`; after that the current config is kept ("kept_previous") and passed on as
 `accepted`. Every decision (with reason, errors, notes, feasibility and the diff against the current
-config) is appended to `stage_<k>/validation.json`. Any proposal ends in a decision, never a crash: an
+config: per-size knobs, or per-level shares, `DIFFS`) is appended to `stage_<k>/validation.json`. Any proposal ends in a decision, never a crash: an
 error of any kind while checking it (a number too large, nesting too deep) is recorded as its reason. The
 proposal itself is stored as JSON cut at `MAX_STORED_DEPTH` levels of nesting, or, when it is still too
 large, as a JSON string of its first `MAX_STORED_CHARS` characters.
@@ -67,6 +67,29 @@ def config_diff(old: dict | None, new: dict) -> dict[str, dict[str, dict[str, fl
             if a is None or b is None or abs(float(a) - float(b)) > 1e-9:
                 out.setdefault(str(s), {})[k] = {"from": a, "to": b}
     return out
+
+
+def levels_diff(old: dict | None, new: dict | None) -> dict[str, dict[str, dict[str, float]]]:
+    """A level-share config's diff: `{"<level>": {"share": {"from": a, "to": b}}, ...}`, every level whose share
+    moved by more than 1e-9 (a level a config leaves out has share 0)."""
+
+    def shares(cfg: dict | None) -> dict[int, float]:
+        levels = (cfg or {}).get("levels")
+        return {int(k): float(v) for k, v in levels.items()} if isinstance(levels, dict) else {}
+
+    a, b = shares(old), shares(new)
+    return {str(k): {"share": {"from": a.get(k, 0.0), "to": b.get(k, 0.0)}}
+            for k in sorted(set(a) | set(b)) if abs(a.get(k, 0.0) - b.get(k, 0.0)) > 1e-9}
+
+
+# validation.json's `diff` of a proposal against the current config, by the family's answer format
+# (`LoopFamily.answer_key`): MAPF-FrozenLake's per-size knobs, or another task's level shares.
+DIFFS = {"sizes": config_diff, "levels": levels_diff}
+
+
+def proposal_diff(old: dict | None, new: dict | None, settings: Settings) -> dict[str, dict[str, dict[str, Any]]]:
+    """The `diff` validation.json records for the run's family (`DIFFS`); the progress line words it."""
+    return DIFFS[family_of(settings).answer_key](old, new)
 
 
 def _stage_seed(seed: Any, stage: int, attempt: int) -> int:
@@ -345,11 +368,12 @@ def validate_task(state: dict, settings: Settings, run_dir: Path) -> dict[str, A
             accepted = current
     record = {"attempt": attempts, "decision": decision, "reason": reason, "errors": errors, "notes": [],
               "proposal": stored_proposal(proposal), "rationale": state.get("rationale", ""),
-              "diff": {}, "feasibility": None, "accepted": accepted if decision != "retry" else None}
+              "diff": levels_diff(current, accepted) if decision != "retry" else {}, "feasibility": None,
+              "accepted": accepted if decision != "retry" else None}
     _append_record(stage_dir(run_dir, stage) / "validation.json", stage, record)
     return {"accepted": accepted if decision != "retry" else None, "decision": decision,
             "feedback": errors if decision != "accepted" else [], "attempts": attempts,
-            "log": [f"stage {stage}: validation attempt {attempts}: {decision}"
+            "log": [f"stage {stage}: validation attempt {attempts}: {decision} ({len(record['diff'])} level(s) changed)"
                     + (f"; {errors[0][:160]}" if errors else "")]}
 
 

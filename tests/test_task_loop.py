@@ -74,6 +74,32 @@ def test_extraction_and_validation_of_level_shares():
     assert task_loop.check(task, {"levels": {"1": 0.5, "2": 0.5}}, 8)[0]["levels"] == {"1": 0.5, "2": 0.5}
 
 
+def test_validation_records_the_level_shares_that_moved_and_the_progress_line_names_them(tmp_path):
+    """validation.json's `diff` for a level-share task is old -> new per level that moved (a level a config leaves
+    out at share 0), as MAPF's is per size; the terminal's "engineer proposal" line words it."""
+    from graph.progress import describe_update
+    from nodes.validate_config import validate_config
+
+    settings = toy_settings(engineer="fixed")
+    rt = runtime(settings, tmp_path / "run")
+    state = {"stage": 0, "config": {"levels": {"1": 0.5, "2": 0.5}, "num_instances": 8}, "attempts": 1,
+             "proposal": {"levels": {"2": 0.25, "3": 0.75}}, "rationale": "harder"}
+    update = validate_config(state, rt)
+    record = json.loads((tmp_path / "run" / "stage_0" / "validation.json").read_text())["decisions"][-1]
+    assert update["decision"] == record["decision"] == "accepted"
+    assert record["diff"] == {"1": {"share": {"from": 0.5, "to": 0.0}}, "2": {"share": {"from": 0.5, "to": 0.25}},
+                              "3": {"share": {"from": 0.0, "to": 0.75}}}
+    assert update["log"][0] == "stage 0: validation attempt 1: accepted (3 level(s) changed)"
+    line = describe_update("validate_config", update, {**state, **update}, settings)
+    assert line == "[stage 0] engineer proposal: accepted (level 1 share .50->.00, level 2 share .50->.25, " \
+                   "level 3 share .00->.75)", line
+    # the same shares again: nothing moved
+    same = {**state, "proposal": {"levels": {"1": 0.5, "2": 0.5}}, "attempts": 2}
+    update = validate_config(same, rt)
+    assert json.loads((tmp_path / "run" / "stage_0" / "validation.json").read_text())["decisions"][-1]["diff"] == {}
+    assert describe_update("validate_config", update, {**same, **update}, settings).endswith("(no change)")
+
+
 def test_classic_curricula_move_level_shares():
     task = ToyTask()
     cfg = {"levels": {"1": 1.0}}
