@@ -32,58 +32,56 @@ def _editor_command() -> list[str]:
 
 
 def _lever(settings: Settings) -> str:
-    """The key of what the engineer (and the person) sets: MAPF's `sizes`, any other task's `levels`."""
-    return "sizes" if settings.is_mapf else "levels"
+    """The key of what the engineer (and the person) sets: the family's answer format (`LoopFamily.answer_key`),
+    MAPF's `sizes` or another task's `levels`."""
+    from nodes.family import family_of
 
-
-def _task(settings: Settings) -> Any:
-    from trainer.task import load_task
-
-    return load_task(settings.task)  # built once per process
-
-
-def _shares(config: dict[str, Any] | None) -> dict[int, float]:
-    levels = (config or {}).get("levels")
-    return {int(k): float(v) for k, v in levels.items()} if isinstance(levels, dict) else {}
+    return family_of(settings).answer_key
 
 
 def _diff(current: dict[str, Any] | None, new: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """validation.json's `diff`: MAPF's per-size knobs, or another task's level shares
-    (`{"<level>": {"share": {"from": a, "to": b}}}`, a level a config leaves out at share 0)."""
-    from nodes.validate_config import config_diff
+    """validation.json's `diff`, as validate_config records it for the run's family: MAPF's per-size knobs, or
+    another task's level shares (`{"<level>": {"share": {"from": a, "to": b}}}`, a level a config leaves out at
+    share 0)."""
+    from nodes.validate_config import proposal_diff
 
-    if settings.is_mapf:
-        return config_diff(current, new)
-    a, b = _shares(current), _shares(new)
-    return {str(k): {"share": {"from": a.get(k, 0.0), "to": b.get(k, 0.0)}}
-            for k in sorted(set(a) | set(b)) if abs(a.get(k, 0.0) - b.get(k, 0.0)) > 1e-9}
+    return proposal_diff(current, new, settings)
 
 
-def _table(current: dict[str, Any] | None, new: dict[str, Any], settings: Settings) -> str:
-    if settings.is_mapf:
-        return config_table(current, new)
-    task = _task(settings)
+def _sizes_table(current: dict[str, Any] | None, new: dict[str, Any], settings: Settings) -> str:
+    return config_table(current, new)
+
+
+def _levels_table(current: dict[str, Any] | None, new: dict[str, Any], settings: Settings) -> str:
+    from nodes.family import family_of
+
+    task = family_of(settings).task
     return levels_table(current, new, {lv.index: lv.label for lv in task.levels}, task.level_word)
 
 
-def _check_edit(answer: Any, current: dict[str, Any], settings: Settings, stage: int) -> dict[str, Any]:
-    """An edited config through validate_config's checks for the run's task: `{"config": the checked config's dump,
-    or None when unusable, "decision": "accepted" | "projected", "errors", "notes", "feasibility"}`."""
-    if settings.is_mapf:
-        from nodes.apply import stage_seed
-        from nodes.validate_config import check_proposal, feasibility
+def _check_sizes_edit(answer: Any, current: dict[str, Any], settings: Settings, stage: int) -> dict[str, Any]:
+    """MAPF-FrozenLake's checks of validate_config (`validate_sizes`): strict validation, else projection, then the
+    generator's feasibility dry-run on the next stage's data seed."""
+    from nodes.apply import stage_seed
+    from nodes.validate_config import check_proposal, feasibility
 
-        checked = check_proposal(answer if isinstance(answer, dict) else None, current)
-        if checked["config"] is None:
-            return {**checked, "errors": [f"cannot use the edit: {'; '.join(checked['errors'])}".splitlines()[0][:500]]}
-        feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, stage + 1))
-        if not feas["ok"]:
-            return {**checked, "config": None,
-                    "errors": [f"cannot use the edit: infeasible: {'; '.join(feas['problems'])}"[:500]]}
-        return {**checked, "config": checked["config"].model_dump(mode="json"), "feasibility": feas}
+    checked = check_proposal(answer if isinstance(answer, dict) else None, current)
+    if checked["config"] is None:
+        return {**checked, "errors": [f"cannot use the edit: {'; '.join(checked['errors'])}".splitlines()[0][:500]]}
+    feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, stage + 1))
+    if not feas["ok"]:
+        return {**checked, "config": None,
+                "errors": [f"cannot use the edit: infeasible: {'; '.join(feas['problems'])}"[:500]]}
+    return {**checked, "config": checked["config"].model_dump(mode="json"), "feasibility": feas}
+
+
+def _check_levels_edit(answer: Any, current: dict[str, Any], settings: Settings, stage: int) -> dict[str, Any]:
+    """A level-share task's checks of validate_config (`validate_task`): the task's strict check, else its
+    projection."""
+    from nodes.family import family_of
     from nodes.task_loop import check
 
-    task, n = _task(settings), settings.train.instances_per_stage
+    task, n = family_of(settings).task, settings.train.instances_per_stage
     accepted, errors = check(task, answer, n)
     if accepted is not None:
         return {"config": accepted, "decision": "accepted", "errors": [], "notes": [], "feasibility": None}
@@ -94,6 +92,22 @@ def _check_edit(answer: Any, current: dict[str, Any], settings: Settings, stage:
                                            .splitlines()[0][:500]]}
     return {"config": projected, "decision": "projected", "errors": errors, "feasibility": None,
             "notes": [f"{errors[0]}: projected onto the nearest valid config"[:500]]}
+
+
+# The proposal's table and an edit's checks, by the family's answer format (`LoopFamily.answer_key`), as
+# validate_config's `VALIDATORS`.
+TABLES = {"sizes": _sizes_table, "levels": _levels_table}
+EDIT_CHECKS = {"sizes": _check_sizes_edit, "levels": _check_levels_edit}
+
+
+def _table(current: dict[str, Any] | None, new: dict[str, Any], settings: Settings) -> str:
+    return TABLES[_lever(settings)](current, new, settings)
+
+
+def _check_edit(answer: Any, current: dict[str, Any], settings: Settings, stage: int) -> dict[str, Any]:
+    """An edited config through validate_config's checks for the run's task: `{"config": the checked config's dump,
+    or None when unusable, "decision": "accepted" | "projected", "errors", "notes", "feasibility"}`."""
+    return EDIT_CHECKS[_lever(settings)](answer, current, settings, stage)
 
 
 def _edit_in_editor(path: Path, config: dict[str, Any], key: str = "sizes") -> Any:
