@@ -4,8 +4,8 @@ loop, on one global step across stages.
 `train.report_to` (`tensorboard` default, `wandb`, `tensorboard,wandb`, `none`) chooses the targets. The
 graph wraps its nodes (`graph.graph.tracked`) so that, whoever runs the graph (`python -m graph.run`, the
 LangGraph server / Studio), after
-- `apply` of stage k: W&B gets stage k's environment config as a table `config/stage_<k>` (size, data,
-  hole, wait);
+- `apply` of stage k: W&B gets stage k's environment config as a table `config/stage_<k>` (MAPF: size, data,
+  hole, wait; another task: level, what, share, one row per level of its family);
 - `train_stage` of stage k: every `train/*` scalar TRL logged per step (read back from stage_k/tb/, which
   the stage's trainer writes, in its child process) goes to the loop's run at `offset_k + step`, where
   `offset_k` is the number of GRPO steps of the stages before k (their metrics.json `train/steps`);
@@ -89,6 +89,23 @@ def stage_train_scalars(folder: Path) -> list[tuple[str, int, float]]:
     return sorted(out, key=lambda t: (t[1], t[0]))
 
 
+def config_rows(config: dict[str, Any], settings: Settings) -> tuple[list[str], list[list[Any]]]:
+    """A stage's config as W&B table columns and rows, from the run's family (`LoopFamily.report_levels`):
+    MAPF-FrozenLake's knobs per grid size (size, data, hole, wait), or another task's share per level, one row for
+    each of the family's levels (level, what, share; a level the config leaves out has share 0), keyed by the level
+    as the per-level scalars are (`eval/valid_rate/size_<level>`)."""
+    from nodes.family import family_of
+
+    levels = family_of(settings).report_levels()
+    if levels is None:
+        sizes = config.get("sizes") or {}
+        return ["size", "data", "hole", "wait"], [[int(n), *(float((sizes[n] or {}).get(k, 0.0)) for k in KNOBS)]
+                                                  for n in sorted(sizes, key=lambda x: int(x))]
+    shares = {str(k): v for k, v in (config.get("levels") or {}).items()}
+    return ["level", "what", "share"], [[lv["index"], str(lv["label"]), float(shares.get(str(lv["index"]), 0.0))]
+                                        for lv in levels]
+
+
 class LoopTracker:
     """The loop's TensorBoard writer and W&B run, opened lazily (one per run folder and process)."""
 
@@ -154,10 +171,8 @@ class LoopTracker:
         if run is not None:
             import wandb
 
-            sizes = config.get("sizes") or {}
-            rows = [[int(n), *(float((sizes[n] or {}).get(k, 0.0)) for k in KNOBS)]
-                    for n in sorted(sizes, key=lambda x: int(x))]
-            table = wandb.Table(columns=["size", "data", "hole", "wait"], data=rows)
+            columns, rows = config_rows(config, self.settings)
+            table = wandb.Table(columns=columns, data=rows)
             run.log({f"config/stage_{stage}": table, "stage": stage},
                     step=stage_offset(self.run_dir, stage))
         w = self.tb()

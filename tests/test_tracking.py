@@ -154,6 +154,32 @@ def test_wandb_offline_run_has_the_same_scalars_and_config_tables(tmp_path, trai
     assert steps == sorted(steps)  # W&B steps only grow
 
 
+def test_wandb_config_table_of_a_level_share_task_has_a_row_per_level(tmp_path):
+    """Another task than MAPF (the toy task's levels 1-3): W&B's `config/stage_<k>` table is the share per level of
+    the family (its label beside it, a level the config leaves out at 0), not MAPF's per-size knobs (empty there)."""
+    pytest.importorskip("wandb")
+    settings = build_settings({"task": "tests.support.toy_task:ToyTask", "preset": "smoke", "engineer": "fixed",
+                               "train.report_to": "wandb"}, env={})
+    logged: list[tuple[dict, int]] = []
+
+    class Run:
+        def log(self, data, step=None):
+            logged.append((data, step))
+
+    t = tracking.LoopTracker(tmp_path, settings)
+    t._wandb = Run()  # the W&B run itself is not needed to build its table
+    t.on_config(1, {"levels": {"1": 0.25, "3": 0.75}, "num_instances": 8})
+    (data, step), = logged
+    table = data["config/stage_1"]
+    assert table.columns == ["level", "what", "share"] and data["stage"] == 1 and step == 0
+    assert table.data == [[1, "1-digit terms", 0.25], [2, "2-digit terms", 0.0], [3, "3-digit terms", 0.75]]
+    assert tracking.config_rows({"levels": {"2": 1.0}}, settings)[1][1][2] == 1.0
+    mapf = build_settings({"engineer": "fixed"}, {"PRESET": "smoke"})  # MAPF: the knobs per grid size, as before
+    cols, rows = tracking.config_rows({"sizes": {"4": {"data_ratio": 1.0, "hole_ratio": 0.1, "wait_ratio": 0.5},
+                                                 "3": {"data_ratio": 0.0, "hole_ratio": 0.2, "wait_ratio": 0.25}}}, mapf)
+    assert cols == ["size", "data", "hole", "wait"] and rows == [[3, 0.0, 0.2, 0.25], [4, 1.0, 0.1, 0.5]]
+
+
 def test_wandb_asked_for_but_not_installed_is_one_line(monkeypatch):
     import importlib.util
 
