@@ -33,7 +33,7 @@ EXCLUDED = {
     "default_run_cpu_amd": "the same default run, fresh, on an AMD EPYC Zen 4: a run report, no eval table",
     "cpu_long_run_xeon": "one `python -m graph.run --preset cpu-long` on a Xeon: a run report, no eval table",
     "learning_cpu": "outputs of evals.bench benchmarks (JSON and text), no eval table",
-    "rg_candidates": "outputs of evals.bench.bench_rg (one JSON per arm, every answer), no eval table",
+    "rg_candidates": "outputs of evals.bench.bench_rg (one JSON per arm, every answer, packed), no eval table",
 }
 OUTPUTS = ("table.md", "table.csv", "table.json", "failures.csv")
 
