@@ -55,17 +55,12 @@ def crashed_run(tmp_path: Path, stubs: Stubs) -> Path:
 # ----------------------------------------------------------------------------- identity
 
 
-@pytest.mark.parametrize("how", ["copy", "symlink", "dot"])
-def test_copied_symlinked_and_dot_run_folders_resume_where_they_stopped(tmp_path, stubs, monkeypatch, capsys, how):
-    """The thread id is settings.json's run_id and the state's paths are relative: each form of the folder
-    continues at stage 1's training, from its own stage_1/train.jsonl, and stage 0 is not redone."""
-    run_dir = crashed_run(tmp_path, stubs)
-    settings = json.loads((run_dir / "settings.json").read_text())
-    assert settings["run_id"] == "run"
+def resume_moved(run_dir: Path, tmp_path: Path, how: str, monkeypatch, capsys) -> tuple[Path, str]:
+    """Copy `run_dir` elsewhere under another name, reach it as `how` (copy, symlink to the copy, or `.` from
+    inside it), resume it with graph.run; (the folder as passed, graph.run's stderr)."""
     moved = tmp_path / "elsewhere" / "renamed"
     moved.parent.mkdir()
     shutil.copytree(run_dir, moved, symlinks=True)
-    before = files(moved / "stage_0")
     if how == "symlink":
         target, moved = moved, tmp_path / "link"
         moved.symlink_to(target)
@@ -75,7 +70,18 @@ def test_copied_symlinked_and_dot_run_folders_resume_where_they_stopped(tmp_path
         arg = "."
     capsys.readouterr()
     assert gr.main(["--resume", arg]) == 0, capsys.readouterr().err
-    err = capsys.readouterr().err
+    return moved, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["copy", "symlink", "dot"])
+def test_copied_symlinked_and_dot_run_folders_resume_where_they_stopped(tmp_path, stubs, monkeypatch, capsys, how):
+    """The thread id is settings.json's run_id and the state's paths are relative: each form of the folder
+    continues at stage 1's training, from its own stage_1/train.jsonl, and stage 0 is not redone."""
+    run_dir = crashed_run(tmp_path, stubs)
+    settings = json.loads((run_dir / "settings.json").read_text())
+    assert settings["run_id"] == "run"
+    before = files(run_dir / "stage_0")
+    moved, err = resume_moved(run_dir, tmp_path, how, monkeypatch, capsys)
     assert "no checkpoint yet" not in err and "continuing at stage 1, node train_stage" in err, err
     assert stubs.trained() == [1]  # stage 0 not retrained
     train = [c for c in stubs.calls if c[0] == "train_stage"][0]
@@ -105,19 +111,8 @@ def test_a_copied_folder_whose_older_weights_were_pruned_resumes_from_its_own_la
     assert (run_dir / "stage_0" / "pruned.json").is_file()
     assert not (run_dir / "stage_0" / "checkpoint" / "model.safetensors").exists()
     original = {k: files(run_dir / f"stage_{k}") for k in range(3)}
-    moved = tmp_path / "elsewhere" / "renamed"
-    moved.parent.mkdir()
-    shutil.copytree(run_dir, moved, symlinks=True)
-    if how == "symlink":
-        target, moved = moved, tmp_path / "link"
-        moved.symlink_to(target)
-    arg = str(moved)
-    if how == "dot":
-        monkeypatch.chdir(moved)
-        arg = "."
-    capsys.readouterr()
-    assert gr.main(["--resume", arg]) == 0, capsys.readouterr().err
-    assert "continuing at stage 2, node train_stage" in capsys.readouterr().err
+    moved, err = resume_moved(run_dir, tmp_path, how, monkeypatch, capsys)
+    assert "continuing at stage 2, node train_stage" in err
     assert stubs.trained() == [2]
     evaluated = [c for c in stubs.calls if c[0] == "evaluate"]
     assert [Path(c[3]).resolve() for c in evaluated] == [(moved / "stage_2" / "checkpoint").resolve()]
