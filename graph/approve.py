@@ -79,14 +79,14 @@ def _check_levels_edit(answer: Any, current: dict[str, Any], settings: Settings,
     """A level-share task's checks of validate_config (`validate_task`): the task's strict check, else its
     projection."""
     from nodes.family import family_of
-    from nodes.task_loop import check
+    from nodes.task_loop import check, project
 
     task, n = family_of(settings).task, settings.train.instances_per_stage
     accepted, errors = check(task, answer, n)
     if accepted is not None:
         return {"config": accepted, "decision": "accepted", "errors": [], "notes": [], "feasibility": None}
     try:  # as validate_config does with the engineer's last attempt: the nearest valid config
-        projected = task.project(answer).model_copy(update={"num_instances": n}).model_dump(mode="json")
+        projected = project(task, answer, n)
     except (ValueError, TypeError, AttributeError) as e:
         return {"config": None, "errors": [f"cannot use the edit: {'; '.join(errors)}; cannot project it: {e}"
                                            .splitlines()[0][:500]]}

@@ -217,6 +217,12 @@ def check(task, proposal: Any, n: int) -> tuple[dict | None, list[str]]:
         return None, [str(e).splitlines()[0] if "validation error" not in str(e) else _pydantic_line(e)]
 
 
+def project(task, proposal: Any, n: int) -> dict:
+    """The nearest valid config to `proposal` for the task, as a dump with `n` instances (raises ValueError, or
+    TypeError / AttributeError for a proposal that is not a mapping, when there is none)."""
+    return task.project(proposal).model_copy(update={"num_instances": n}).model_dump(mode="json")
+
+
 def _pydantic_line(e: Exception) -> str:
     errs = getattr(e, "errors", None)
     if callable(errs):

@@ -39,6 +39,7 @@ from env import EnvConfig, generate, project
 from env.config import format_validation_error
 from nodes.family import family_of
 from nodes.task_loop import check
+from nodes.task_loop import project as project_levels
 from trainer.files import stage_dir, write_json_atomic
 
 if TYPE_CHECKING:
@@ -360,7 +361,7 @@ def validate_task(state: dict, settings: Settings, run_dir: Path) -> dict[str, A
         decision, reason = "kept_previous", f"unusable proposal after {attempts} attempt(s); the current config is kept"
         if isinstance(proposal, dict):
             try:
-                accepted = task.project(proposal).model_copy(update={"num_instances": n}).model_dump(mode="json")
+                accepted = project_levels(task, proposal, n)
                 decision, reason = "projected", "the proposal failed strict validation and was projected"
             except ValueError:
                 accepted = None
