@@ -292,10 +292,12 @@ def stage0_finished(run_dir: Path) -> bool:
 
 
 def stage0_weights_kept(run_dir: Path) -> bool:
-    """Whether a run folder still holds stage 0's weights: a run on keep_checkpoints=last (the smoke preset's;
-    a fork of the grid) deleted them once stage 1's were saved (stage_0/pruned.json), and graph.run
-    --stage0-from refuses such a donor."""
-    return not (stage_dir(Path(run_dir), 0) / "pruned.json").is_file()
+    """Whether a run folder still holds stage 0's weights, as graph.run --stage0-from checks a donor
+    (`graph.stage0.stage0_weights_kept`): a run on keep_checkpoints=last (the smoke preset's; a fork of the grid)
+    deleted them once stage 1's were saved."""
+    from graph.stage0 import stage0_weights_kept as kept
+
+    return kept(run_dir)
 
 
 def donor_candidates(pair: Pair, pairs: Sequence[Pair], runs_dirs: Iterable[Path]) -> list[Path]:

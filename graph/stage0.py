@@ -150,7 +150,7 @@ def check_donor(donor_dir: Path, settings: Settings) -> Donor:
     missing = [n for n in REQUIRED if not (stage_dir(donor_dir, 0) / n).exists()]
     if missing:
         raise SettingsError(f"{flag}: its stage_0 lacks {', '.join(missing)}")
-    if not _has_weights(stage_dir(donor_dir, 0) / "checkpoint"):
+    if not stage0_weights_kept(donor_dir):
         why = ("were deleted once a later stage's checkpoint was saved (its stage_0/pruned.json: the donor ran "
                "with keep_checkpoints=last)" if (stage_dir(donor_dir, 0) / "pruned.json").is_file() else "are missing")
         raise SettingsError(f"{flag}: its stage-0 weights {why}; a fork trains stage 1 from them. Choose a donor "
@@ -174,8 +174,10 @@ def check_donor(donor_dir: Path, settings: Settings) -> Donor:
                  dict(snap.values), timings)
 
 
-def _has_weights(ckpt: Path) -> bool:
-    """Whether a checkpoint folder still holds weight files (keep_checkpoints=last deletes an older stage's)."""
+def stage0_weights_kept(run_dir: Path) -> bool:
+    """Whether a run folder's stage-0 checkpoint still holds weight files (keep_checkpoints=last deletes an older
+    stage's once a later one is saved): what a donor needs, for `check_donor` and an eval grid's `find_donor`."""
+    ckpt = stage_dir(Path(run_dir), 0) / "checkpoint"
     return ckpt.is_dir() and any(f.is_file() for pat in WEIGHT_PATTERNS for f in ckpt.rglob(pat))
 
 

@@ -551,6 +551,7 @@ def test_stage0_settings_that_must_match_a_donor(tmp_path):
     # once stage 1's were saved: graph.run --stage0-from would refuse it, so the next candidate is the donor
     make_finished_run(tmp_path / "self-s0", 0, 0.0, "self")
     (tmp_path / "self-s0" / "stage_0" / "pruned.json").write_text('{"deleted": ["model.safetensors"]}\n')
+    (tmp_path / "self-s0" / "stage_0" / "checkpoint" / "model.safetensors").unlink()
     assert not pairs.stage0_weights_kept(tmp_path / "self-s0") and pairs.stage0_weights_kept(tmp_path / "fixed-s0")
     both = [tmp_path / "self-s0", tmp_path / "fixed-s0"]
     assert pairs.find_donor(pair, both, "smoke", {}, {}) == tmp_path / "fixed-s0"
