@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from evals.config import REPO_ROOT, EvalConfigError, LoopConfig, repo_relative
-from evals.results import committed, read_json
 from evals.packed import unpacked
+from evals.results import committed, read_json
 from llm_backends.engineers import CLASSIC_ENGINEERS
 from trainer.files import stage_dir
 

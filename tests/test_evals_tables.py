@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from evals import compare_engineers, grid, loop, pairs, results, stats, tables
+from evals import compare_engineers, grid, pairs, results, stats, tables
 from tests.support.run_folder import snapshot
 
 # --------------------------------------------------------------------------- statistics
