@@ -20,7 +20,7 @@ from pydantic import Field
 from evals import loop
 from evals.config import EvalConfigError, LoopConfig
 from evals.pairs import Arm
-from nodes.summarize_failures import CONTEXT_VARIANTS
+from families.context_variants import CONTEXT_VARIANTS
 
 
 class AblateConfig(LoopConfig):

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from nodes.metrics import wilson  # one seed's interval; the run report uses it too
+from families.metrics import wilson  # one seed's interval; the run report uses it too
 
 DRAWS = 4000
 RNG_SEED = 20260617  # fixed: the same verdicts give the same intervals, byte for byte

@@ -131,7 +131,7 @@ def solve_model(spec: ModelSpec, instances: list[Any], cfg: SolveConfig, out: Pa
     from tqdm import tqdm
 
     from env import render_prompt
-    from nodes.evaluate import verdict_row
+    from families.mapf import verdict_row
 
     folder = out / spec.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -190,7 +190,7 @@ def write_solve_tables(cfg: SolveConfig, out: Path, ids: set[str] | None, comman
     still says what its verdicts say), through the loop evals' tables (`evals.tables.write_tables`): each model is one arm with one run,
     so its intervals are Wilson's (or a bootstrap over instances for a Sum over sizes). `source`: the folder the
     answers are read from when not `out` (`out/answers.tar.xz` unpacked, `evals.packed`)."""
-    from nodes.evaluate import compute_final_metrics
+    from families.metrics import compute_final_metrics
 
     data: dict[tuple[str, int], list[dict]] = {}
     for spec in cfg.models:

@@ -1,15 +1,16 @@
-"""The loop's side of the task seam: `LoopFamily`, the one protocol through which the nodes reach a task family, and
-`family_of`, the one place that picks it.
+"""The loop's side of the task seam: `LoopFamily`, the one protocol through which the nodes reach a task family.
 
 The trainer reaches a task through `trainer.task.Task` (items, prompt, gold, verifier with its failure labels,
 reward). The nodes need more of it, and ask this object:
 
 | member | what it gives | used by |
 |---|---|---|
-| `name`, `task` | the family's name; its trainer-side `Task` (item ids, prompts; a level-share family's levels and config) | evaluate, validate_config, `--dry-run` |
+| `name`, `task` | the family's name; its trainer-side `Task` (item ids, prompts; a level-share family's levels and config) | evaluate, `--dry-run` |
 | `context(state, settings, eval_rows, env_stats)` | the evidence shown to the engineer (markdown) | summarize_failures |
 | `system_prompt(settings)`, `answer_schema()` | the engineer's system prompt and the JSON schema of its answer | propose_config |
-| `answer_key` | the key of the engineer's answer that holds the levers: `sizes` or `levels` | propose_config, validate_config |
+| `shape`, `read_reply(text, finish_reason, parsed)` | what marks a proposal in a reply (`families/reply.py`), and the proposal read from one | propose_config |
+| `check(proposal, current, settings, seed=, repair=)` | one pure check: strict, rounding repair, projection (with `repair`), feasibility (`families/policy.py` `Checked`) | validate_config, `--approve`, `--dry-run` |
+| `diff(old, new)`, `table(old, new)` | validation.json's `diff` of two configs; the old -> new table a person reads | validate_config, `--approve`, `--dry-run` |
 | `classic(name, config, by_level, memory, rng)` | a classic curriculum's next config, why, its memory | propose_config |
 | `first_config(given, seed, n)`, `next_config(accepted, n)` | stage 0's config (given or random); the next stage's, already checked | apply |
 | `trained_config(cfg, n, max_train_size)` | the config a stage trains on, and a note of what it moved (or None) | apply |
@@ -20,41 +21,40 @@ reward). The nodes need more of it, and ask this object:
 | `eval_key_fields()` | what else names an evaluation whose answers may be reused | evaluate |
 | `report_levels()` | the levels of report.md's per-level tables (None: MAPF's grid sizes) | report |
 
-Two implementations: `nodes/mapf_family.py` `MapfFamily` (MAPF-FrozenLake, env/: per-size knobs, the paper's
-context modules, feasibility dry-runs, the held-out benchmark) and `nodes/task_loop.py` `LevelShareFamily` (any
-other `Task` with levels and a config of level shares: reasoning-gym, `tests/support/toy_task.py`, your own).
-
-The engineer's reply is read, and its proposal validated, by the functions of `nodes/propose_config.py` and
-`nodes/validate_config.py` for the family's `answer_key` (`READERS`, `VALIDATORS`): they share that node's bounded
-JSON scan and validation record, which stay in those modules.
+What becomes of a checked proposal is decided by one policy for every family (`families/policy.py`).
 """
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from nodes.mapf_family import MapfFamily
-from nodes.task_loop import LevelShareFamily
-from trainer.task import Task, load_task
+from families.policy import Checked
+from families.reply import Extracted, Shape
+from trainer.task import Task
 
-if TYPE_CHECKING:
-    from graph.settings import Settings
+# The run's settings (`graph.settings.Settings`): families sit below graph/, so they read its fields but never
+# import it, not even for typing (graph/ imports the families).
+Settings = Any
+
 
 
 class LoopFamily(Protocol):
     """What the nodes ask of a task family (see the module docstring's table)."""
 
     name: str
-    answer_key: str
     item_word: str
+    shape: Shape
 
     @property
     def task(self) -> Task: ...
     def context(self, state: dict, settings: Settings, eval_rows: list[dict], env_stats: dict | None) -> str: ...
     def system_prompt(self, settings: Settings) -> str: ...
     def answer_schema(self) -> dict: ...
+    def read_reply(self, text: str, finish_reason: str | None, parsed: Any) -> Extracted: ...
+    def check(self, proposal: Any, current: dict, settings: Settings, *, seed: int, repair: bool) -> Checked: ...
+    def diff(self, old: dict | None, new: dict | None) -> dict[str, dict[str, dict[str, Any]]]: ...
+    def table(self, old: dict | None, new: dict) -> str: ...
     def classic(self, name: str, config: dict, by_level: dict, memory: dict, rng) -> tuple[dict, str, dict]: ...
     def first_config(self, given: dict | None, seed: int, n: int) -> Any: ...
     def next_config(self, accepted: dict, n: int) -> Any: ...
@@ -69,15 +69,15 @@ class LoopFamily(Protocol):
     def report_levels(self) -> list[dict[str, Any]] | None: ...
 
 
-def family_of(settings: Settings | str = "mapf") -> LoopFamily:
-    """The run's task family: from its settings (`settings.task`) or a task name. `mapf` is MAPF-FrozenLake
-    (`MapfFamily`); any other name is loaded by `trainer.task.load_task` and works on level shares
-    (`LevelShareFamily`). An unknown name raises `ValueError` saying what is allowed."""
-    return _family_named(settings if isinstance(settings, str) else settings.task)
+# ----------------------------------------------------------------------------- the tables' cells
 
 
-@functools.lru_cache(maxsize=16)
-def _family_named(name: str) -> LoopFamily:
-    if name == "mapf":
-        return MapfFamily()
-    return LevelShareFamily(load_task(name), name)
+def number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def table_cell(a: float | None, b: float | None) -> str:
+    """`old -> new`, or `old  =` when unchanged; `-` for a missing value."""
+    fa = "-" if a is None else f"{a:.3f}"
+    fb = "-" if b is None else f"{b:.3f}"
+    return f"{fa}  =    " if a is not None and b is not None and abs(a - b) <= 1e-9 else f"{fa} -> {fb}"

@@ -21,7 +21,7 @@ failing answers cut to `settings.evidence_chars` characters (0 examples turns X 
 Policy text is untrusted (the failing answers, and the rationale in S): each text is put between marker lines carrying a nonce the policy cannot
 know in advance (a hash of the run seed, the stage and the texts), every quoted line is prefixed with
 `│ ` so none can pose as a heading or a marker, and marker look-alikes inside it are neutralised. A family's own
-context (`nodes/task_loop.py` `task_context`) uses the same S module and the same fencing.
+context (`families/level_share.py` `task_context`) uses the same S module and the same fencing.
 """
 
 from __future__ import annotations
@@ -31,13 +31,11 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from env import FAILURES, SIZES
-from nodes.context_variants import VARIANTS
-
-if TYPE_CHECKING:
-    from graph.settings import Settings
+from families.base import Settings
+from families.context_variants import VARIANTS
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
@@ -260,6 +258,10 @@ def fence_evidence(rows: Sequence[dict], *, max_chars: int, nonce: str) -> str:
 RATIONALE_CHARS = 2000  # the most of the engineer's last rationale shown in S (extraction keeps as much)
 _OUTCOME = {
     "accepted": "it passed strict validation, and stage {stage} trained on it as proposed",
+    "normalised": (
+        "it was off only by rounding (shares not summing exactly to 1) and was normalised; stage {stage} trained on "
+        "the normalised config"
+    ),
     "projected": (
         "it failed strict validation and was projected onto the legal space (some knobs were changed); "
         "stage {stage} trained on the projected config"

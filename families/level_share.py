@@ -1,31 +1,37 @@
-"""Any task family other than MAPF-FrozenLake in the loop: `LevelShareFamily`, its `nodes/family.py` `LoopFamily`,
-built from the task's own members (beside the trainer's methods: items, prompt, gold, verify):
+"""The level-share family: `LevelShareFamily`, a `families/base.py` `LoopFamily` for any task whose levers are the
+shares of its difficulty levels, built from the task's own members (beside the trainer's methods: items, prompt,
+gold, verify), checked when the family is built (`LEVEL_SHARE_MEMBERS`: a task missing one is refused in one line
+naming it, when the run's settings are built):
 
 | member | what it gives | used by |
 |---|---|---|
 | `levels` (each with a `label`), `level_word` | the difficulty grid the engineer allocates over | every node |
-| `parse_config(raw, num_instances)` / `project(raw)` | the strict config check, and the nearest valid config | validate_config |
+| `parse_config(raw, num_instances)` / `project(raw)` | the strict config check, and the nearest valid config | `check` |
 | `random_config(seed, num_instances)` | the random stage-0 config | apply (`nodes/apply.py`) |
 | `generate(config, n, seed)` | a stage's items and the generator's figures | apply |
 | `split_names`, `split(name)` | the fixed evaluation splits | evaluate |
-| `describe_levels()`, `describe_attributes()` | the engineer's picture of its levers | propose_config |
+| `failure_labels` | the verdicts' failure labels, the columns of the evidence | summarize_failures |
+| `describe_levels()`, `describe_attributes()` (optional) | the engineer's picture of its levers | propose_config |
 
 A config is `{"levels": {"<level>": share, ...}, "num_instances": n}`. The evidence shown to the engineer comes
 from the family: rates and failure labels per level, its history of configs and rates, and verbatim failing
-answers, fenced as untrusted, exactly as MAPF's (`nodes/evidence.py`). The classic curricula (fixed, random,
-learnability, threshold) work on the level shares. The engineer answers `{"levels": ...}`, read by
-`nodes/propose_config.py` `extract_levels` and checked by `nodes/validate_config.py` `validate_task` (through
-`check` here). `env/rg.py` (reasoning-gym) and `tests/support/toy_task.py` implement it.
+answers, fenced as untrusted, exactly as MAPF's (`families/evidence.py`). The classic curricula (fixed, random,
+learnability, threshold) work on the level shares, in the task's own level order. The engineer answers
+`{"levels": ...}` (`families/reply.py`); `check` is the task's strict check, shares off only by rounding rescaled,
+and its projection, under the one policy of `families/policy.py`. `env/rg.py` (reasoning-gym) and
+`tests/support/toy_task.py` implement it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nodes.evidence import (
+from families.base import Settings, number, table_cell
+from families.evidence import (
     FENCE_CLOSE,
     FENCE_OPEN,
     evidence_nonce,
@@ -35,15 +41,17 @@ from nodes.evidence import (
     pick_failures,
     rationale_module,
 )
-from nodes.metrics import compute_metrics
+from families.metrics import compute_metrics
+from families.policy import Checked, rounded_shares
+from families.reply import Extracted, Shape, read_reply
 from trainer.files import write_text_atomic
-
-if TYPE_CHECKING:
-    from graph.settings import Settings
 
 LEARNABILITY_UNIFORM_MIX = 0.2
 THRESHOLD_BAR = 0.7
 THRESHOLD_SHIFT = 0.5
+# What a level-share task has beside the trainer's `Task` methods (the module docstring's table)
+LEVEL_SHARE_MEMBERS = ("levels", "level_word", "failure_labels", "parse_config", "project", "random_config",
+                       "generate", "split_names", "split", "describe_levels")
 
 
 def _pct(x: Any) -> str:
@@ -192,11 +200,12 @@ def classic(name: str, task, config: dict, by_level: dict, memory: dict, rng) ->
     if name == "threshold":
         new = dict(cur)
         raised = []
-        for lv in sorted(cur):
-            if p.get(lv, -1.0) >= THRESHOLD_BAR and lv + 1 in levels:
+        following = dict(pairwise(levels))  # each level's next one, in the task's own order
+        for lv in [lv for lv in levels if lv in cur]:
+            if p.get(lv, -1.0) >= THRESHOLD_BAR and lv in following:
                 moved = cur[lv] * THRESHOLD_SHIFT
                 new[lv] -= moved
-                new[lv + 1] = new.get(lv + 1, 0.0) + moved
+                new[following[lv]] = new.get(following[lv], 0.0) + moved
                 raised.append(lv)
         why = (f"levels {raised} passed p>={THRESHOLD_BAR}: half their share moved up" if raised
                else f"no trained level passed p>={THRESHOLD_BAR}: unchanged")
@@ -207,20 +216,66 @@ def classic(name: str, task, config: dict, by_level: dict, memory: dict, rng) ->
 # ----------------------------------------------------------------------------- validate
 
 
-def check(task, proposal: Any, n: int) -> tuple[dict | None, list[str]]:
-    """(the config dump, []) when `proposal` is valid for the task, else (None, [the one-line error])."""
-    if proposal is None:
-        return None, ["no proposal"]
+def _strict(task, proposal: Any, n: int) -> tuple[dict | None, str | None]:
     try:
-        return task.parse_config(proposal, n).model_dump(mode="json"), []
+        return task.parse_config(proposal, n).model_dump(mode="json"), None
     except ValueError as e:
-        return None, [str(e).splitlines()[0] if "validation error" not in str(e) else _pydantic_line(e)]
+        return None, str(e).splitlines()[0] if "validation error" not in str(e) else _pydantic_line(e)
 
 
-def project(task, proposal: Any, n: int) -> dict:
-    """The nearest valid config to `proposal` for the task, as a dump with `n` instances (raises ValueError, or
-    TypeError / AttributeError for a proposal that is not a mapping, when there is none)."""
-    return task.project(proposal).model_copy(update={"num_instances": n}).model_dump(mode="json")
+def check(task, proposal: Any, n: int, repair: bool = True) -> Checked:
+    """A level-share proposal checked for `task` with `n` items a stage: the task's strict check (`accepted`), else
+    shares off only by rounding rescaled (`normalised`), else with `repair` the task's projection onto the nearest
+    valid config (`projected`); None with the errors when unusable. A level-share family has no feasibility test."""
+    accepted, error = _strict(task, proposal, n)
+    if accepted is not None:
+        return Checked(accepted, "accepted")
+    rounded = rounded_shares(proposal.get("levels")) if isinstance(proposal, dict) else None
+    if rounded is not None:
+        fixed, _ = _strict(task, {**proposal, "levels": rounded[0]}, n)
+        if fixed is not None:
+            return Checked(fixed, "normalised", [error], [f"levels: {rounded[1]}"])
+    if not repair:
+        return Checked(None, errors=[error])
+    try:
+        projected = task.project(proposal).model_copy(update={"num_instances": n}).model_dump(mode="json")
+    except (ValueError, TypeError, AttributeError) as e:
+        return Checked(None, errors=[error, f"cannot project it: {str(e).splitlines()[0] if str(e) else type(e).__name__}"[:500]])
+    return Checked(projected, "projected", [error], ["levels: projected onto the nearest valid config"])
+
+
+def levels_diff(old: dict | None, new: dict | None) -> dict[str, dict[str, dict[str, float]]]:
+    """A level-share config's diff: `{"<level>": {"share": {"from": a, "to": b}}, ...}`, every level whose share
+    moved by more than 1e-9 (a level a config leaves out has share 0)."""
+
+    def shares(cfg: dict | None) -> dict[int, float]:
+        levels = (cfg or {}).get("levels")
+        return {int(k): float(v) for k, v in levels.items()} if isinstance(levels, dict) else {}
+
+    a, b = shares(old), shares(new)
+    return {str(k): {"share": {"from": a.get(k, 0.0), "to": b.get(k, 0.0)}}
+            for k in sorted(set(a) | set(b)) if abs(a.get(k, 0.0) - b.get(k, 0.0)) > 1e-9}
+
+
+def shares_table(old: dict[str, Any] | None, new: dict[str, Any], labels: dict[int, str] | None = None,
+                 word: str = "level") -> str:
+    """A level-share proposal as one row per level: its share `old -> new` (`=` when unchanged; a level a config
+    leaves out has share 0) and, from `labels`, what the level is. Every level of `labels` gets a row, and any other
+    level either config names."""
+
+    def shares(cfg: dict[str, Any] | None) -> dict[str, float | None]:
+        levels = (cfg or {}).get("levels")
+        return {str(k): number(v) for k, v in levels.items()} if isinstance(levels, dict) else {}
+
+    a, b = shares(old), shares(new)
+    names = {str(k): v for k, v in (labels or {}).items()}
+    keys = sorted(set(names) | set(a) | set(b), key=lambda x: (int(x), x) if x.lstrip("-").isdigit() else (1 << 30, x))
+    head = f"{word:<7}{'share':<17}what"
+    rows = [head, "-" * max(len(head), 40)]
+    for k in keys:
+        c = table_cell(a.get(k, 0.0 if a else None), b.get(k, 0.0 if b else None))
+        rows.append(f"{k:<7}{c:<17}{names.get(k, '')}" + (" *" if "->" in c else ""))
+    return "\n".join(rows)
 
 
 def _pydantic_line(e: Exception) -> str:
@@ -234,17 +289,38 @@ def _pydantic_line(e: Exception) -> str:
 # ----------------------------------------------------------------------------- the family
 
 
-class LevelShareFamily:
-    """A task family with level shares as the engineer's levers, through the loop's protocol (`nodes/family.py`
-    `LoopFamily`). `task` is the loaded task, `task_name` the run's `task` setting it was loaded from."""
+def missing_member(task: Any, members: Sequence[str] = LEVEL_SHARE_MEMBERS) -> str | None:
+    """The first of `members` that `task` lacks, or None."""
+    return next((m for m in members if not hasattr(task, m)), None)
 
-    answer_key = "levels"
+
+class LevelShareFamily:
+    """A task family with level shares as the engineer's levers, through the loop's protocol (`families/base.py`
+    `LoopFamily`). `task` is the loaded task, `task_name` the run's `task` setting it was loaded from; a task that
+    lacks a member of `LEVEL_SHARE_MEMBERS` is refused here (ValueError, one line naming it)."""
+
     item_word = "items"
 
     def __init__(self, task: Any, task_name: str):
+        if (member := missing_member(task)) is not None:
+            raise ValueError(f"task {task_name}: {type(task).__name__} has no `{member}`, which a level-share task "
+                             f"needs; it needs: {', '.join(LEVEL_SHARE_MEMBERS)} (docs/tasks.md)")
         self.task = task
         self.task_name = task_name
         self.name = task.name
+        self.shape = Shape("levels", frozenset(str(lv.index) for lv in task.levels), "level")
+
+    def read_reply(self, text: str, finish_reason: str | None, parsed: Any) -> Extracted:
+        return read_reply(text, self.shape, finish_reason, parsed)
+
+    def check(self, proposal: Any, current: dict, settings: Settings, *, seed: int, repair: bool) -> Checked:
+        return check(self.task, proposal, settings.train.instances_per_stage, repair)
+
+    def diff(self, old: dict | None, new: dict | None) -> dict[str, dict[str, dict[str, float]]]:
+        return levels_diff(old, new)
+
+    def table(self, old: dict | None, new: dict) -> str:
+        return shares_table(old, new, {lv.index: lv.label for lv in self.task.levels}, self.task.level_word)
 
     def context(self, state: dict, settings: Settings, eval_rows: Sequence[dict], env_stats: dict | None) -> str:
         return task_context(self.task, state, settings, eval_rows)
@@ -290,4 +366,4 @@ class LevelShareFamily:
         return {"task": self.task_name}
 
     def report_levels(self) -> list[dict[str, Any]]:
-        return [{"index": lv.index, "label": lv.label} for lv in self.task.levels]
+        return [{"index": lv.index, "label": lv.label, "column": f"L{lv.index}"} for lv in self.task.levels]

@@ -1,10 +1,10 @@
 """`--approve`: the run pauses before each `apply` (graph.loop) and a person answers for the validated
-proposal. Their edit goes through validate_config's own checks, and every answer is written to
-stage_k/validation.json by validate_config's own writer (`nodes.validate_config.record_person`).
+proposal. Their edit goes through the family's one check (`LoopFamily.check`, as validate_config checks a last
+attempt), and every answer is written to stage_k/validation.json by validate_config's own writer
+(`nodes.validate_config.record_person`).
 
-MAPF-FrozenLake's proposal is its per-size knobs (`{"sizes": ...}`); any other task's (`--task`, e.g.
-reasoning-gym) is its level shares (`{"levels": ...}`), shown one row per level with the level's label and
-checked as validate_config checks it for that task (the task's strict check, else its projection)."""
+What the person edits and reads is the family's: the key it sets (`LoopFamily.shape`: MAPF-FrozenLake's per-size
+knobs `{"sizes": ...}`, a level-share task's `{"levels": ...}`) and the old -> new table (`LoopFamily.table`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from graph.progress import RunError, config_table, diff_summary, levels_table, say
+from families import family_of
+from families.policy import Checked
+from graph.progress import RunError, diff_summary, say
 from graph.settings import Settings
 from trainer.files import stage_dir, write_json_atomic
 
@@ -32,82 +34,34 @@ def _editor_command() -> list[str]:
 
 
 def _lever(settings: Settings) -> str:
-    """The key of what the engineer (and the person) sets: the family's answer format (`LoopFamily.answer_key`),
-    MAPF's `sizes` or another task's `levels`."""
-    from nodes.family import family_of
-
-    return family_of(settings).answer_key
+    """The key of what the engineer (and the person) sets: the family's (`LoopFamily.shape`), `sizes` or `levels`."""
+    return family_of(settings).shape.key
 
 
 def _diff(current: dict[str, Any] | None, new: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """validation.json's `diff`, as validate_config records it for the run's family: MAPF's per-size knobs, or
-    another task's level shares (`{"<level>": {"share": {"from": a, "to": b}}}`, a level a config leaves out at
-    share 0)."""
-    from nodes.validate_config import proposal_diff
-
-    return proposal_diff(current, new, settings)
-
-
-def _sizes_table(current: dict[str, Any] | None, new: dict[str, Any], settings: Settings) -> str:
-    return config_table(current, new)
-
-
-def _levels_table(current: dict[str, Any] | None, new: dict[str, Any], settings: Settings) -> str:
-    from nodes.family import family_of
-
-    task = family_of(settings).task
-    return levels_table(current, new, {lv.index: lv.label for lv in task.levels}, task.level_word)
-
-
-def _check_sizes_edit(answer: Any, current: dict[str, Any], settings: Settings, stage: int) -> dict[str, Any]:
-    """MAPF-FrozenLake's checks of validate_config (`validate_sizes`): strict validation, else projection, then the
-    generator's feasibility dry-run on the next stage's data seed."""
-    from nodes.apply import stage_seed
-    from nodes.validate_config import check_proposal, feasibility
-
-    checked = check_proposal(answer if isinstance(answer, dict) else None, current)
-    if checked["config"] is None:
-        return {**checked, "errors": [f"cannot use the edit: {'; '.join(checked['errors'])}".splitlines()[0][:500]]}
-    feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, stage + 1))
-    if not feas["ok"]:
-        return {**checked, "config": None,
-                "errors": [f"cannot use the edit: infeasible: {'; '.join(feas['problems'])}"[:500]]}
-    return {**checked, "config": checked["config"].model_dump(mode="json"), "feasibility": feas}
-
-
-def _check_levels_edit(answer: Any, current: dict[str, Any], settings: Settings, stage: int) -> dict[str, Any]:
-    """A level-share task's checks of validate_config (`validate_task`): the task's strict check, else its
-    projection."""
-    from nodes.family import family_of
-    from nodes.task_loop import check, project
-
-    task, n = family_of(settings).task, settings.train.instances_per_stage
-    accepted, errors = check(task, answer, n)
-    if accepted is not None:
-        return {"config": accepted, "decision": "accepted", "errors": [], "notes": [], "feasibility": None}
-    try:  # as validate_config does with the engineer's last attempt: the nearest valid config
-        projected = project(task, answer, n)
-    except (ValueError, TypeError, AttributeError) as e:
-        return {"config": None, "errors": [f"cannot use the edit: {'; '.join(errors)}; cannot project it: {e}"
-                                           .splitlines()[0][:500]]}
-    return {"config": projected, "decision": "projected", "errors": errors, "feasibility": None,
-            "notes": [f"{errors[0]}: projected onto the nearest valid config"[:500]]}
-
-
-# The proposal's table and an edit's checks, by the family's answer format (`LoopFamily.answer_key`), as
-# validate_config's `VALIDATORS`.
-TABLES = {"sizes": _sizes_table, "levels": _levels_table}
-EDIT_CHECKS = {"sizes": _check_sizes_edit, "levels": _check_levels_edit}
+    """validation.json's `diff`, as validate_config records it for the run's family (`LoopFamily.diff`)."""
+    return family_of(settings).diff(current, new)
 
 
 def _table(current: dict[str, Any] | None, new: dict[str, Any], settings: Settings) -> str:
-    return TABLES[_lever(settings)](current, new, settings)
+    """The proposal as the family draws it for a person (`LoopFamily.table`): old -> new per size and knob, or
+    per level."""
+    return family_of(settings).table(current, new)
 
 
-def _check_edit(answer: Any, current: dict[str, Any], settings: Settings, stage: int) -> dict[str, Any]:
-    """An edited config through validate_config's checks for the run's task: `{"config": the checked config's dump,
-    or None when unusable, "decision": "accepted" | "projected", "errors", "notes", "feasibility"}`."""
-    return EDIT_CHECKS[_lever(settings)](answer, current, settings, stage)
+def _check_edit(answer: Any, current: dict[str, Any], settings: Settings, stage: int) -> Checked:
+    """An edited config through the family's one check, as validate_config checks a last attempt (a person's edit
+    is not sent back: it is repaired where it can be), its feasibility dry-run on the next stage's data seed.
+    An unusable edit has `config` None and one error line."""
+    from nodes.apply import stage_seed
+
+    if not isinstance(answer, dict):
+        return Checked(None, errors=["cannot use the edit: no usable JSON object in the reply"])
+    checked = family_of(settings).check(answer, current, settings, seed=stage_seed(settings.seed, stage + 1),
+                                        repair=True)
+    if checked.config is None:
+        checked.errors = [f"cannot use the edit: {'; '.join(checked.errors)}".splitlines()[0][:500]]
+    return checked
 
 
 def _edit_in_editor(path: Path, config: dict[str, Any], key: str = "sizes") -> Any:
@@ -162,19 +116,19 @@ def decide(answer: Any, values: dict[str, Any], settings: Settings, run_dir: Pat
             return None, [f"please answer y, n or an edited config (got {answer.strip()[:40]!r})"
                           if answer.strip() else "please answer y, n or an edited config"]
     checked = _check_edit(answer, current, settings, stage)
-    if checked["config"] is None:
-        return None, checked["errors"]
+    if checked.config is None:
+        return None, checked.errors
     lines = []
-    if checked["decision"] == "projected":
-        lines.append(f"the edit was projected onto allowed values: {'; '.join(checked['notes'])}"[:500])
-    edited, feas = checked["config"], checked["feasibility"]
+    if checked.how in ("projected", "normalised"):
+        lines.append(f"the edit was {checked.how} onto allowed values: {'; '.join(checked.notes)}"[:500])
+    edited, feas = checked.config, checked.feasibility
     record_person(run_dir, stage, attempts, {
         "decision": "edited (person)", "accepted": edited, **({"source": source} if source else {}),
-        "reason": f"a person replaced the engineer's config ({checked['decision']} by validation)",
-        "errors": checked["errors"], "notes": checked["notes"], "diff": _diff(current, edited, settings),
+        "reason": f"a person replaced the engineer's config ({checked.how} by validation)",
+        "errors": checked.errors, "notes": checked.notes, "diff": _diff(current, edited, settings),
         "feasibility": None if feas is None else {k: v for k, v in feas.items() if k != "stats"},
     })
-    lines += [f"[approve] applying the edited config to stage {stage + 1} ({checked['decision']} by validation):",
+    lines += [f"[approve] applying the edited config to stage {stage + 1} ({checked.how} by validation):",
               _table(current, edited, settings)]
     return {"accepted": edited, "decision": "edited (person)"}, lines
 

@@ -11,25 +11,25 @@ import time
 from pathlib import Path
 from typing import Any
 
-from graph.progress import RunError, config_table, diff_summary, say
+from graph.progress import RunError, diff_summary, say
 from graph.settings import Settings
 from trainer.files import stage_dir
 
 PING_TIMEOUT_S = 30.0
 
 
-def dummy_metrics() -> dict[str, Any]:
-    """Validation metrics for a dry run's dummy context: 4 answers per size, fewer valid on larger grids."""
-    from env.verify import FAILURES
-    from nodes.evaluate import compute_metrics
-
+def dummy_metrics(family) -> dict[str, Any]:
+    """Validation metrics for a dry run's dummy context: 4 answers per level of the family's report (MAPF's grid
+    sizes), fewer valid on harder levels."""
+    levels = [lv["index"] for lv in family.report_levels()]
+    labels = family.task.failure_labels
     rows = []
-    for size in range(3, 11):
+    for rank, level in enumerate(levels, start=1):
         for i in range(4):
-            valid = i < max(0, 4 - (size - 2))
-            rows.append({"size": size, "valid": valid, "optimal": valid and i == 0,
-                         "failure": None if valid else FAILURES[(size + i) % len(FAILURES)]})
-    return compute_metrics(rows)
+            valid = i < max(0, 4 - rank)
+            rows.append({"size": level, "valid": valid, "optimal": valid and i == 0,
+                         "failure": None if valid else labels[(level + i) % len(labels)]})
+    return family.metrics(rows)
 
 
 def _dry_run_model(settings: Settings):
@@ -72,27 +72,27 @@ def _ask_once(settings: Settings, run_dir: Path, state: dict[str, Any]) -> tuple
 
 def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any]) -> None:
     """Ask the engineer for one real proposal on a dummy context (stage 0's config and made-up validation
-    results), validate it as the run would (strict, projection, feasibility) and say what came out. A call
-    that fails is a RunError (one line); a reply without a usable config is reported, not an error."""
-
-    from env import EnvConfig
+    results), check it as the run would check a first attempt (the family's `check` and the one policy of
+    `families.policy`) and say what came out. A call that fails is a RunError (one line); a reply without a usable
+    config is reported, not an error."""
+    from families import family_of
+    from families.policy import decide, may_project
     from nodes.apply import stage_seed
-    from nodes.family import family_of
-    from nodes.validate_config import check_proposal, config_diff, feasibility
 
+    family, n = family_of(settings), settings.train.instances_per_stage
     try:
-        config = EnvConfig.model_validate(config).model_dump(mode="json")
+        config = family.first_config(config, settings.seed, n).model_dump(mode="json")
     except ValueError:
         say("[dry-run] no readable stage-0 config to show the engineer; not asked for a proposal")
         return
-    state: dict[str, Any] = {"stage": 0, "config": config, "metrics": dummy_metrics(), "history": []}
+    state: dict[str, Any] = {"stage": 0, "config": config, "metrics": dummy_metrics(family), "history": []}
     try:
         env_stats = json.loads((stage_dir(run_dir, 0) / "env_stats.json").read_text())
     except (OSError, ValueError):
         env_stats = None
-    state["context"] = family_of(settings).context(state, settings, [], env_stats)
+    state["context"] = family.context(state, settings, [], env_stats)
     say(f"[dry-run] asking the {settings.engineer} engineer for one proposal on a dummy context "
-        f"({len(state['context'])} chars, context {settings.context}) ...")
+        f"({len(state['context'])} chars, task {family.name}, context {settings.context}) ...")
     out, took = _ask_once(settings, run_dir, state)
     feedback = "; ".join(out.get("feedback") or [])
     if out.get("proposal") is None:
@@ -103,47 +103,21 @@ def _dry_run_proposal(settings: Settings, run_dir: Path, config: dict[str, Any])
             f"{feedback[:300]} (a run would ask again, up to engineer_max_attempts={settings.engineer_max_attempts}, "
             "then keep the current config)")
         return
-    checked = check_proposal(out["proposal"], config)
-    if checked["config"] is None:
+    top = settings.engineer_max_attempts
+    checked = family.check(out["proposal"], config, settings, seed=stage_seed(settings.seed, 1),
+                           repair=may_project(1, top))
+    decision = decide(checked, 1, top)
+    if checked.config is None:
+        then = "a run would ask again" if decision == "retry" else "a run would keep the current config"
         say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s; its config is refused by "
-            f"validation: {'; '.join(checked['errors'])[:300]} (a run would ask again)")
+            f"validation: {'; '.join(checked.errors)[:300]} ({then})")
         return
-    feas = feasibility(checked["config"], settings.feasibility_n, stage_seed(settings.seed, 1))
-    new = checked["config"].model_dump(mode="json")
-    verdict = checked["decision"] + ("" if feas["ok"] else f", but infeasible: {'; '.join(feas['problems'])[:200]}")
-    say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s: a config, {verdict} "
-        f"({diff_summary(config_diff(config, new))})")
-    if checked["notes"]:
-        say(f"[dry-run] projection: {'; '.join(checked['notes'])[:300]}")
-    say(config_table(config, new))
-    if out.get("rationale"):
-        say(f"[dry-run] rationale: {str(out['rationale'])[:300]}")
-
-
-def _dry_run_task_proposal(settings: Settings, run_dir: Path, config: dict[str, Any]) -> None:
-    """A non-MAPF task's engineer asked once on a dummy context (half the answers valid on each level), its
-    proposal checked as validate_config would (nodes/task_loop.py)."""
-
-    from nodes.family import family_of
-    from nodes.task_loop import check
-
-    family = family_of(settings)
-    task = family.task
-    rows = [{"size": lv.index, "valid": i < 2, "optimal": i < 2, "failure": None if i < 2 else task.failure_labels[0]}
-            for lv in task.levels for i in range(4)]
-    state: dict[str, Any] = {"stage": 0, "config": config, "metrics": family.metrics(rows), "history": []}
-    state["context"] = family.context(state, settings, [], None)
-    say(f"[dry-run] asking the {settings.engineer} engineer for one proposal on a dummy context "
-        f"({len(state['context'])} chars, task {task.name}) ...")
-    out, took = _ask_once(settings, run_dir, state)
-    accepted, errors = check(task, out.get("proposal"), settings.train.instances_per_stage)
-    if accepted is None:
-        why = "; ".join(out.get("feedback") or errors)[:300]
-        say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s without a usable config: {why} (a run "
-            f"would ask again, up to engineer_max_attempts={settings.engineer_max_attempts})")
-        return
-    shares = ", ".join(f"{k}: {v:.2f}" for k, v in accepted["levels"].items())
-    say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s: a config, accepted (level shares {shares})")
+    new = checked.config
+    say(f"[dry-run] engineer {settings.engineer!r} answered in {took:.1f}s: a config, {decision} "
+        f"({diff_summary(family.diff(config, new))})")
+    if checked.notes:
+        say(f"[dry-run] {decision}: {'; '.join(checked.notes)[:300]}")
+    say(family.table(config, new))
     if out.get("rationale"):
         say(f"[dry-run] rationale: {str(out['rationale'])[:300]}")
 
@@ -175,14 +149,7 @@ def dry_run(run_dir: Path, settings: Settings, donor=None) -> None:
     if config is None:
         say("[dry-run] no readable stage-0 config to show the engineer; not asked for a proposal")
         return
-    from nodes.family import family_of
-
-    DRY_RUNS[family_of(settings).answer_key](settings, run_dir, config)
-
-
-# One proposal asked and checked as validate_config checks it, by the family's answer format
-# (`LoopFamily.answer_key`, as `nodes.validate_config.VALIDATORS`)
-DRY_RUNS = {"sizes": _dry_run_proposal, "levels": _dry_run_task_proposal}
+    _dry_run_proposal(settings, run_dir, config)
 
 
 def _say_training_plan(settings: Settings, run_dir: Path) -> dict | None:

@@ -39,7 +39,7 @@ def check_prompts_dir(prompts_dir: Path | None) -> None:
     only some; the others come from prompts/)."""
     if prompts_dir is None:
         return
-    from nodes.summarize_failures import PROMPTS_DIR
+    from families.evidence import PROMPTS_DIR
 
     names = sorted(p.name for p in PROMPTS_DIR.glob("*.md"))
     if not Path(prompts_dir).is_dir():

@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from families.mapf import KNOB_NAMES
 from graph.settings import Settings
 from nodes.inert import for_terminal
-
-KNOB_NAMES = {"data_ratio": "data", "hole_ratio": "hole", "wait_ratio": "wait"}
 
 # what the run is doing, for the one-line error and the interrupt message
 NOW: dict[str, Any] = {"node": None, "stage": None}
@@ -79,64 +78,13 @@ def diff_summary(diff: dict[str, dict[str, dict[str, Any]]], cap: int = 6) -> st
         for knob, change in diff[size].items():
             a, b = change.get("from"), change.get("to")
             digits = 2 if num(a, 2) != num(b, 2) else 3
-            where = f"level {size}" if knob == "share" else f"{size}x{size}"  # another task's level, or a MAPF size
+            # a level's share, a MAPF grid size's knob, or a family's own group of levers
+            where = f"level {size}" if knob == "share" else f"{size}x{size}" if str(size).isdigit() else str(size)
             items.append(f"{where} {KNOB_NAMES.get(knob, knob)} {num(a, digits)}->{num(b, digits)}")
     if not items:
         return "no change"
     more = len(items) - cap
     return ", ".join(items[:cap]) + (f", +{more} more" if more > 0 else "")
-
-
-def _cell(a: float | None, b: float | None) -> str:
-    """`old -> new`, or `old  =` when unchanged; `-` for a missing value."""
-    fa = "-" if a is None else f"{a:.3f}"
-    fb = "-" if b is None else f"{b:.3f}"
-    return f"{fa}  =    " if a is not None and b is not None and abs(a - b) <= 1e-9 else f"{fa} -> {fb}"
-
-
-def _number(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
-def levels_table(old: dict[str, Any] | None, new: dict[str, Any], labels: dict[int, str] | None = None,
-                 word: str = "level") -> str:
-    """A proposal of a task other than MAPF (`{"levels": {"<level>": share}}`) as one row per level: its share
-    `old -> new` (`=` when unchanged; a level a config leaves out has share 0) and, from `labels`, what the level
-    is. Every level of `labels` gets a row, and any other level either config names."""
-
-    def shares(cfg: dict[str, Any] | None) -> dict[str, float | None]:
-        levels = (cfg or {}).get("levels")
-        return {str(k): _number(v) for k, v in levels.items()} if isinstance(levels, dict) else {}
-
-    a, b = shares(old), shares(new)
-    names = {str(k): v for k, v in (labels or {}).items()}
-    keys = sorted(set(names) | set(a) | set(b), key=lambda x: (int(x), x) if x.lstrip("-").isdigit() else (1 << 30, x))
-    head = f"{word:<7}{'share':<17}what"
-    rows = [head, "-" * max(len(head), 40)]
-    for k in keys:
-        c = _cell(a.get(k, 0.0 if a else None), b.get(k, 0.0 if b else None))
-        rows.append(f"{k:<7}{c:<17}{names.get(k, '')}" + (" *" if "->" in c else ""))
-    return "\n".join(rows)
-
-
-def config_table(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
-    """The proposal as one row per size, each knob `old -> new` (`=` when unchanged), for the terminal."""
-
-    def knob(cfg: dict[str, Any] | None, size: str, name: str) -> float | None:
-        sizes = (cfg or {}).get("sizes") or {}
-        v = (sizes.get(size) or sizes.get(int(size)) or {}) if isinstance(sizes, dict) else {}
-        return _number(v.get(name) if isinstance(v, dict) else None)
-
-    cell = _cell
-    sizes = sorted({str(k) for k in ((new or {}).get("sizes") or {})} | {str(k) for k in ((old or {}).get("sizes") or {})},
-                   key=lambda x: (int(x), x) if x.isdigit() else (1 << 30, x))
-    head = f"{'size':<6}" + "".join(f"{name:<17}" for name in KNOB_NAMES.values())
-    rows = [head, "-" * len(head)]
-    for n in sizes:
-        cells = [cell(knob(old, n, k), knob(new, n, k)) for k in KNOB_NAMES]
-        moved = any("->" in c for c in cells)
-        rows.append(f"{n + 'x' + n:<6}" + "".join(f"{c:<17}" for c in cells) + (" *" if moved else ""))
-    return "\n".join(rows)
 
 
 def describe_start(node: str, state: dict[str, Any], settings: Settings) -> str | None:
@@ -176,13 +124,12 @@ def describe_update(node: str, update: dict[str, Any], state: dict[str, Any],
         return f"[stage {stage}] failures summarized for the engineer ({len(update.get('context') or '')} chars)"
     if node == "validate_config":
         decision = update.get("decision", "?")
-        if decision in ("accepted", "projected"):
-            from nodes.validate_config import config_diff, proposal_diff
+        if decision in ("accepted", "normalised", "projected"):
+            from families import DEFAULT_TASK, family_of
 
-            # the diff validation.json records: the accepted config against the current one, per-size knobs
-            # for MAPF-FrozenLake, level shares for another task
-            diff = (proposal_diff(state.get("config"), update.get("accepted"), settings) if settings is not None
-                    else config_diff(state.get("config"), update.get("accepted")))
+            # the diff validation.json records: the accepted config against the current one (the family's `diff`)
+            family = family_of(settings if settings is not None else DEFAULT_TASK)
+            diff = family.diff(state.get("config"), update.get("accepted"))
             return f"[stage {stage}] engineer proposal: {decision} ({diff_summary(diff)})"
         extra = "; ".join(update.get("feedback") or [])[:200]
         return f"[stage {stage}] engineer proposal: {decision}" + (f" ({extra})" if extra and decision == "retry" else "")

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from families.context_variants import CONTEXT_VARIANTS
 from llm_backends.engineers import CLASSIC_ENGINEERS, MODEL_ENGINEERS
-from nodes.context_variants import CONTEXT_VARIANTS
 from trainer.config import TRAIN_PRESETS, TrainConfig
 
 # The cpu presets' run: the embedded model, answered through vLLM where it is installed
@@ -211,10 +211,12 @@ class Settings(BaseModel):
     @field_validator("task")
     @classmethod
     def _known_task(cls, v: str) -> str:
-        from trainer.task import load_task
+        from families import family_of
 
         v = v.strip()
-        load_task(v)  # an unknown task, dataset, attribute or level: one line naming what is allowed
+        # an unknown task, dataset, attribute or level, or a task that lacks a member its family needs: one line
+        # naming what is allowed
+        family_of(v)
         return v
 
     @model_validator(mode="after")

@@ -2,7 +2,7 @@
 loop, on one global step across stages.
 
 `train.report_to` (`tensorboard` default, `wandb`, `tensorboard,wandb`, `none`) chooses the targets. The
-graph wraps its nodes (`graph.graph.tracked`) so that, whoever runs the graph (`python -m graph.run`, the
+graph wraps its nodes (`graph.wrappers.tracked`) so that, whoever runs the graph (`python -m graph.run`, the
 LangGraph server / Studio), after
 - `apply` of stage k: W&B gets stage k's environment config as a table `config/stage_<k>` (MAPF: size, data,
   hole, wait; another task: level, what, share, one row per level of its family);
@@ -94,10 +94,11 @@ def config_rows(config: dict[str, Any], settings: Settings) -> tuple[list[str], 
     MAPF-FrozenLake's knobs per grid size (size, data, hole, wait), or another task's share per level, one row for
     each of the family's levels (level, what, share; a level the config leaves out has share 0), keyed by the level
     as the per-level scalars are (`eval/valid_rate/size_<level>`)."""
-    from nodes.family import family_of
+    from families import family_of
 
-    levels = family_of(settings).report_levels()
-    if levels is None:
+    family = family_of(settings)
+    levels = family.report_levels()
+    if family.shape.key == "sizes":
         sizes = config.get("sizes") or {}
         return ["size", "data", "hole", "wait"], [[int(n), *(float((sizes[n] or {}).get(k, 0.0)) for k in KNOBS)]
                                                   for n in sorted(sizes, key=lambda x: int(x))]

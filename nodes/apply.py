@@ -1,7 +1,7 @@
 """Generate a stage's training set from its configuration.
 
 What a config is, how stage 0's is drawn and how a stage's items are generated is the run's family's
-(`nodes/family.py` `LoopFamily`: `first_config`, `next_config`, `trained_config`, `stage_items`); what follows
+(`families/base.py` `LoopFamily`: `first_config`, `next_config`, `trained_config`, `stage_items`); what follows
 names MAPF-FrozenLake's, and the stage folder is the same for every family (`stage_files`).
 
 The first apply of a run is recognised by the state having no `train_path` yet (nothing has been
@@ -33,9 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from env import EnvConfig
-from nodes.family import family_of
-from nodes.mapf_family import MapfFamily, checked_config  # noqa: F401 (checked_config: under its old name here)
+from families import family_of
 from trainer.files import stage_dir, write_json_atomic, write_text_atomic
 
 if TYPE_CHECKING:
@@ -74,23 +72,13 @@ def stage_files(out_dir: Path, config: dict[str, Any], *, seed: int, n: int,
     return stats
 
 
-def generate_stage(cfg: EnvConfig, out_dir: Path, *, seed: int) -> dict[str, Any]:
-    """Write config.json, train.jsonl and env_stats.json for one MAPF stage (`cfg.num_instances` instances);
-    return the env stats."""
-
-    def produce(path: Path) -> tuple[int, dict[str, Any]]:
-        return MapfFamily().stage_items(cfg, cfg.num_instances, seed, path)
-
-    return stage_files(out_dir, cfg.model_dump(mode="json"), seed=seed, n=cfg.num_instances, produce=produce)
-
-
 def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
 def apply(state: LoopState, runtime: Runtime[RunContext]) -> dict[str, Any]:
     """Node: build the training set of the next stage (or of stage 0; see the module docstring for how
-    stage 0 is recognised). The run's family (`nodes/family.py` `LoopFamily`) parses, draws and generates its
+    stage 0 is recognised). The run's family (`families/base.py` `LoopFamily`) parses, draws and generates its
     config; the stage folder, the history and the returned keys are the same for every family.
 
     Returns: stage, config, train_path, history, and the per-proposal keys reset for the next round

@@ -1,7 +1,7 @@
 """Evaluate the current policy: answer a benchmark split, verify every answer, aggregate.
 
 The split, the prompts, the verdict rows, the metrics and the final table are the run's family's
-(`nodes/family.py` `LoopFamily`); what follows names MAPF-FrozenLake's.
+(`families/base.py` `LoopFamily`); what follows names MAPF-FrozenLake's.
 
 `evaluate` runs after every train stage on `settings.eval_split` (the fixed 2-agent validation set) and
 writes `stage_<k>/eval.jsonl` (one row per instance: id, size, agents, tags, the raw answer text and the
@@ -12,7 +12,7 @@ evaluates that start first, the same way, into `stage_0/start/` (`evaluate_start
 measured from. Its answers are kept in the cache (`<cache>/start_evals/`, per CPU and torch / vLLM / transformers
 version, beside `warm_start/`) and verified again on every reuse, so a start is answered once per machine.
 
-Metrics come from `compute_metrics(rows)` / `compute_final_metrics(rows)` (`nodes.metrics`), pure functions of the
+Metrics come from `compute_metrics(rows)` / `compute_final_metrics(rows)` (`families.metrics`), pure functions of the
 rows of an `eval.jsonl`, so any table can be recomputed from the saved answers. Stable names:
 `eval/valid_rate`, `eval/optimal_rate`, `eval/valid_rate/size_<s>`, `eval/optimal_rate/size_<s>`,
 `eval/failure/<name>` (counts, in `env.FAILURES` order), `eval/n`, plus a `by_size` table
@@ -30,9 +30,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.family import LoopFamily, family_of
-from nodes.mapf_family import instance_tags, verdict_row  # noqa: F401 (verdict_row: MAPF's, under its old name)
-from nodes.metrics import compute_final_metrics, compute_metrics, final_table_md  # noqa: F401 (compute_metrics: graph.dryrun)
+from families import DEFAULT_TASK, LoopFamily, family_of
+from families.metrics import compute_final_metrics, final_table_md
 from trainer import stop
 from trainer.files import stage_dir, weights_sha256, write_text_atomic
 
@@ -44,6 +43,12 @@ if TYPE_CHECKING:
     from llm_backends.base import ChatModel
 
 # ----------------------------------------------------------------------------- answering and verifying
+
+
+def instance_tags(inst: Any) -> dict[str, Any]:
+    """The subset tags of an item (`{"agents": 3, "wait": 0.25}` on MAPF's test splits, else {})."""
+    tags = getattr(inst, "tags", None)
+    return dict(tags) if isinstance(tags, dict) else {}
 
 
 def limit_instances(instances: Sequence[Any], limit: int | None) -> list[Any]:
@@ -130,7 +135,7 @@ def answer_and_verify(
     """
     from tqdm.auto import tqdm
 
-    family = family or family_of("mapf")
+    family = family or family_of(DEFAULT_TASK)
     rows: list[dict] = []
     with tqdm(total=len(instances), desc=desc, unit="answer", disable=not progress, leave=False) as bar:
         for start in range(0, len(instances), batch_size):

@@ -1,15 +1,15 @@
 """Ask the engineer for the next stage's configuration and extract it from the reply.
 
 LLM engineers (`settings.engineer` in self | base | openai | gemini | a custom endpoint name) get the run's
-family's system prompt and answer schema (`nodes/family.py` `LoopFamily`; for MAPF-FrozenLake
-`prompts/engineer_system.md` with `EnvConfig.engineer_schema()` in its `{schema}` placeholder, for any other family
-one generated from its levels) and, as the user message, the context from `summarize_failures` plus, on a retry,
-the validation errors of the previous attempt. Structured output (`json_schema`) is asked for unless
+family's system prompt and answer schema (`families/base.py` `LoopFamily`; for MAPF-FrozenLake
+`prompts/engineer_system.md` with `EnvConfig.engineer_schema()` in its `{schema}` placeholder, for a level-share
+family one generated from its levels) and, as the user message, the context from `summarize_failures` plus, on a
+retry, the validation errors of the previous attempt. Structured output (`json_schema`) is asked for unless
 `settings.engineer_structured` is False; backends that cannot enforce it put the schema in the prompt.
 
-Classic engineers (fixed | random | learnability | threshold: `nodes/curricula.py` over MAPF's per-size knobs,
-`nodes/task_loop.py` over level shares; the family's `classic`) answer through the same node with the same answer
-shape, and their answers go through the same validation.
+Classic engineers (fixed | random | learnability | threshold: the family's `classic`, e.g.
+`families/mapf_curricula.py` over MAPF's per-size knobs, `families/level_share.py` over level shares) answer
+through the same node with the same answer shape, and their answers go through the same validation.
 
 Files (stage_<k>/): `engineer_prompt.md` (the request parameters, max_tokens, temperature and whether a
 json_schema was sent, then the exact messages) and `engineer_reply.md` (the reply as received, made inert
@@ -17,38 +17,25 @@ first, `nodes.inert.inert_reply`: API keys and key-shaped tokens redacted, contr
 `<`/`>` escaped; the reply is untrusted, and a remote engineer may echo a key);
 attempt 1 writes them, later attempts append a section each (written atomically, `trainer.files`).
 
-A reply is read for the family's answer format (`READERS`, by `LoopFamily.answer_key`): MAPF-FrozenLake's
-`{"sizes": ...}` (`extract_proposal`, below) or a family's `{"levels": ...}` (`extract_levels`). The reply is
-parsed once: the JSON object the chat backend decoded (`ChatResult.parsed`, when a json_schema
-was asked for) is the proposal's source when there is one. Otherwise the extraction is tolerant
-(`extract_proposal`): the whole reply as JSON, else code-fenced JSON, else the
-first balanced `{...}` that decodes (a size-keyed object is preferred), trailing commas forgiven; a bare
-`{"3": {...}, ...}` is wrapped as `{"sizes": ...}`; a string `rationale` key is taken out of the object,
-otherwise prose around the JSON serves as the rationale. When nothing usable is found the proposal is
+The reply is read by the family (`LoopFamily.read_reply`: the bounded JSON scan of `families/reply.py`, for the
+family's `Shape`). A reply is cut to its first `MAX_REPLY_CHARS` (200,000) characters before anything reads it,
+key masking included (a config with its rationale takes about 2,000; the cut is noted in engineer_reply.md's
+header and in the log line, and the saved reply is the cut one). When nothing usable is found the proposal is
 None and the reason is returned in `feedback`, which `validate_config` sends back to the engineer.
-
-Extraction is bounded and never raises: a reply is cut to its first `MAX_REPLY_CHARS` (200,000) characters
-before anything reads it, key masking included (a config with its rationale takes about 2,000; the cut is
-noted in engineer_reply.md's header and in the log line, and the saved reply is the cut one), at most
-`MAX_DECODE_STARTS` positions are tried, and JSON nested too deeply for the decoder (a `RecursionError`)
-counts as not decoding.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from env import SIZES
-from nodes.curricula import CLASSIC
-from nodes.family import family_of
+from families import family_of
+from families.reply import MAX_REPLY_CHARS, Extracted
+from llm_backends.engineers import CLASSIC_ENGINEERS
 from nodes.inert import inert_reply, inert_value
-from nodes.mapf_family import OPTIMAL_MEANS, answer_schema, system_prompt  # noqa: F401 (MAPF's, under their old names)
 from trainer.files import append_text_atomic, stage_dir, write_text_atomic
 
 if TYPE_CHECKING:
@@ -58,209 +45,7 @@ if TYPE_CHECKING:
     from graph.state import LoopState
     from llm_backends.base import ChatModel
 
-MAX_RATIONALE_CHARS = 2000
-MAX_REPLY_CHARS = 200_000  # longer replies are cut to this before extraction (bounded work and memory)
-MAX_DECODE_STARTS = 400  # bounded work on huge replies: at most this many '{' positions are tried
-MAX_BALANCED_SCANS = 20  # ... and at most this many are re-read with trailing commas removed
-SIZE_KEYS = {str(s) for s in SIZES}
-
-
 # ----------------------------------------------------------------------------- extraction (pure)
-
-
-@dataclass
-class Extracted:
-    """What `extract_proposal` found: the config object (or None), a rationale, the reason when None."""
-
-    config: dict | None
-    rationale: str = ""
-    error: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-
-_FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*\n?(.*?)```", re.S)
-_TRAILING_COMMA = re.compile(r",(\s*[}\]])")
-_DECODER = json.JSONDecoder()
-
-
-# What decoding a reply can raise: malformed JSON (ValueError) or nesting deeper than the decoder's
-# recursion limit (RecursionError, e.g. '{"a":' repeated 25,000 times).
-_DECODE_ERRORS = (ValueError, RecursionError)
-
-
-def _loads(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except _DECODE_ERRORS:
-        pass
-    try:
-        return json.loads(_TRAILING_COMMA.sub(r"\1", text))
-    except _DECODE_ERRORS:
-        return None
-
-
-def _is_proposal(obj: Any) -> bool:
-    return isinstance(obj, dict) and ("sizes" in obj or bool(SIZE_KEYS & {str(k) for k in obj}))
-
-
-def _candidates(text: str):
-    """(object, start, end) candidates in order of trust: whole text, fenced blocks, balanced objects."""
-    stripped = text.strip()
-    obj = _loads(stripped)
-    if obj is not None:
-        yield obj, 0, len(text)
-    for m in _FENCE.finditer(text):
-        obj = _loads(m.group(1).strip())
-        if obj is not None:
-            yield obj, m.start(), m.end()
-    tried = scans = 0
-    i = text.find("{")
-    while i != -1 and tried < MAX_DECODE_STARTS:
-        tried += 1
-        try:
-            obj, end = _DECODER.raw_decode(text, i)
-        except _DECODE_ERRORS:
-            obj, end = None, i
-            scans += 1
-            close = _balanced_end(text, i) if scans <= MAX_BALANCED_SCANS else None
-            if close is not None:
-                obj = _loads(text[i:close])
-                end = close if obj is not None else i
-        if obj is not None:
-            yield obj, i, end
-            i = text.find("{", max(end, i + 1)) if _is_proposal(obj) else text.find("{", i + 1)
-        else:
-            i = text.find("{", i + 1)
-
-
-def _balanced_end(text: str, start: int, limit: int = 200_000) -> int | None:
-    """Index after the `}` closing the `{` at `start` (string-aware), or None when it never closes."""
-    depth, in_str, esc = 0, False, False
-    for j in range(start, min(len(text), start + limit)):
-        ch = text[j]
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-        elif ch == '"':
-            in_str = True
-        elif ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return j + 1
-    return None
-
-
-def extract_proposal(text: str, finish_reason: str | None = None, parsed: Any = None) -> Extracted:
-    """The config object and rationale in an engineer's reply, tolerant of fences and prose.
-
-    `parsed` is the JSON the chat backend already decoded from the reply (`ChatResult.parsed`, when a
-    json_schema was asked for): when it is an object it is the only candidate, so the reply is parsed once;
-    the prose around the reply's outermost braces then serves as the rationale when it has no key for one.
-
-    >>> e = extract_proposal('Here: ```json\\n{"sizes": {}, "rationale": "why"}\\n``` ok')
-    >>> e.config, e.rationale
-    ({'sizes': {}}, 'why')
-    >>> extract_proposal("no idea").error
-    'no JSON object in the reply (7 characters)'
-    """
-    text = text or ""
-    notes: list[str] = []
-    cut = len(text) - MAX_REPLY_CHARS
-    if cut > 0:
-        text = text[:MAX_REPLY_CHARS]
-        notes.append(f"the reply was cut to its first {MAX_REPLY_CHARS} characters ({cut} more not read)")
-    first_dict: tuple[dict, int, int] | None = None
-    found: tuple[dict, int, int] | None = None
-    if isinstance(parsed, dict):
-        start, end = text.find("{"), text.rfind("}") + 1
-        candidates = iter([(parsed, start, end) if 0 <= start < end else (parsed, 0, len(text))])
-    else:  # no JSON object from the backend (no schema asked, or a fake): the tolerant scan of the text
-        candidates = _candidates(text)
-    for obj, start, end in candidates:
-        if _is_proposal(obj):
-            found = (obj, start, end)
-            break
-        if isinstance(obj, dict) and first_dict is None:
-            first_dict = (obj, start, end)
-    if found is None:
-        if first_dict is not None and isinstance(first_dict[0].get("config"), dict):
-            found = (first_dict[0]["config"], first_dict[1], first_dict[2])
-            notes.append("took the config from a 'config' key")
-        else:
-            first_brace = text.find("{")
-            if first_dict is not None and first_dict[1] == first_brace:
-                keys = ", ".join(sorted(map(str, first_dict[0])))[:200]
-                why = f"the JSON object in the reply has no 'sizes' (keys: {keys})"
-            elif first_brace != -1:
-                why = (
-                    f"the JSON in the reply does not decode (truncated or malformed; {len(text)} characters)"
-                )
-            else:
-                why = f"no JSON object in the reply ({len(text)} characters)"
-            if finish_reason == "length":
-                why += "; the reply was cut at the token limit: answer with the JSON object only"
-            if cut > 0:
-                why += f"; only the first {MAX_REPLY_CHARS} of its {MAX_REPLY_CHARS + cut} characters were read"
-            return Extracted(None, error=why, notes=notes)
-    obj, start, end = found
-    obj = dict(obj)
-    if "sizes" not in obj:
-        obj = {"sizes": obj}
-        notes.append("wrapped a bare size-keyed object as {'sizes': ...}")
-    rationale = obj.pop("rationale", None)
-    if not isinstance(rationale, str):
-        if rationale is not None:
-            obj["rationale"] = rationale  # not a string: leave it for validation to report
-        rationale = (text[:start] + " " + text[end:]).strip()
-        rationale = re.sub(r"```[a-zA-Z]*", "", rationale).strip()
-    return Extracted(obj, rationale=rationale[:MAX_RATIONALE_CHARS].strip(), notes=notes)
-
-
-# ----------------------------------------------------------------------------- prompts
-
-
-def extract_levels(text: str, parsed: Any = None) -> tuple[dict | None, str, str | None]:
-    """(proposal, rationale, error) from an engineer reply: the backend's decoded JSON when there is one, else the
-    first JSON object in the reply that has `levels` (a bare level -> share object is wrapped)."""
-    def take(obj: Any) -> tuple[dict | None, str]:
-        if not isinstance(obj, dict):
-            return None, ""
-        rationale = obj.get("rationale") if isinstance(obj.get("rationale"), str) else ""
-        if "levels" in obj:
-            return {k: v for k, v in obj.items() if k != "rationale"}, rationale
-        if obj and all(str(k).strip().isdigit() for k in obj):
-            return {"levels": obj}, rationale
-        return None, ""
-
-    if parsed is not None:
-        got, why = take(parsed)
-        if got is not None:
-            return got, why, None
-    for obj, start, end in _candidates(text or ""):
-        got, why = take(obj)
-        if got is not None:
-            prose = ((text or "")[:start] + (text or "")[end:]).strip()
-            return got, why or prose[:2000], None
-    return None, (text or "").strip()[:2000], "no JSON object with `levels` found in the reply"
-
-
-def _read_levels(text: str, finish_reason: str | None, parsed: Any) -> Extracted:
-    found, why, err = extract_levels(text, parsed)
-    return Extracted(found, rationale=why, error=err)
-
-
-# How a reply is read, by the family's answer format (`LoopFamily.answer_key`): MAPF-FrozenLake's per-size object,
-# or a level-share object. Both readers share the bounded JSON scan above (`_candidates`).
-READERS = {
-    "sizes": extract_proposal,
-    "levels": _read_levels,
-}
 
 
 def user_message(context: str, feedback: list[str]) -> str:
@@ -323,7 +108,7 @@ def propose_config(
     header = f"attempt {attempt} (stage {stage}, engineer {engineer})"
     family = family_of(settings)
 
-    if engineer in CLASSIC:
+    if engineer in CLASSIC_ENGINEERS:
         rng = random.Random(f"{settings.seed}:{stage}:{attempt}")
         memory = dict(state.get("engineer_memory") or {})
         by_size = (state.get("metrics") or {}).get("by_size") or {}
@@ -384,7 +169,7 @@ def propose_config(
     if meta.get("error") is not None:
         ex = Extracted(None, error=f"the engineer call failed: {meta['error']}")
     else:
-        ex = READERS[family.answer_key](text, meta.get("finish_reason"), parsed)
+        ex = family.read_reply(text, meta.get("finish_reason"), parsed)
     if cut > 0:
         what = f"the reply was cut to its first {MAX_REPLY_CHARS} characters ({cut} more not read)"
         ex.notes.insert(0, what)

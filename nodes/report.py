@@ -18,15 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from env import SIZES
-from nodes.evaluate import final_table_md
-from nodes.family import family_of
+from families import DEFAULT_TASK, family_of
+from families.metrics import final_table_md
 from nodes.inert import for_markdown, md_inline
 from nodes.report_plots import num as _num
 from nodes.report_plots import plot  # noqa: F401 - the report's plots, also for tests
 from nodes.report_plots import size_rate as _size_rate
 from nodes.report_plots import sizes as _sizes
-from trainer.files import write_text_atomic
+from trainer.files import stage_dir, write_text_atomic
 
 
 def _read_json(path: Path) -> dict | None:
@@ -72,34 +71,44 @@ def collect(run_dir: Path) -> dict[str, Any]:
         )
     return {
         "stages": stages,
-        "start": _read_json(run_dir / "stage_0" / "start" / "metrics.json"),
+        "start": _read_json(stage_dir(run_dir, 0) / "start" / "metrics.json"),
         "final": _read_json(run_dir / "final" / "metrics.json"),
         "final_cpu": _read_json(run_dir / "final_cpu" / "metrics.json"),
         "settings": _read_json(run_dir / "settings.json") or {},
         "stage0_from": _read_json(run_dir / "stage0_from.json"),
         "final_mtime": _mtime(run_dir / "final" / "metrics.json"),
-        "levels": task_levels(_read_json(run_dir / "settings.json") or {}),
+        **task_levels(_read_json(run_dir / "settings.json") or {}),
     }
 
 
-def task_levels(settings: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The levels [{index, label}] of the run's family (the tables' and plots' axis; `LoopFamily.report_levels`),
-    None for MAPF's grid sizes (and for a settings.json that names no task, or one that does not load here)."""
-    name = settings.get("task") if isinstance(settings, dict) else None
-    if not isinstance(name, str):
-        return None
+def task_levels(settings: dict[str, Any]) -> dict[str, Any]:
+    """The run's family's levels, the tables' and plots' axis (`LoopFamily.report_levels`: [{index, label, column}],
+    MAPF's grid sizes or a task's levels) and the key of its levers (`lever`: `sizes` or `levels`); a settings.json
+    that names no task is the default task's (runs from before the setting), one whose task does not load here
+    has no levels (the axis is then read from the metrics)."""
+    name = settings.get("task", DEFAULT_TASK) if isinstance(settings, dict) else DEFAULT_TASK
     try:
-        return family_of(name).report_levels()
+        family = family_of(name if isinstance(name, str) else DEFAULT_TASK)
+        return {"levels": family.report_levels(), "lever": family.shape.key}
     except (ValueError, ImportError, AttributeError):
-        return None
+        return {"levels": None, "lever": None}
+
+
+def share_levels(data: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The levels of a run whose levers are level shares (None for per-size knobs)."""
+    return data.get("levels") if data.get("lever") == "levels" else None
 
 
 def axis(data: dict[str, Any]) -> tuple[list[int], Any]:
-    """The per-level columns of the tables: MAPF's grid sizes ("3x3"), or a task's levels ("L0")."""
+    """The per-level columns of the tables, from the family (MAPF's grid sizes "3x3", a task's levels "L0"), or
+    the levels the metrics name when the family does not load here."""
     levels = data.get("levels")
     if levels:
-        return [lv["index"] for lv in levels], lambda n: f"L{n}"
-    return list(SIZES), lambda n: f"{n}x{n}"
+        columns = {lv["index"]: lv["column"] for lv in levels}
+        return list(columns), columns.__getitem__
+    found = {int(k.rsplit("_", 1)[1]) for s in data.get("stages") or [] for k in (s.get("metrics") or {})
+             if k.startswith("eval/valid_rate/size_") and k.rsplit("_", 1)[1].isdigit()}
+    return sorted(found), str
 
 
 def _mtime(path: Path) -> float | None:
@@ -232,7 +241,7 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
         ]
     criterion = _criterion_name(data)
     keys, head = axis(data)
-    levels = data.get("levels")
+    levels = share_levels(data)
     lines += [
         "## Validation per stage",
         "",
@@ -304,7 +313,7 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
                       "(every completion of a prompt scored the same).**", ""]
     lines += ["## Configurations and the engineer's decisions", ""]
     top = ((data.get("settings") or {}).get("train") or {}).get("max_train_size")
-    if isinstance(top, int) and top < SIZES[-1] and not levels:
+    if isinstance(top, int) and keys and top < keys[-1] and not levels:
         lines += [
             f"Only sizes 3x3-{top}x{top} were trained (`train.max_train_size` {top}): each table is the configuration "
             f"trained, with any share an engineer gave larger sizes moved onto 3x3-{top}x{top}.",
@@ -321,7 +330,7 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
                 lines.append(f"| L{lv['index']} | {md_inline(lv['label'])} | {share:.3f} |")
         if cfg:
             lines += ["", "| size | data | hole | wait |", "|---|---|---|---|"]
-            for n in SIZES:
+            for n in keys:
                 k = cfg.get(n, {})
                 lines.append(
                     f"| {n}x{n} | {k.get('data_ratio', 0):.3f} | {k.get('hole_ratio', 0):.3f} | "

@@ -8,8 +8,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from env import SIZES
-from nodes.metrics import wilson
+from families.metrics import wilson
 from trainer.files import write_bytes_atomic
 
 
@@ -23,7 +22,7 @@ def sizes(config: Any) -> dict[int, dict[str, float]]:
     out: dict[int, dict[str, float]] = {}
     if not isinstance(raw, dict):
         return out
-    for n in SIZES:
+    for n in sorted(int(k) for k in raw if str(k).strip().isdigit()):
         knobs = raw.get(str(n), raw.get(n))
         if isinstance(knobs, dict):
             out[n] = {k: v for k in ("data_ratio", "hole_ratio", "wait_ratio") if (v := num(knobs.get(k))) is not None}
@@ -34,10 +33,10 @@ def size_rate(metrics: dict[str, Any], kind: str, size: int) -> float | None:
     return num(metrics.get(f"eval/{kind}/size_{size}"))
 
 
-def evaluated_sizes(measured: list[dict], keys: list[int] | None = None) -> list[int]:
-    """The grid sizes (or a task's levels, `keys`) that any of these evaluations answered (the per-size chart's
-    axis)."""
-    return [n for n in (keys or SIZES) if any(size_rate(m, "valid_rate", n) is not None for m in measured)]
+def evaluated_sizes(measured: list[dict], keys: list[int]) -> list[int]:
+    """The family's levels (MAPF's grid sizes, a task's levels: `keys`) that any of these evaluations answered (the
+    per-level chart's axis)."""
+    return [n for n in keys if any(size_rate(m, "valid_rate", n) is not None for m in measured)]
 
 
 def stage_points(stages: list[dict], start: dict | None, kind: str = "valid_rate") -> list[dict[str, Any]]:
@@ -94,8 +93,9 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
     if stages:
         files.append(_plot_stages(plt, stages, start, run_dir))
         measured = [start, *(s["metrics"] for s in stages)] if start else [s["metrics"] for s in stages]
-        levels = data.get("levels")
-        evaluated = evaluated_sizes(measured, [lv["index"] for lv in levels] if levels else None)
+        levels = data.get("levels") if data.get("lever") == "levels" else None
+        axis = [lv["index"] for lv in data.get("levels") or []] or _measured_levels(measured)
+        evaluated = evaluated_sizes(measured, axis)
         word = "level" if levels else "size"
         fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
         for ax, kind, title in (
@@ -118,7 +118,7 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
         save_png(fig, run_dir / "rates.png")
         plt.close(fig)
         files.append("rates.png")
-    shares = [s for s in data["stages"] if data.get("levels") and isinstance((s["config"] or {}).get("levels"), dict)]
+    shares = [s for s in data["stages"] if data.get("lever") == "levels" and data.get("levels") and isinstance((s["config"] or {}).get("levels"), dict)]
     if shares:
         keys = [lv["index"] for lv in data["levels"]]
         fig, ax = plt.subplots(figsize=(7, 4))
@@ -138,14 +138,15 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
         files.append("allocation.png")
     configs = [s for s in data["stages"] if sizes(s["config"])]
     if configs:
+        grid = sorted({n for s in configs for n in sizes(s["config"])})
         fig, axes = plt.subplots(1, 3, figsize=(14, 4))
         width = 0.8 / max(1, len(configs))
         for i, s in enumerate(configs):
             knobs = sizes(s["config"])
             for ax, knob in zip(axes, ("data_ratio", "hole_ratio", "wait_ratio"), strict=True):
-                ys = [knobs.get(n, {}).get(knob, 0.0) for n in SIZES]
+                ys = [knobs.get(n, {}).get(knob, 0.0) for n in grid]
                 ax.bar(
-                    [n + (i - (len(configs) - 1) / 2) * width for n in SIZES],
+                    [n + (i - (len(configs) - 1) / 2) * width for n in grid],
                     ys,
                     width=width,
                     label=f"stage {s['stage']}",
@@ -153,7 +154,7 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
         for ax, knob in zip(axes, ("data_ratio", "hole_ratio", "wait_ratio"), strict=True):
             ax.set_title(knob)
             ax.set_xlabel("grid size")
-            ax.set_xticks(list(SIZES))
+            ax.set_xticks(grid)
         axes[0].legend()
         fig.suptitle("environment allocation per stage")
         fig.tight_layout()
@@ -161,6 +162,12 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
         plt.close(fig)
         files.append("allocation.png")
     return files
+
+
+def _measured_levels(measured: list[dict]) -> list[int]:
+    """The levels the metrics name (`eval/valid_rate/size_<level>`), when the family gives none."""
+    return sorted({int(k.rsplit("_", 1)[1]) for m in measured for k in m
+                   if k.startswith("eval/valid_rate/size_") and k.rsplit("_", 1)[1].isdigit()})
 
 
 def save_png(fig, path: Path) -> None:

@@ -1,9 +1,9 @@
 """The summarize_failures node: the engineer's context for the stage just evaluated, written to stage_k/summary.md.
 
-What the context holds is the run's task family's (`nodes/family.py` `LoopFamily.context`): for MAPF-FrozenLake the
-paper's context modules (F, G, H, S, T, E, X; `nodes/evidence.py`, the variant from `settings.context`), for any
-other family its rates and failures per level, its history of shares, its last rationale and verbatim failing
-answers (`nodes/task_loop.py`). Policy text in it is fenced as untrusted either way (`nodes/evidence.py`).
+What the context holds is the run's task family's (`families/base.py` `LoopFamily.context`): for MAPF-FrozenLake the
+paper's context modules (F, G, H, S, T, E, X; `families/evidence.py`, the variant from `settings.context`), for a
+level-share family its rates and failures per level, its history of shares, its last rationale and verbatim failing
+answers (`families/level_share.py`). Policy text in it is fenced as untrusted either way (`families/evidence.py`).
 """
 
 from __future__ import annotations
@@ -12,22 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodes.context_variants import CONTEXT_VARIANTS, VARIANTS  # noqa: F401 (CONTEXT_VARIANTS: evals)
-from nodes.evidence import (  # noqa: F401 (the context's pieces, under their old names here too)
-    FENCE_CLOSE,
-    FENCE_OPEN,
-    PROMPTS_DIR,
-    QUOTE,
-    build_context,
-    fence_block,
-    fence_evidence,
-    fenced_spans,
-    fill,
-    load_template,
-    pick_failures,
-    rationale_module,
-)
-from nodes.family import family_of
+from families import family_of
 from trainer.files import RunFileError, stage_dir, write_text_atomic
 
 if TYPE_CHECKING:

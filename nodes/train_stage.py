@@ -14,17 +14,18 @@ from pathlib import Path
 from llm_backends.checkpoints import CheckpointError
 from llm_backends.models import resolve_model
 from trainer.child import run_stage_in_child
+from trainer.files import stage_dir
 
 
 def train_stage(state: dict, runtime) -> dict:
     """Graph node: GRPO on `state["train_path"]` from `state["checkpoint"]` (stage 0 only: None = the base
     policy model; a later stage without a checkpoint raises `CheckpointError`, never restarts from the base).
 
-    Returns {"checkpoint", "reward_state", "train_metrics"}. Stage folder: `run_dir / f"stage_{k}"`.
+    Returns {"checkpoint", "reward_state", "train_metrics"}. Stage folder: `trainer.files.stage_dir(run_dir, k)`.
     """
     settings = runtime.context.settings
     stage = int(state["stage"])
-    out_dir = Path(runtime.context.run_dir) / f"stage_{stage}"
+    out_dir = stage_dir(runtime.context.run_dir, stage)
     prev = state.get("checkpoint")
     if not prev and stage > 0:
         raise CheckpointError(

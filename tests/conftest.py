@@ -76,6 +76,7 @@ QUICK = {
     "test_task_seam.py::test_tasks_load_by_name_and_a_bad_name_says_what_is_allowed",
     "test_task_seam.py::test_the_generic_reward_scores_each_completion_against_its_own_row",
     "test_task_loop.py",  # a toy task family through the loop's task seam
+    "test_family_shape.py",  # a family of another shape (a scalar difficulty and a stage size): one module, one line
     "test_rg_task.py",  # reasoning-gym as a task family
     # llm_backends: engineer names and keys, base URLs
     "test_llm_engineers.py",

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from env import SIZES
-from graph import approve, loop, progress
+from families.mapf import config_table
+from graph import approve, loop
 from tests.support.graph_stubs import PROPOSAL, settings_for, sizes
 
 
@@ -32,7 +33,7 @@ def _editor(tmp_path, monkeypatch, body: str):
 def test_config_table_shows_old_to_new_per_size():
     old = {"sizes": sizes({3: 1.0})}
     new = {"sizes": sizes({3: 0.5, 4: 0.5}, wait=0.5)}
-    table = progress.config_table(old, new).splitlines()
+    table = config_table(old, new).splitlines()
     assert table[0].split() == ["size", "data", "hole", "wait"]
     rows = {line.split()[0]: line for line in table[2:]}
     assert set(rows) == {f"{n}x{n}" for n in SIZES}

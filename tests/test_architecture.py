@@ -9,15 +9,17 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("env", "llm_backends", "trainer", "nodes", "graph", "evals")
-# what each folder may import (ARCHITECTURE.md, "Dependency direction"); nodes -> graph.settings is for typing only
+PACKAGES = ("env", "llm_backends", "trainer", "families", "nodes", "graph", "evals")
+# what each folder may import (ARCHITECTURE.md, "Dependency direction"); nodes -> graph.settings is for typing only,
+# and nodes never import env/ (a task reaches the nodes through its family)
 ALLOWED = {
     "env": set(),
     "llm_backends": {"env"},
     "trainer": {"env", "llm_backends"},
-    "nodes": {"env", "llm_backends", "trainer"},
-    "graph": {"env", "llm_backends", "trainer", "nodes"},
-    "evals": {"env", "llm_backends", "trainer", "nodes", "graph"},
+    "families": {"env", "llm_backends", "trainer"},
+    "nodes": {"llm_backends", "trainer", "families"},
+    "graph": {"env", "llm_backends", "trainer", "families", "nodes"},
+    "evals": {"env", "llm_backends", "trainer", "families", "nodes", "graph"},
 }
 
 
@@ -58,8 +60,8 @@ def _imports(path: Path, module: str, top_level_only: bool, typing_too: bool = F
 
 def test_every_file_named_in_architecture_md_exists():
     text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
-    named = set(re.findall(r"`((?:env|llm_backends|trainer|nodes|graph|evals|tests|prompts|docs)/[\w./-]*)`", text))
-    named |= set(re.findall(r"`((?:env|llm_backends|trainer|nodes|graph|evals|tests|prompts|docs)/[\w/-]+\.\w+)", text))
+    named = set(re.findall(r"`((?:env|llm_backends|trainer|families|nodes|graph|evals|tests|prompts|docs)/[\w./-]*)`", text))
+    named |= set(re.findall(r"`((?:env|llm_backends|trainer|families|nodes|graph|evals|tests|prompts|docs)/[\w/-]+\.\w+)", text))
     assert len(named) >= 25, sorted(named)
     missing = sorted(n for n in named if not (ROOT / n).exists())
     assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from env import SIZES, EnvConfig, random_config, uniform_config
-from nodes.curricula import CLASSIC, fixed, learnability, random_engineer, sizes_of, threshold
+from families.mapf_curricula import CLASSIC, fixed, learnability, random_engineer, sizes_of, threshold
 
 
 def _by_size(p: dict[int, float], n: int = 20) -> dict[str, dict]:

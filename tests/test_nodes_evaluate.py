@@ -8,14 +8,8 @@ import json
 import pytest
 
 from env import FAILURES, load_split, plan_text
-from nodes.evaluate import (
-    compute_final_metrics,
-    compute_metrics,
-    evaluate,
-    final_evaluate,
-    limit_instances,
-    read_rows,
-)
+from families.metrics import compute_final_metrics, compute_metrics
+from nodes.evaluate import evaluate, final_evaluate, limit_instances, read_rows
 from tests.support.node_helpers import make_settings, runtime, scripted_policy
 
 

@@ -9,13 +9,15 @@ import json
 import pytest
 
 from env import EnvConfig, load_split, plan_text, uniform_config
+from families.evidence import fenced_spans
+from families.mapf import feasibility
+from families.mapf_curricula import LEARNABILITY_STEP
 from graph.graph import route_after_validation
 from nodes.apply import apply
-from nodes.curricula import LEARNABILITY_STEP
 from nodes.evaluate import evaluate, limit_instances
 from nodes.propose_config import propose_config
-from nodes.summarize_failures import fenced_spans, summarize_failures
-from nodes.validate_config import feasibility, validate_config
+from nodes.summarize_failures import summarize_failures
+from nodes.validate_config import validate_config
 from tests.support.node_helpers import engineer_round, make_settings, runtime, scripted_policy
 
 GOOD = {"sizes": {str(s): {"data_ratio": 0.125, "hole_ratio": 0.1, "wait_ratio": 0.3} for s in range(3, 11)}}
@@ -121,7 +123,7 @@ def test_infeasible_proposals_are_sent_back_then_the_config_is_kept(tmp_path, mo
     def broken(*a, **kw):
         raise RuntimeError("solver budget exceeded everywhere")
 
-    monkeypatch.setattr("nodes.validate_config.generate", broken)
+    monkeypatch.setattr("families.mapf.generate", broken)
     settings = make_settings(engineer="random", engineer_max_attempts=2)
     state = {"stage": 1, "config": uniform_config().model_dump(mode="json"), "metrics": {"by_size": {}}}
     out = engineer_round(state, settings, tmp_path)

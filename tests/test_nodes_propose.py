@@ -10,16 +10,20 @@ import math
 import pytest
 
 from env import SIZES, EnvConfig, random_config, uniform_config
+from families.mapf import MapfFamily, answer_schema, check, config_diff, system_prompt
+from families.reply import MAX_REPLY_CHARS, read_reply
 from graph.graph import route_after_validation
-from nodes.propose_config import MAX_REPLY_CHARS, answer_schema, extract_proposal, system_prompt
-from nodes.validate_config import (
-    MAX_STORED_CHARS,
-    MAX_STORED_DEPTH,
-    check_proposal,
-    config_diff,
-    validate_config,
-)
+from nodes.validate_config import MAX_STORED_CHARS, MAX_STORED_DEPTH, validate_config
 from tests.support.node_helpers import ScriptedChat, engineer_round, make_settings, runtime
+
+
+def extract_proposal(text, finish_reason=None, parsed=None):
+    return read_reply(text, MapfFamily.shape, finish_reason, parsed)
+
+
+def check_proposal(proposal, current, repair=True):
+    """MAPF's one check, as a last attempt or a person's edit runs it (projection allowed)."""
+    return check(proposal, current, feasibility_n=4, seed=0, repair=repair)
 
 
 def _sizes(data=0.125, hole=0.2, wait=0.4):
@@ -80,7 +84,7 @@ def test_extract_says_why_nothing_was_found(text, words):
 
 def test_extract_is_bounded_on_a_100kb_reply(monkeypatch):
     """12,000 '{' that never decode: the work is bounded by count (decode starts, balanced scans), not by a clock."""
-    from nodes import propose_config as pc
+    from families import reply as pc
 
     calls = {"decode": 0, "scan": 0}
 
@@ -143,27 +147,27 @@ def test_system_prompt_carries_the_schema_and_contract():
 
 def test_check_proposal_accepts_projects_or_rejects():
     cur = uniform_config().model_dump(mode="json")
-    assert check_proposal(GOOD, cur)["decision"] == "accepted"
+    assert check_proposal(GOOD, cur).how == "accepted"
     out = check_proposal({"sizes": _sizes(data=5)}, cur)
-    assert out["decision"] == "projected" and out["errors"] and any("renormalised" in n for n in out["notes"])
+    assert out.how == "projected" and out.errors and any("renormalised" in n for n in out.notes)
     out = check_proposal({**GOOD, "num_agents": 5, "reward": "max"}, cur)
-    assert out["decision"] == "accepted" and out["config"].num_agents == 2  # run-level keys are not the engineer's
-    assert any("num_agents" in n for n in out["notes"])
+    assert out.how == "accepted" and out.config["num_agents"] == 2  # run-level keys are not the engineer's
+    assert any("num_agents" in n for n in out.notes)
     out = check_proposal({"sizes": [1, 2, 3]}, cur)
-    assert out["config"] is None and out["errors"]
+    assert out.config is None and out.errors
 
 
 def test_numeric_strings_fail_strict_validation_and_are_projected_with_a_note():
     cur = uniform_config().model_dump(mode="json")
     out = check_proposal({"sizes": _sizes(data="0.125")}, cur)
-    assert out["decision"] == "projected"  # not "accepted": strict validation takes numbers only
-    assert "sizes.3.data_ratio" in out["errors"][0] and "not a string" in out["errors"][0]
-    assert "sizes.3.data_ratio: read the string '0.125' as the number 0.125" in out["notes"]
-    assert out["config"].sizes == EnvConfig.model_validate(GOOD).sizes  # the same numbers, once converted
+    assert out.how == "projected"  # not "accepted": strict validation takes numbers only
+    assert "sizes.3.data_ratio" in out.errors[0] and "not a string" in out.errors[0]
+    assert "sizes.3.data_ratio: read the string '0.125' as the number 0.125" in out.notes
+    assert out.config["sizes"] == EnvConfig.model_validate(GOOD).model_dump(mode="json")["sizes"]  # the same numbers, once converted
     # integers are still numbers: {"data_ratio": 0} is strictly valid
     ints = _sizes()
     ints["3"], ints["4"] = {**ints["3"], "data_ratio": 0}, {**ints["4"], "data_ratio": 0.25}
-    assert check_proposal({"sizes": ints}, cur)["decision"] == "accepted"
+    assert check_proposal({"sizes": ints}, cur).how == "accepted"
 
 
 def test_integer_too_large_for_a_float_is_clipped_with_a_note():
@@ -172,12 +176,12 @@ def test_integer_too_large_for_a_float_is_clipped_with_a_note():
     sizes["3"] = {**sizes["3"], "data_ratio": 10**400}
     sizes["4"] = {**sizes["4"], "hole_ratio": -(10**400)}
     out = check_proposal({"sizes": sizes}, cur)  # float(10**400) raises OverflowError
-    assert out["decision"] == "projected"
-    assert "sizes.3.data_ratio" in out["errors"][0] and "401 digits" in out["errors"][0]
-    assert "sizes.3.data_ratio: clipped an integer of about 401 digits to 1" in out["notes"]
-    assert "sizes.4.hole_ratio: clipped an integer of about 401 digits to 0" in out["notes"]
-    cfg = out["config"]
-    assert cfg.sizes[4].hole_ratio == 0.0 and cfg.sizes[3].data_ratio == pytest.approx(1 / 1.875)
+    assert out.how == "projected"
+    assert "sizes.3.data_ratio" in out.errors[0] and "401 digits" in out.errors[0]
+    assert "sizes.3.data_ratio: clipped an integer of about 401 digits to 1" in out.notes
+    assert "sizes.4.hole_ratio: clipped an integer of about 401 digits to 0" in out.notes
+    cfg = out.config
+    assert cfg["sizes"]["4"]["hole_ratio"] == 0.0 and cfg["sizes"]["3"]["data_ratio"] == pytest.approx(1 / 1.875)
 
 
 def test_check_proposal_records_any_error_as_a_reason():
@@ -186,7 +190,7 @@ def test_check_proposal_records_any_error_as_a_reason():
     for _ in range(5000):  # deeper than any recursive check could follow
         deep = [deep]
     out = check_proposal({"sizes": {**_sizes(), "3": deep}}, cur)
-    assert out["config"] is None and len(out["errors"]) == 2 and "cannot project" in out["errors"][1]
+    assert out.config is None and len(out.errors) == 2 and "cannot project" in out.errors[1]
 
 
 def test_diff_lists_moved_knobs_only():
@@ -250,10 +254,31 @@ def test_adversarial_reply_ends_in_a_recorded_decision(name, tmp_path):
         assert doc["decisions"][-1]["errors"] and out["accepted"] == EnvConfig.model_validate(state["config"]).model_dump(mode="json")
         # the second attempt was told why the first failed
         assert "could not be used" in model.calls[1][0][-1]["content"]
+    elif out["decision"] == "projected":  # outside the legal space: sent back first, projected on the last attempt
+        assert [d["decision"] for d in doc["decisions"]] == ["retry", "projected"] and len(model.calls) == 2
+        assert doc["decisions"][-1]["notes"] and "could not be used" in model.calls[1][0][-1]["content"]
     else:
         assert len(doc["decisions"]) == 1 and len(model.calls) == 1
-    if out["decision"] == "projected":
-        assert doc["decisions"][-1]["notes"]
+
+
+@pytest.mark.parametrize("data, total", [({3: 0.333, 4: 0.333, 5: 0.333}, "0.999"),
+                                         ({3: 20, 4: 30, 5: 50}, "100 (percentages)")])
+def test_shares_off_only_by_rounding_are_normalised_at_once_and_recorded_so(data, total, tmp_path):
+    """One repair policy for every family: data ratios summing to 0.999, or percentages summing to 100, are rescaled
+    at the first attempt ("normalised", never sent back); the same proposal outside the legal space is sent back."""
+    sizes = {str(s): {"data_ratio": data.get(s, 0.0), "hole_ratio": 0.1, "wait_ratio": 0.25} for s in SIZES}
+    settings = make_settings(engineer="base", engineer_max_attempts=3)
+    model = ScriptedChat([json.dumps({"sizes": sizes})])
+    out = engineer_round(_state(), settings, tmp_path, model=model)
+    doc = json.loads((tmp_path / "stage_1" / "validation.json").read_text())
+    assert out["decision"] == doc["final"] == "normalised" and len(model.calls) == 1
+    record = doc["decisions"][-1]
+    assert record["notes"] == [f"sizes.*.data_ratio: shares summed to {total}; normalised to sum to 1"]
+    assert "normalised" in record["reason"] and "data_ratio" in record["errors"][0]
+    shares = {s: out["accepted"]["sizes"][str(s)]["data_ratio"] for s in data}
+    assert shares == pytest.approx({s: v / sum(data.values()) for s, v in data.items()})
+    assert check_proposal({"sizes": {**sizes, "3": {**sizes["3"], "data_ratio": 2}}}, _state()["config"],
+                          repair=False).config is None  # not rounding: outside the legal space
 
 
 def test_validation_json_stores_a_deep_or_huge_proposal_safely(tmp_path):
@@ -296,7 +321,7 @@ def test_feasibility_shortfall_rejects_the_proposal(tmp_path, monkeypatch):
         stats["sizes"]["3"]["produced"], stats["sizes"]["4"]["produced"] = 0, 4
         return real_env.Generated(instances=keep, stats=stats)
 
-    monkeypatch.setattr("nodes.validate_config.generate", short)
+    monkeypatch.setattr("families.mapf.generate", short)
     sizes = {str(s): {"data_ratio": 0.5 if s in (3, 4) else 0.0, "hole_ratio": 0.1, "wait_ratio": 0.5} for s in SIZES}
     settings = make_settings(engineer="base", engineer_max_attempts=1, feasibility_n=16)
     state = {**_state(), "proposal": {"sizes": sizes}, "attempts": 1, "rationale": "only small maps"}

@@ -9,15 +9,10 @@ import re
 import pytest
 
 from env import FAILURES, random_config, uniform_config
-from nodes.evaluate import compute_metrics
-from nodes.summarize_failures import (
-    FENCE_CLOSE,
-    FENCE_OPEN,
-    VARIANTS,
-    build_context,
-    fenced_spans,
-    summarize_failures,
-)
+from families.context_variants import VARIANTS
+from families.evidence import FENCE_CLOSE, FENCE_OPEN, build_context, fenced_spans
+from families.metrics import compute_metrics
+from nodes.summarize_failures import summarize_failures
 from tests.support.node_helpers import ScriptedChat, make_settings, runtime
 
 INJECTION = (
@@ -100,16 +95,18 @@ def test_training_details_say_which_sizes_are_trained():
 
 
 def test_env_stats_module_from_a_real_generated_set(tmp_path):
-    """apply's generate_stage writes env_stats.json from env.generate; summary.md shows its real columns."""
+    """apply's stage files hold env_stats.json from env.generate; summary.md shows its real columns."""
     from env import SIZES, EnvConfig
-    from nodes.apply import generate_stage
+    from families.mapf import MapfFamily
+    from nodes.apply import stage_files
 
     # 3x3 asks every instance to need a wait (some 3x3 maps cannot: a wait shortfall is likely but not
     # required); the other sizes ask for none
     sizes = {str(s): {"data_ratio": 0.5 if s in (3, 6) else 0.0, "hole_ratio": 0.2, "wait_ratio": 1.0 if s == 3 else 0.0}
              for s in SIZES}
     cfg = EnvConfig.model_validate({"sizes": sizes, "num_instances": 16})
-    stats = generate_stage(cfg, tmp_path / "stage_2", seed=5)
+    stats = stage_files(tmp_path / "stage_2", cfg.model_dump(mode="json"), seed=5, n=16,
+                        produce=lambda path: MapfFamily().stage_items(cfg, 16, 5, path))
     row3 = stats["sizes"]["3"]
     for key in ("asked_hole_ratio", "achieved_hole_ratio", "asked_wait_ratio", "achieved_wait_share", "wait_shortfall"):
         assert key in row3, key  # the names the generator really writes

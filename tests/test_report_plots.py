@@ -28,8 +28,9 @@ def test_stage_points_put_the_start_first_with_wilson_intervals():
 
 def test_the_per_size_chart_shows_only_the_sizes_evaluated_and_every_plot_is_written(tmp_path):
     start, m0 = _metrics(0.16, 0.1), _metrics(0.2, 0.1, sizes=(3, 4))
-    assert evaluated_sizes([start, m0]) == [3, 4, 5]
-    assert evaluated_sizes([m0]) == [3, 4]
+    grid = list(range(3, 11))  # the family's levels: MAPF's grid sizes
+    assert evaluated_sizes([start, m0], grid) == [3, 4, 5]
+    assert evaluated_sizes([m0], grid) == [3, 4]
     data = {"start": start, "stages": [{"stage": 0, "metrics": m0, "config": None}]}
     files = plot(data, tmp_path)
     assert files[:2] == ["stages.png", "rates.png"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from env.rg import MAX_LEVELS, SPLIT_SIZES, RgConfig, RgTaskError, parse_name
-from nodes import task_loop
+from families import level_share
 from trainer.task import load_task
 
 BA = "rg:basic_arithmetic:num_terms=2-3,num_digits=1-2"
@@ -80,14 +80,15 @@ def test_bad_names_attributes_levels_and_configs_are_refused_in_one_line(task):
                      ({"levels": {"0": 0.5}}, "sum to 0.5"),
                      ({"levels": {"0": 1.5, "1": -0.5}}, r"allowed: a share in \[0, 1\]"),
                      ({"levels": {"0": 1.0}, "hole_ratio": 0.1}, "unknown key.*hole_ratio")]:
-        cfg, errors = task_loop.check(task, raw, 8)
+        checked = level_share.check(task, raw, 8, repair=False)
+        cfg, errors = checked.config, checked.errors
         assert cfg is None and len(errors) == 1 and "\n" not in errors[0]
         assert __import__("re").search(msg, errors[0]), errors[0]
     assert task.project({"levels": {"0": 3, "1": 1, "9": 5}}).levels == {0: 0.75, 1: 0.25}
 
 
 def test_the_engineer_prompt_names_the_datasets_levels_and_no_mapf_words(task):
-    text = task_loop.system_prompt(task)
+    text = level_share.system_prompt(task)
     assert "num_terms" in text and "num_digits" in text and "| 3 | 3 | 2 |" in text
     assert "Number of terms in the expression" in text  # the curriculum's own description
     for word in ("agent", "grid", "hole", "wait", "makespan", "MAPF", "FrozenLake"):
@@ -123,5 +124,6 @@ def test_every_classic_curriculum_answers_a_config_that_passes_the_strict_check(
 
     by_level = {str(lv.index): {"valid_rate": v} for lv, v in zip(task.levels, (0.9, 0.5, 0.3, 0.0), strict=True)}
     for name in ("fixed", "random", "learnability", "threshold"):
-        raw, why, _ = task_loop.classic(name, task, {"levels": {"0": 0.5, "1": 0.5}}, by_level, {}, random.Random(1))
-        assert task_loop.check(task, raw, 16) == (task.parse_config(raw, 16).model_dump(mode="json"), []), (name, raw)
+        raw, why, _ = level_share.classic(name, task, {"levels": {"0": 0.5, "1": 0.5}}, by_level, {}, random.Random(1))
+        checked = level_share.check(task, raw, 16)
+        assert (checked.how, checked.config) == ("accepted", task.parse_config(raw, 16).model_dump(mode="json")), name

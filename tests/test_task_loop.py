@@ -9,9 +9,9 @@ import random
 
 import pytest
 
+from families import family_of
+from families import level_share as task_loop
 from graph.settings import SettingsError, build_settings
-from nodes import task_loop
-from nodes.propose_config import extract_levels
 from tests.support.node_helpers import ScriptedChat, runtime
 from tests.support.tiny_llama import save_tiny_llama
 from tests.support.toy_task import ToyTask
@@ -27,7 +27,7 @@ def toy_settings(**over):
 
 def test_a_toy_task_gets_its_own_splits_and_bad_splits_are_refused():
     s = toy_settings()
-    assert (s.task, s.eval_split, s.final_split, s.is_mapf) == (TOY, "val", "test", False)
+    assert (s.task, s.eval_split, s.final_split, family_of(s).shape.key) == (TOY, "val", "test", "levels")
     with pytest.raises(SettingsError, match="eval_split='val-mini' is not a split of task .*allowed: val, test"):
         toy_settings(eval_split="val-mini")
 
@@ -43,35 +43,43 @@ def test_the_engineer_prompt_describes_the_task_levels_and_no_mapf():
 
 
 def test_the_nodes_reach_a_run_s_task_through_one_family_with_every_member():
-    from graph.dryrun import DRY_RUNS
-    from nodes.family import LoopFamily, family_of
-    from nodes.mapf_family import MapfFamily
-    from nodes.propose_config import READERS
-    from nodes.validate_config import VALIDATORS
+    from families import LoopFamily
+    from families.mapf import MapfFamily
 
     mapf, toy = family_of(build_settings({"preset": "smoke", "engineer": "fixed"}, env={})), family_of(toy_settings())
     assert isinstance(mapf, MapfFamily) and isinstance(toy, task_loop.LevelShareFamily)
     assert (mapf.task.name, toy.task.name) == ("mapf", "toy-add") and family_of(TOY) is toy
     members = set(LoopFamily.__annotations__) | {m for m in vars(LoopFamily) if not m.startswith("_")}
+    assert {"check", "read_reply", "diff", "table", "shape"} <= members
     for family in (mapf, toy):
         assert not [m for m in members if not hasattr(family, m)]
-        assert family.answer_key in READERS and family.answer_key in VALIDATORS and family.answer_key in DRY_RUNS
+    assert (mapf.shape.key, toy.shape.key) == ("sizes", "levels")
     assert toy.split("val") == ToyTask().split("val") and toy.eval_key_fields() == {"task": TOY}
-    assert [lv["index"] for lv in toy.report_levels()] == [1, 2, 3] and mapf.report_levels() is None
+    assert [lv["index"] for lv in toy.report_levels()] == [1, 2, 3]
+    assert [lv["column"] for lv in mapf.report_levels()] == [f"{s}x{s}" for s in range(3, 11)]
     with pytest.raises(ValueError, match="cannot import"):
         family_of("no_such_module:Task")
 
 
 def test_extraction_and_validation_of_level_shares():
     task = ToyTask()
-    got, why, err = extract_levels('Shift up.\n{"levels": {"2": 0.5, "3": 0.5}, "rationale": "harder"}')
-    assert got == {"levels": {"2": 0.5, "3": 0.5}} and why == "harder" and err is None
-    assert extract_levels('{"1": 1.0}')[0] == {"levels": {"1": 1.0}}
-    assert extract_levels("no json here")[2] == "no JSON object with `levels` found in the reply"
-    cfg, errors = task_loop.check(task, {"levels": {"9": 1.0}}, 8)
-    assert cfg is None and "9" in errors[0] and "allowed: 1, 2, 3" in errors[0]
-    assert task_loop.check(task, {"levels": {"1": 0.2, "2": 0.2}}, 8)[0] is None
-    assert task_loop.check(task, {"levels": {"1": 0.5, "2": 0.5}}, 8)[0]["levels"] == {"1": 0.5, "2": 0.5}
+    family = family_of(TOY)
+    got = family.read_reply('Shift up.\n{"levels": {"2": 0.5, "3": 0.5}, "rationale": "harder"}', None, None)
+    assert got.config == {"levels": {"2": 0.5, "3": 0.5}} and got.rationale == "harder" and got.error is None
+    assert family.read_reply('{"1": 1.0}', None, None).config == {"levels": {"1": 1.0}}
+    assert family.read_reply("no json here", None, None).error == "no JSON object in the reply (12 characters)"
+    checked = task_loop.check(task, {"levels": {"9": 1.0}}, 8, repair=False)
+    assert checked.config is None and "9" in checked.errors[0] and "allowed: 1, 2, 3" in checked.errors[0]
+    assert task_loop.check(task, {"levels": {"1": 0.2, "2": 0.2}}, 8, repair=False).config is None
+    assert task_loop.check(task, {"levels": {"1": 0.5, "2": 0.5}}, 8).config["levels"] == {"1": 0.5, "2": 0.5}
+    # off only by rounding: normalised, whatever the attempt; outside the legal space: projected only when allowed
+    rounded = task_loop.check(task, {"levels": {"1": 0.333, "2": 0.333, "3": 0.333}}, 8, repair=False)
+    assert rounded.how == "normalised" and rounded.config["levels"] == pytest.approx({"1": 1 / 3, "2": 1 / 3, "3": 1 / 3})
+    assert rounded.notes == ["levels: shares summed to 0.999; normalised to sum to 1"]
+    pct = task_loop.check(task, {"levels": {"1": 25, "3": 75}}, 8, repair=False)
+    assert pct.how == "normalised" and pct.config["levels"] == {"1": 0.25, "3": 0.75}
+    projected = task_loop.check(task, {"levels": {"1": 2, "2": 1}}, 8, repair=True)
+    assert projected.how == "projected" and projected.config["levels"] == pytest.approx({"1": 2 / 3, "2": 1 / 3})
 
 
 def test_validation_records_the_level_shares_that_moved_and_the_progress_line_names_them(tmp_path):
@@ -98,6 +106,37 @@ def test_validation_records_the_level_shares_that_moved_and_the_progress_line_na
     update = validate_config(same, rt)
     assert json.loads((tmp_path / "run" / "stage_0" / "validation.json").read_text())["decisions"][-1]["diff"] == {}
     assert describe_update("validate_config", update, {**same, **update}, settings).endswith("(no change)")
+
+
+class GappedTask(ToyTask):
+    """The toy task with non-consecutive level numbers: 3, 5, 8 (digits 1, 2, 3)."""
+
+    levels = [type(ToyTask.levels[0])(n, f"level {n}") for n in (3, 5, 8)]
+
+
+def test_threshold_steps_to_the_next_level_in_the_task_s_own_order():
+    task = GappedTask()
+    by = {"3": {"valid_rate": 0.9}, "5": {"valid_rate": 0.8}, "8": {"valid_rate": 0.9}}
+    up, why, _ = task_loop.classic("threshold", task, {"levels": {"3": 0.5, "5": 0.5}}, by, {}, random.Random(0))
+    assert up == {"levels": {"3": 0.25, "5": 0.5, "8": 0.25}} and "[3, 5]" in why
+    top, why, _ = task_loop.classic("threshold", task, {"levels": {"8": 1.0}}, by, {}, random.Random(0))
+    assert top == {"levels": {"8": 1.0}} and "unchanged" in why  # the last level has no next one
+
+
+def test_a_level_share_task_missing_a_member_is_refused_in_one_line_when_settings_are_built(tmp_path, monkeypatch):
+    """The level-share members are a checked protocol: a task without `random_config` is refused when the settings
+    are built (before any work), in one line naming the member, not with an AttributeError in apply."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "half_task.py").write_text(
+        "from tests.support.toy_task import ToyTask\n\n\n"
+        "class NoRandom:\n"
+        "    def __getattr__(self, name):\n"
+        "        if name == 'random_config':\n"
+        "            raise AttributeError(name)\n"
+        "        return getattr(ToyTask(), name)\n")
+    with pytest.raises(SettingsError) as e:
+        build_settings({"task": "half_task:NoRandom", "preset": "smoke", "engineer": "fixed"}, env={})
+    assert "\n" not in str(e.value) and "has no `random_config`" in str(e.value), str(e.value)
 
 
 def test_classic_curricula_move_level_shares():

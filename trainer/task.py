@@ -16,8 +16,8 @@ reaches the task only through this protocol:
 
 The loop's nodes need more of a family than the trainer: its levels, a config of the engineer's levers, generation
 from a config, fixed evaluation splits and a description for the engineer's prompt. They reach it through
-`nodes/family.py` `LoopFamily`: MAPF-FrozenLake's is `nodes/mapf_family.py`, and any other task with the members
-listed in `nodes/task_loop.py` is served by its `LevelShareFamily`.
+`families/base.py` `LoopFamily`: MAPF-FrozenLake's is `families/mapf.py`, and any other task with the members
+listed in `families/level_share.py` is served by its `LevelShareFamily`.
 
 `load_task(name)` gives a task by name: `mapf` (the default), `rg:<dataset>` for a reasoning-gym dataset
 (`env.rg`), or `package.module:Attribute` for a task defined

@@ -2,7 +2,7 @@
 
 Levels are the digits of each term (1-3). An item is a dict; its gold answer is the sum; a verdict's failure
 label is `no_answer` (no number in the answer) or `wrong`. Beside the trainer's methods it has the loop's
-(`nodes/task_loop.py`): a config of level shares, generation from it, fixed splits and a description of its
+(`families/level_share.py`): a config of level shares, generation from it, fixed splits and a description of its
 levels, so the whole loop runs on it.
 """
 
@@ -85,7 +85,7 @@ class ToyTask:
         ok = int(found[-1]) == item["a"] + item["b"]
         return Verdict(valid=ok, label=None if ok else "wrong", score=float(ok), optimal=ok)
 
-    # ----- the loop's share (nodes/task_loop.py)
+    # ----- the loop's share (families/level_share.py)
 
     def parse_config(self, raw, num_instances: int | None = None) -> ToyConfig:
         if not isinstance(raw, dict) or not isinstance(raw.get("levels"), dict):
