@@ -176,7 +176,7 @@ class MapfReward(LengthAwareReward):
         if prompts is not None and len(prompts) != len(completions):
             raise ValueError(f"reward 'mapf': {len(completions)} completions but {len(prompts)} prompts")
         weights = tuple(self.state.weights())
-        rewards, n_tokens, valid, optimal, keys = [], [], [], [], []
+        rewards, n_tokens, valid, optimal, keys, sizes = [], [], [], [], [], []
         for i, (raw, comp) in enumerate(zip(instance, completions, strict=True)):
             inst = self._instance(raw)
             if prompts is not None:
@@ -191,6 +191,7 @@ class MapfReward(LengthAwareReward):
             valid.append(bool(verdict.valid))
             optimal.append(bool(verdict.optimal))
             keys.append(inst.id)
+            sizes.append(inst.size)
         self.state.update(n_tokens)
         groups: dict[str, list[float]] = defaultdict(list)
         for k, r in zip(keys, rewards, strict=True):
@@ -205,7 +206,8 @@ class MapfReward(LengthAwareReward):
             "w_len": weights[1],
             "completion_tokens": sum(n_tokens) / len(n_tokens),
         }
-        self.history.append({**stats, "rewards": rewards, "groups": list(groups.values())})
+        self.history.append({**stats, "rewards": rewards, "groups": list(groups.values()), "levels": sizes,
+                             "valid": valid, "keys": keys})
         log_metric = kw.get("log_metric")
         if log_metric is not None:
             for name, value in stats.items():

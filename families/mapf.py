@@ -38,6 +38,7 @@ from families.mapf_curricula import CLASSIC
 from families.metrics import compute_final_metrics, compute_metrics, final_table_md
 from families.policy import Checked, rounded_shares
 from families.reply import Extracted, Shape, read_reply
+from families.views import MapfView
 from trainer.task import Task, load_task
 
 # ----------------------------------------------------------------------------- the engineer's prompt
@@ -62,9 +63,7 @@ def system_prompt(prompts_dir: Path | str | None = None, optimality: str = "make
     means in this run (`train.optimality`: makespan, the paper's criterion, or sum of costs)."""
     if optimality not in OPTIMAL_MEANS:
         raise ValueError(f"optimality {optimality!r}: allowed: {', '.join(OPTIMAL_MEANS)}")
-    schema = json.dumps(EnvConfig.engineer_schema(), indent=1)
-    return fill(load_template("engineer_system.md", prompts_dir), schema=schema,
-                optimal_means=OPTIMAL_MEANS[optimality]).strip()
+    return fill(load_template("engineer_system.md", prompts_dir), optimal_means=OPTIMAL_MEANS[optimality]).strip()
 
 
 # ----------------------------------------------------------------------------- stage data and verdicts
@@ -267,8 +266,10 @@ class MapfFamily:
         return load_task("mapf")
 
     def context(self, state: dict, settings: Settings, eval_rows: list[dict], env_stats: dict | None) -> str:
-        return build_context(variant=settings.context, state=state, settings=settings, eval_rows=eval_rows,
-                             env_stats=env_stats)
+        ids = {str(r.get("id")) for r in eval_rows if not r.get("valid")}
+        items = {i.id: i for i in load_split(settings.eval_split) if i.id in ids} if ids else {}
+        return build_context(variant=settings.context, state=state, settings=settings, view=MapfView(items),
+                             eval_rows=eval_rows, env_stats=env_stats)
 
     def system_prompt(self, settings: Settings) -> str:
         return system_prompt(settings.prompts_dir, settings.train.optimality)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -130,10 +131,12 @@ def test_extract_reads_only_the_first_max_reply_chars():
     assert ex.config == GOOD and any("cut" in n for n in ex.notes)
 
 
-def test_system_prompt_carries_the_schema_and_contract():
+def test_system_prompt_carries_the_contract_once_compactly_with_no_number_to_copy():
     sp = system_prompt()
     assert '"sizes"' in sp and "{schema}" not in sp and "rationale" in sp
-    assert json.dumps(EnvConfig.engineer_schema(), indent=1) in sp
+    assert '"data_ratio": <share>' in sp and '"properties"' not in sp  # the shape, not the pretty-printed schema
+    # no config value a model could copy: the knobs' numbers come from the evidence only
+    assert not re.search(r"\b0\.\d+\b", sp), re.findall(r"\b0\.\d+\b", sp)
     # "optimal" is explained by the run's criterion (train.optimality), never left as a placeholder
     assert "optimal when its makespan" in sp and "{optimal_means}" not in sp
     assert "optimal when its sum of costs" in system_prompt(optimality="soc")

@@ -10,8 +10,10 @@ import pytest
 
 from env import FAILURES, random_config, uniform_config
 from families.context_variants import VARIANTS
-from families.evidence import FENCE_CLOSE, FENCE_OPEN, build_context, fenced_spans
+from families.evidence import FENCE_CLOSE, FENCE_OPEN, fenced_spans
+from families.evidence import build_context as _build
 from families.metrics import compute_metrics
+from families.views import MapfView
 from nodes.summarize_failures import summarize_failures
 from tests.support.node_helpers import ScriptedChat, make_settings, runtime
 
@@ -49,6 +51,11 @@ def _state(stage=2):
     }
 
 
+def build_context(**kw):
+    """MAPF-FrozenLake's context (its view: the grid sizes, no split items behind the rows)."""
+    return _build(view=MapfView(), **kw)
+
+
 def _headings(text: str) -> set[str]:
     return set(re.findall(r"^## ([A-Z])\.", text, flags=re.M))
 
@@ -57,8 +64,8 @@ def _headings(text: str) -> set[str]:
 def test_variant_selects_its_modules(variant):
     ctx = build_context(variant=variant, state=_state(), settings=make_settings(context=variant), eval_rows=_rows())
     want = {m[0] for m in VARIANTS[variant]}
-    assert _headings(ctx) == want
-    assert "Environment statistics" in ctx and "Evidence: verbatim failing answers" in ctx
+    assert _headings(ctx) == want | {"C"}  # the config being edited is shown in every variant
+    assert "Environment statistics" in ctx and "Evidence: failing examples" in ctx
     assert ("I raised the holes" in ctx) == ("S" in want)
 
 
@@ -75,7 +82,7 @@ def test_history_with_and_without_stage0():
 def test_failure_module_counts_per_size():
     ctx = build_context(variant="V1", state=_state(), settings=make_settings(), eval_rows=[])
     counts = " | ".join("1" if f in ("conflict", "out_of_bounds") else "0" for f in FAILURES)
-    assert f"| 5x5 | 2 | 0.0% | 0.0% | {counts} |" in ctx  # one conflict, one out_of_bounds
+    assert f"| 5x5 | 2 | 0.0% [0-66] | 0.0% | {counts} |" in ctx  # one conflict, one out_of_bounds
     assert "valid rate 20.0%" in ctx
 
 

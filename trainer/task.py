@@ -145,7 +145,7 @@ class TaskReward:
             raise ValueError(f"reward {self.__name__!r} needs the dataset column 'item' (the item JSON)")
         if len(item) != len(completions):
             raise ValueError(f"reward {self.__name__!r}: {len(completions)} completions but {len(item)} items")
-        rewards, valid, optimal, keys = [], [], [], []
+        rewards, valid, optimal, keys, levels = [], [], [], [], []
         for i, (raw, comp) in enumerate(zip(item, completions, strict=True)):
             it = self.item(raw)
             if prompts is not None:
@@ -155,16 +155,18 @@ class TaskReward:
             valid.append(bool(verdict.valid))
             optimal.append(bool(verdict.optimal))
             keys.append(self.task.item_id(it))
+            levels.append(int(self.task.level(it)))
         # completion_tokens: TRL's token ids where it passes them, else characters (a reward called by hand)
         lengths = ([len(ids) for ids in completion_ids] if completion_ids is not None
                    else [len(completion_text(c)) for c in completions])
-        record_batch(self.history, rewards, valid, optimal, keys, lengths, kw.get("log_metric"))
+        record_batch(self.history, rewards, valid, optimal, keys, lengths, kw.get("log_metric"), levels=levels)
         return rewards
 
 
 def record_batch(history: list[dict], rewards: list[float], valid: list[bool], optimal: list[bool], keys: list[str],
-                 lengths: list[int], log_metric=None, **extra: float) -> None:
-    """One batch's statistics appended to `history` (and logged through TRL's `log_metric` when given)."""
+                 lengths: list[int], log_metric=None, levels: list[int] | None = None, **extra: float) -> None:
+    """One batch's statistics appended to `history` (and logged through TRL's `log_metric` when given); `levels`,
+    each completion's level, makes `reward_summary` report the training signal per level too."""
     groups: dict[str, list[float]] = defaultdict(list)
     for k, r in zip(keys, rewards, strict=True):
         groups[k].append(r)
@@ -176,7 +178,8 @@ def record_batch(history: list[dict], rewards: list[float], valid: list[bool], o
         **extra,
         "completion_tokens": sum(lengths) / len(lengths),
     }
-    history.append({**stats, "rewards": rewards, "groups": list(groups.values())})
+    history.append({**stats, "rewards": rewards, "groups": list(groups.values()),
+                    **({"levels": list(levels), "valid": list(valid), "keys": list(keys)} if levels is not None else {})})
     if log_metric is not None:
         for name, value in stats.items():
             if not math.isnan(value):
@@ -206,4 +209,28 @@ def reward_summary(history: list[dict]) -> dict[str, float]:
         "train/valid_rate": sum(valid) / len(rewards),
         "train/optimal_rate": sum(optimal) / len(rewards),
         "train/completion_tokens": statistics.fmean(h["completion_tokens"] for h in history),
+        **level_summary(history),
     }
+
+
+def level_summary(history: list[dict]) -> dict[str, float]:
+    """The training signal per level (`train/level/<level>/...`: reward mean, sampled valid rate, share of groups
+    whose rewards are all equal, completions) from the batches of `history` that recorded their levels."""
+    per: dict[int, dict[str, list]] = defaultdict(lambda: {"rewards": [], "valid": [], "groups": defaultdict(list)})
+    for b, h in enumerate(history):
+        if "levels" not in h:
+            continue
+        for r, v, k, lv in zip(h["rewards"], h["valid"], h["keys"], h["levels"], strict=True):
+            d = per[int(lv)]
+            d["rewards"].append(r)
+            d["valid"].append(v)
+            d["groups"][(b, k)].append(r)
+    out: dict[str, float] = {}
+    for lv, d in sorted(per.items()):
+        multi = [g for g in d["groups"].values() if len(g) > 1]
+        out[f"train/level/{lv}/reward_mean"] = statistics.fmean(d["rewards"])
+        out[f"train/level/{lv}/valid_rate"] = sum(d["valid"]) / len(d["valid"])
+        out[f"train/level/{lv}/completions"] = len(d["rewards"])
+        if multi:
+            out[f"train/level/{lv}/zero_std_groups"] = sum(1 for g in multi if max(g) - min(g) < 1e-9) / len(multi)
+    return out
