@@ -131,7 +131,7 @@ def env_stats_table(stats: dict | None) -> str:
 def training_details(state: dict, settings: Settings, view: EvidenceView, full: bool) -> str:
     """T: the budget (stages left, questions, training per stage), the training signal per level of the stage just
     trained and, with `full`, the RL hyper-parameters and every train metric."""
-    lines = budget_lines(state, settings, state.get("metrics"), view.item_word)
+    lines = budget_lines(state, settings, state.get("metrics"), view.item_word, view.level_word)
     top = settings.train.max_train_size
     sizes = [int(k) for k, _ in view.levels() if k.isdigit()]
     if view.knobs[0] == "data_ratio" and top is not None and sizes and top < sizes[-1]:

@@ -164,7 +164,8 @@ def train_level_table(view: EvidenceView, train_metrics: dict | None) -> str | N
     return "\n".join(lines)
 
 
-def budget_lines(state: dict, settings: Any, metrics: dict | None, items: str = "questions") -> list[str]:
+def budget_lines(state: dict, settings: Any, metrics: dict | None, items: str = "questions",
+                 level_word: str = "level") -> list[str]:
     """The budget the engineer plans with: stages left, the evaluation's questions, training per stage."""
     stage, stages, train = int(state.get("stage") or 0), settings.stages, settings.train
     left = max(0, stages - stage - 1)
@@ -174,9 +175,9 @@ def budget_lines(state: dict, settings: Any, metrics: dict | None, items: str = 
     by = _by_level(m)
     ns = sorted({int((r or {}).get("n") or 0) for r in by.values()})
     if m.get("eval/n"):
-        per = (f"{ns[0]} per level" if len(ns) == 1 else f"{ns[0]}-{ns[-1]} per level") if ns else ""
+        per = (f"{ns[0]} per {level_word}" if len(ns) == 1 else f"{ns[0]}-{ns[-1]} per {level_word}") if ns else ""
         half = max((wilson(n / 2, n)[1] - 0.5 for n in ns if n), default=0.0)
-        lines.append(f"- Each evaluation asks the same {m['eval/n']} held-out {items} ({per}): a rate at one level "
+        lines.append(f"- Each evaluation asks the same {m['eval/n']} held-out {items} ({per}): a rate at one {level_word} "
                      f"is known to within about ±{100 * half:.0f} points (95 %), so small moves are noise.")
     n_items = train.instances_per_stage
     if getattr(train, "optimizer", "grpo") == "filtered":
