@@ -30,6 +30,10 @@ def _settings(name: str):
     return make_settings(task=task, context="V6", eval_split="val", final_split="test", train=train)
 
 
+def _dump(config: Any) -> dict:
+    return config.model_dump(mode="json") if hasattr(config, "model_dump") else config
+
+
 def situation(name: str) -> tuple[Any, Any, dict, list[dict]]:
     """(family, settings, state after stage 1's evaluation, its eval rows) for the family `name`."""
     from families import family_of
@@ -44,7 +48,6 @@ def situation(name: str) -> tuple[Any, Any, dict, list[dict]]:
                             "makespan") for i, it in enumerate(items)]
     first = fam.first_config(None, 1, 12)
     second = fam.first_config(None, 2, 12)
-    dump = (lambda c: c.model_dump(mode="json") if hasattr(c, "model_dump") else c)
     train = {}
     for j, lv in enumerate(levels):
         train[f"train/level/{lv}/reward_mean"] = round(0.1 * j, 3)
@@ -56,9 +59,9 @@ def situation(name: str) -> tuple[Any, Any, dict, list[dict]]:
             train[f"train/level/{lv}/zero_std_groups"] = round(1 - 0.1 * j, 3)
     state = {
         "stage": 1,
-        "config": dump(second),
+        "config": _dump(second),
         "metrics": fam.metrics(rows),
-        "history": [{"stage": 0, "config": dump(first), "metrics": fam.metrics(rows[: len(rows) // 2]),
+        "history": [{"stage": 0, "config": _dump(first), "metrics": fam.metrics(rows[: len(rows) // 2]),
                      "decision": None}],
         "rationale": "Shift data toward the levels where some answers pass.",
         "decision": "accepted",
