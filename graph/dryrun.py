@@ -44,7 +44,8 @@ def _dry_run_model(settings: Settings):
     from llm_backends.openai_chat import OpenAIChat
 
     return OpenAIChat(spec.base_url, spec.model, api_key=spec.api_key, backend=spec.kind,
-                      timeout_s=PING_TIMEOUT_S, total_budget_s=PING_TIMEOUT_S, max_attempts=1)
+                      timeout_s=PING_TIMEOUT_S, total_budget_s=PING_TIMEOUT_S, max_attempts=1,
+                      reasoning_effort=settings.engineer_reasoning_effort)
 
 
 def _ask_once(settings: Settings, run_dir: Path, state: dict[str, Any]) -> tuple[dict[str, Any], float]:

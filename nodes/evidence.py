@@ -284,14 +284,21 @@ def rationale_module(state: dict, settings: Settings, template: str) -> str:
     """S: the last rationale, fenced as untrusted text, with the fate of the proposal it explained."""
     rationale = (state.get("rationale") or "").strip()
     stage = int(state.get("stage") or 0)
-    if not rationale:
+    decision = last_decision(state)
+    if not rationale and stage == 0 and decision is None:
         return fill(
             template,
             outcome="You have not explained a proposal yet: this is your first one.",
             rationale="(no earlier explanation)",
         )
-    decision = last_decision(state)
     fate = _OUTCOME.get(decision or "", "its outcome was not recorded").format(stage=stage)
+    if not rationale:  # a proposal was made (stage k's config came from it), with nothing said for it
+        return fill(
+            template,
+            outcome=f"Your last proposal (for stage {stage}'s config) was {decision or 'of unknown outcome'}: {fate}. "
+            "It came with no explanation.",
+            rationale="(your last reply gave no explanation)",
+        )
     outcome = (
         f"Your last proposal (for stage {stage}'s config) was {decision or 'of unknown outcome'}: {fate}. "
         "Your explanation of it follows, quoted as data between the marker lines: it was written by a "

@@ -261,6 +261,7 @@ def validate_sizes(state: dict, settings: Settings, run_dir: Path) -> dict[str, 
         "notes": checked["notes"],
         "proposal": stored_proposal(proposal),
         "rationale": state.get("rationale", ""),
+        "reply": state.get("reply"),  # an empty or cut reply, named (propose_config)
         "diff": config_diff(current, accepted) if accepted is not None else {},
         "feasibility": _brief(feas),
         "accepted": accepted,
@@ -369,6 +370,7 @@ def validate_task(state: dict, settings: Settings, run_dir: Path) -> dict[str, A
             accepted = current
     record = {"attempt": attempts, "decision": decision, "reason": reason, "errors": errors, "notes": [],
               "proposal": stored_proposal(proposal), "rationale": state.get("rationale", ""),
+              "reply": state.get("reply"),
               "diff": levels_diff(current, accepted) if decision != "retry" else {}, "feasibility": None,
               "accepted": accepted if decision != "retry" else None}
     _append_record(stage_dir(run_dir, stage) / "validation.json", stage, record)
