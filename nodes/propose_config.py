@@ -45,12 +45,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from env import SIZES
+from llm_backends.engineers import reply_tokens
+from llm_backends.replies import Heard, ask
 from nodes.curricula import CLASSIC
 from nodes.family import family_of
 from nodes.inert import inert_reply, inert_value
 from nodes.mapf_family import OPTIMAL_MEANS, answer_schema, system_prompt  # noqa: F401 (MAPF's, under their old names)
-from llm_backends.engineers import reply_tokens
-from llm_backends.replies import Heard, ask
 from trainer.files import append_text_atomic, stage_dir, write_text_atomic
 
 if TYPE_CHECKING:
