@@ -15,7 +15,9 @@ from graph.progress import RunError, config_table, diff_summary, say
 from graph.settings import Settings
 from trainer.files import stage_dir
 
-PING_TIMEOUT_S = 30.0
+# one attempt's limit: a reasoning model may think for a minute or more before its config (a server that is down
+# still fails at once)
+PING_TIMEOUT_S = 120.0
 
 
 def dummy_metrics() -> dict[str, Any]:

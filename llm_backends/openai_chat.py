@@ -12,9 +12,9 @@ Servers differ in what they accept; the client learns once per instance and reme
   / "unsupported", steps down to ``{"type": "json_object"}`` with the schema in the prompt, and a second
   such rejection to the schema in the prompt alone; the reply's first JSON value is extracted either way;
 - a 400/422 that rejects ``temperature`` (OpenAI's reasoning models) drops it;
-- a 400/422 that asks for ``max_completion_tokens`` instead of ``max_tokens`` switches the name;
-- a 400/422 that rejects ``reasoning_effort`` (sent only when set: a model that does not reason) drops it, with a
-  warning.
+- a 400/422 that asks for ``max_completion_tokens`` instead of ``max_tokens`` switches the name, and one that says
+  the limit is past what the model allows (its context, less the prompt) asks again with what it allows;
+- a 400/422 that rejects ``reasoning_effort`` (sent only when set) drops it, with a warning.
 
 :meth:`OpenAIChat.chat_batch` fails fast: the first request that fails for good raises at once, requests
 not yet sent are cancelled and those in flight are not retried; an optional deadline bounds the batch.
@@ -41,7 +41,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 
 from llm_backends.base import ChatError, ChatResult, Messages, UsageStats, extract_json, with_schema_in_prompt
 from llm_backends.redact import mask_url, redact, split_query
-from llm_backends.replies import reasoning_field, split_reasoning
+from llm_backends.replies import fitting_limit, reasoning_field, split_reasoning
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +143,7 @@ class OpenAIChat:
         self.schema_mode = SCHEMA_MODES[0]
         self.send_temperature = True
         self.max_tokens_param = "max_tokens"
+        self.max_tokens_cap: int | None = None  # the most this server took for a reply (learnt from a 400)
         self.send_reasoning_effort = reasoning_effort is not None
 
     @property
@@ -319,7 +320,8 @@ class OpenAIChat:
             raise _Retryable(f"time budget of {budget_s:.3g}s spent", unsent=True)
         mode = self.schema_mode if json_schema is not None else None
         msgs = messages if mode in (None, "json_schema") else with_schema_in_prompt(messages, json_schema)
-        body: dict = {"model": self.model, "messages": msgs, self.max_tokens_param: max_tokens}
+        cap = self.max_tokens_cap
+        body: dict = {"model": self.model, "messages": msgs, self.max_tokens_param: min(max_tokens, cap or max_tokens)}
         if self.send_temperature:
             body["temperature"] = temperature
         if self.send_reasoning_effort:
@@ -391,6 +393,11 @@ class OpenAIChat:
                 return self._step_down_schema(mode)
             if "temperature" in d and "temperature" in sent:
                 self.send_temperature = False
+                return True
+            fits = fitting_limit(detail, sent.get(self.max_tokens_param) or 0)
+            if fits is not None:
+                self.max_tokens_cap = fits
+                log.warning("%s allows a reply of at most %d tokens here; asking with that", self.backend, fits)
                 return True
             if "max_completion_tokens" in d and "max_tokens" in sent:
                 self.max_tokens_param = "max_completion_tokens"

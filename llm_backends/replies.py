@@ -77,6 +77,32 @@ def reasoning_field(message: Any) -> str:
     return ""
 
 
+_CONTEXT = re.compile(r"maximum context length is (\d+)", re.I)
+_PROMPT = re.compile(r"(\d+) (?:tokens )?in the messages|has (\d+) input tokens|(\d+) input tokens", re.I)
+_AT_MOST = re.compile(r"at most (\d+) completion tokens", re.I)
+
+
+def fitting_limit(detail: str, asked: int) -> int | None:
+    """The reply limit a server's "too many tokens" error allows, when it is below `asked`: OpenAI's "supports at
+    most N completion tokens", vLLM's "maximum context length is N tokens" less the prompt's tokens; else None.
+
+    >>> fitting_limit("This model's maximum context length is 4096 tokens. However, you requested 8300 tokens "
+    ...               "(108 in the messages, 8192 in the completion).", 8192)
+    3988
+    >>> fitting_limit("This model supports at most 4096 completion tokens, whereas you provided 8192.", 8192)
+    4096
+    """
+    most = _AT_MOST.search(detail)
+    if most:
+        limit = int(most.group(1))
+    else:
+        context, prompt = _CONTEXT.search(detail), _PROMPT.search(detail)
+        if not context or not prompt:
+            return None
+        limit = int(context.group(1)) - int(next(g for g in prompt.groups() if g))
+    return limit if 0 < limit < asked else None
+
+
 def reply_status(answer: str, finish_reason: str | None) -> str:
     """`empty` (no answer once the reasoning is out), `cut` (stopped at its token limit) or `answered`."""
     if not (answer or "").strip():

@@ -230,3 +230,22 @@ def test_a_run_whose_engineer_never_answered_warns_in_the_report_and_on_the_term
     report = render(collect(run_dir), [], "r")
     assert "**Warning: the mylab engineer never produced a usable proposal." in report
     assert "trained as ENGINEER=fixed would" in report and "empty: cut at its limit of 4000 tokens" in report
+
+
+@pytest.mark.parametrize("message, fits", [
+    ("This model's maximum context length is 4096 tokens. However, you requested 8300 tokens (108 in the messages, "
+     "8192 in the completion). Please reduce the length of the messages or completion.", 3988),
+    ("'max_tokens' or 'max_completion_tokens' is too large: 8192. This model's maximum context length is 4096 tokens "
+     "and your request has 96 input tokens (8192 > 4096 - 96).", 4000),
+    ("max_tokens is too large: 8192. This model supports at most 4096 completion tokens, whereas you provided 8192.",
+     4096),
+])
+def test_a_limit_past_the_models_context_is_asked_again_with_what_it_allows(message, fits):
+    """A local server with a short context refuses a reasoning model's limit (vLLM, OpenAI wordings): the client
+    asks again at once with the limit the server allows, and keeps it."""
+    with FakeOpenAI(default=json.dumps(FINAL)) as srv:
+        srv.script(Fault.status_code(400, message))
+        with OpenAIChat(srv.base_url, "fake-model", backend="fake") as chat:
+            assert chat.chat([{"role": "user", "content": "go"}], max_tokens=8192).text == json.dumps(FINAL)
+            chat.chat([{"role": "user", "content": "again"}], max_tokens=8192)
+        assert [r["body"]["max_tokens"] for r in srv.chat_requests] == [8192, fits, fits]
