@@ -45,6 +45,10 @@ class LoopConfig(BaseModel):
         "the full `test` split, where the paper's numbers compare)"
     )
     timeout_s: float | None = Field(None, gt=0, description="wall-clock limit of one graph.run call (None: none)")
+    caveat: str | None = Field(
+        None, description="what a reader must know before reading these tables (e.g. what they turned out to "
+        "measure), printed in bold under the title of each table and kept in table.json"
+    )
     share_stage0: bool = Field(
         True, description="train each seed's engineer-independent stage 0 once: the seed's first run is the "
         "donor, later new runs of that seed start with graph.run --stage0-from <donor> (false: every run in full)"

@@ -174,7 +174,7 @@ def write_loop_tables(verdicts: Mapping[tuple[str, int], Path], labels: Sequence
     table = summarize(verdicts, labels, cfg.baseline, criterion=cfg.criterion)
     same_weights = identical_weight_notes(verdicts)  # true of both benchmarks: the final weights are the same
     write_tables(table, out, title=title, command=command, arm_header=arm_header, notes=[*notes, *same_weights],
-                 extra=extra, published=show_published(verdicts, cfg.published))
+                 extra=extra, published=show_published(verdicts, cfg.published), caveat=cfg.caveat)
     cpu_rows = read_verdicts(verdicts, "final_cpu")
     if cpu_rows:  # the CPU-scale held-out table, beside the benchmark's (never instead of it): cpu/table.*
         splits = sorted({str((read_json(verdicts[k] / "settings.json") or {}).get("final_cpu_split")) for k in cpu_rows})
@@ -184,7 +184,7 @@ def write_loop_tables(verdicts: Mapping[tuple[str, int], Path], labels: Sequence
                          "The CPU-scale held-out split (2 and 3 agents on 3x3-5x5), where a small policy is not at 0. "
                          f"It sits beside the paper-protocol table in `{out.name}/table.md`, never instead of it.",
                          *same_weights],
-                     extra=extra, published=False, source="`verdicts/*/final_cpu/eval.jsonl`")
+                     extra=extra, published=False, source="`verdicts/*/final_cpu/eval.jsonl`", caveat=cfg.caveat)
 
 
 def main(argv: list[str] | None, *, prog: str, description: str, model: type[LoopConfigT],

@@ -101,14 +101,18 @@ def _per_size_blocks(table: Mapping[str, Any], arm_header: str, published: Seque
 
 
 def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None, arm_header: str = "engineer",
-                   notes: Sequence[str] = (), published: Sequence[str] = (), source: str = "`verdicts/`") -> str:
+                   notes: Sequence[str] = (), published: Sequence[str] = (), source: str = "`verdicts/`",
+                   caveat: str | None = None) -> str:
     """The tables: per size and Sum per agent count (with `published` runs of `evals.published` beneath),
-    pooled per agent count and wait subset, gaps to the baseline, failure shares."""
+    pooled per agent count and wait subset, gaps to the baseline, failure shares; a `caveat` in bold under the
+    title."""
     arms, subsets, base = table["arms"], table["subsets"], table.get("baseline")
     crit = table["criterion_name"]
     agents = [s for s in subsets if s.startswith("agents_") and "/" not in s]
     waits = [s for s in subsets if s.startswith("wait_")]
     lines = [f"# {title}", ""]
+    if caveat:
+        lines += [f"**{caveat}**", ""]
     if command:
         lines += ["Command:", "", f"    {command}", ""]
     lines += [
@@ -212,14 +216,14 @@ def published_payload(table: Mapping[str, Any], runs: Sequence[str]) -> dict[str
 
 def write_tables(table: Mapping[str, Any], out: Path, *, title: str, command: str | None,
                  arm_header: str = "engineer", notes: Sequence[str] = (), extra: Mapping[str, Any] | None = None,
-                 published: Sequence[str] | bool = (), source: str = "`verdicts/`") -> None:
+                 published: Sequence[str] | bool = (), source: str = "`verdicts/`", caveat: str | None = None) -> None:
     """`<out>/table.md`, `table.csv` (long form), `failures.csv` and `table.json` (everything: per-seed values,
     the criterion, the notes, the published rows shown). `published`: the runs of `evals.published` shown
     beneath ours (True: the engineer runs), none by default."""
     runs = tuple(PUBLISHED_RUNS["engineers"] if published is True else (published or ()))
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table_markdown(table, title=title, command=command, arm_header=arm_header,
-                                                 notes=notes, published=runs, source=source))
+                                                 notes=notes, published=runs, source=source, caveat=caveat))
     rows = table_rows(table)
     with open(out / "table.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["arm"])
@@ -237,7 +241,8 @@ def write_tables(table: Mapping[str, Any], out: Path, *, title: str, command: st
                     w.writerow({"arm": a, "failure": k, "n_seeds": st["n"], "mean": st["mean"], "ci95_low": st["low"],
                                 "ci95_high": st["high"], "interval": st.get("method"),
                                 "per_seed": json.dumps(st["per_seed"])})
-    payload = {"title": title, "command": command, **dict(extra or {}), "notes": list(notes),
+    payload = {"title": title, **({"caveat": caveat} if caveat else {}), "command": command, **dict(extra or {}),
+               "notes": list(notes),
                "arm_header": arm_header, "criterion": table["criterion"],
                "published": published_payload(table, runs) if runs else None, "table": table}
     (out / "table.json").write_text(json.dumps(payload, indent=2) + "\n")

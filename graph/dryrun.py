@@ -15,7 +15,9 @@ from graph.progress import RunError, diff_summary, say
 from graph.settings import Settings
 from trainer.files import stage_dir
 
-PING_TIMEOUT_S = 30.0
+# one attempt's limit: a reasoning model may think for a minute or more before its config (a server that is down
+# still fails at once)
+PING_TIMEOUT_S = 120.0
 
 
 def dummy_metrics(family) -> dict[str, Any]:
@@ -44,7 +46,8 @@ def _dry_run_model(settings: Settings):
     from llm_backends.openai_chat import OpenAIChat
 
     return OpenAIChat(spec.base_url, spec.model, api_key=spec.api_key, backend=spec.kind,
-                      timeout_s=PING_TIMEOUT_S, total_budget_s=PING_TIMEOUT_S, max_attempts=1)
+                      timeout_s=PING_TIMEOUT_S, total_budget_s=PING_TIMEOUT_S, max_attempts=1,
+                      reasoning_effort=settings.engineer_reasoning_effort)
 
 
 def _ask_once(settings: Settings, run_dir: Path, state: dict[str, Any]) -> tuple[dict[str, Any], float]:

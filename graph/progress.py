@@ -131,11 +131,13 @@ def describe_update(node: str, update: dict[str, Any], state: dict[str, Any],
             family = family_of(settings if settings is not None else DEFAULT_TASK)
             diff = family.diff(state.get("config"), update.get("accepted"))
             return f"[stage {stage}] engineer proposal: {decision} ({diff_summary(diff)})"
-        extra = "; ".join(update.get("feedback") or [])[:200]
-        return f"[stage {stage}] engineer proposal: {decision}" + (f" ({extra})" if extra and decision == "retry" else "")
+        extra = "; ".join(update.get("feedback") or [])[:300]
+        return (f"[stage {stage}] engineer proposal: {decision}"
+                + (f" ({extra})" if extra and decision in ("retry", "kept_previous") else ""))
     if node == "propose_config":  # the reply's length and notes stay in the node's log (progress.txt)
         found = "found a config" if update.get("proposal") is not None else "no usable config"
-        return f"[stage {stage}] engineer replied (attempt {update.get('attempts', '?')}): {found}"
+        reply = f"; the reply was {update['reply']}"[:300] if update.get("reply") else ""  # empty or cut, named
+        return f"[stage {stage}] engineer replied (attempt {update.get('attempts', '?')}): {found}{reply}"
     if node == "apply":
         return f"[stage {stage}] training set ready: {update.get('train_path', '')}"
     if node == "train_stage":
@@ -171,6 +173,22 @@ def zero_variance_warning(node: str, update: Any, state: dict[str, Any]) -> str 
             "the same), so this stage learned nothing from GRPO; see train/zero_std_groups in its metrics.json")
 
 
+def unheard_warning(node: str, state: dict[str, Any], settings: Settings) -> str | None:
+    """At the report, a visible line when a model engineer never produced a usable proposal (every stage it
+    proposed for kept the config before), or some stages' proposals were all unusable; report.md says the same."""
+    if node != "report" or settings.is_classic_engineer:
+        return None
+    decided = [(e.get("stage"), e.get("decision")) for e in state.get("history") or [] if e.get("decision")]
+    kept = [k for k, d in decided if d == "kept_previous"]
+    if not kept:
+        return None
+    if len(kept) == len(decided):
+        return (f"[warn] the {settings.engineer} engineer never produced a usable proposal: every stage kept the config "
+                "before it, so this run trained as ENGINEER=fixed would; see validation.json in each stage folder")
+    return (f"[warn] the {settings.engineer} engineer's proposals for stage(s) {', '.join(str(k + 1) for k in kept)} were "
+            "all unusable: those stages kept the config before them (report.md)")
+
+
 class Progress:
     """The progress lines of one streamed run, fed with `graph.stream(..., stream_mode=["tasks", "updates"])`
     chunks: a task's input starts a node (its start line), the node's returned update ends it (its result
@@ -202,5 +220,8 @@ class Progress:
                 took = now - self.started.get(node, now)
                 say(f"{line}  [{node} {took:.0f}s, run {(now - self.t_start) / 60:.1f} min]")
             warning = zero_variance_warning(node, update, self.state)
+            if warning:
+                say(warning)
+            warning = unheard_warning(node, self.state, self.settings)
             if warning:
                 say(warning)

@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     env_of = {f: v for v, f in ENV_VARS.items()}
     flagged = {"preset", "task", "engineer", "engineer_model", "engineer_base_url", "policy_model", "policy_backend",
                "policy_dtype", "context", "stages", "seed", "run_dir", "eval_split", "final_split", "eval_limit", "final_limit",
-               "eval_max_tokens", "engineer_max_attempts", "prompts_dir", "approve"}
+               "eval_max_tokens", "engineer_max_attempts", "engineer_reasoning_effort", "prompts_dir", "approve"}
     others = [f"  {env_of[f]:<22} --set {f}=...  {fields[f].description}" for f in fields
               if f not in flagged and f in env_of]
     from trainer.config import TrainConfig
@@ -142,6 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--final-limit", "final_limit", metavar="N")
     add("--eval-max-tokens", "eval_max_tokens", metavar="N")
     add("--engineer-max-attempts", "engineer_max_attempts", metavar="N")
+    add("--engineer-reasoning-effort", "engineer_reasoning_effort", choices=["none", "minimal", "low", "medium", "high"])
     add("--prompts-dir", "prompts_dir", metavar="DIR")
     p.add_argument("--approve", action="store_true", default=None,
                    help=f"{fields['approve'].description} [env APPROVE]")

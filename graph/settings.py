@@ -118,7 +118,21 @@ class Settings(BaseModel):
     )
     engineer_model: str | None = Field(None, description="model id for an API engineer (default per backend)")
     engineer_base_url: str | None = Field(None, description="base URL of a custom OpenAI-compatible engineer")
-    engineer_max_tokens: int = Field(512, ge=16, description="token limit of one engineer reply")
+    engineer_max_tokens: int = Field(
+        512, ge=16, description="token limit of one reply of the self or base engineer (the policy's own model)"
+    )
+    engineer_api_max_tokens: int | None = Field(
+        None,
+        ge=16,
+        description="token limit of one reply of an API engineer (openai, gemini, an endpoint), its reasoning "
+        "included; none: the backend's (openai and gemini 16384, other endpoints 8192). An empty or cut reply is "
+        "asked again once with 4x the limit, up to the API's most",
+    )
+    engineer_reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        None,
+        description="reasoning effort of an API engineer, sent as reasoning_effort (none | minimal | low | medium | "
+        "high); unset: not sent, the API's default",
+    )
     engineer_max_attempts: int = Field(
         3, ge=1, le=10, description="proposals tried before keeping the config"
     )

@@ -43,6 +43,7 @@ from trainer.files import stage_dir, write_json_atomic
 MAY_DIFFER = frozenset({
     # engineer side: who proposes the next config, and how it is checked
     "engineer", "engineer_model", "engineer_base_url", "engineer_max_tokens", "engineer_max_attempts",
+    "engineer_api_max_tokens", "engineer_reasoning_effort",
     "engineer_temperature", "engineer_structured", "feasibility_n",
     # the context shown to the engineer (prompts/ holds only engineer templates; the policy prompt is env's)
     "context", "context_details", "evidence_examples", "evidence_chars", "prompts_dir",

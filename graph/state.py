@@ -41,6 +41,9 @@ class LoopState(TypedDict, total=False):
     """The engineer's latest raw proposal (parsed JSON), None when it sent nothing usable."""
     rationale: str
     """The engineer's explanation of its latest proposal."""
+    reply: str | None
+    """How the engineer's latest reply was heard when not at once (empty, cut at its token limit, asked again with
+    a larger one: llm_backends.replies); None when it answered in full."""
     attempts: int
     """Proposals tried for the next stage so far."""
     feedback: list[str]

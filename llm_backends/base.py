@@ -9,7 +9,8 @@ transformers engine) implements :class:`ChatModel`: ``chat(messages, ...) -> Cha
 get it as ``response_format``; otherwise the schema is written into the prompt and the first JSON value
 is extracted from the free text (:func:`extract_json`). Either way ``ChatResult.text`` is the answer text
 and ``ChatResult.parsed`` the decoded JSON value when one was found (the caller validates it: the model
-may still be wrong).
+may still be wrong), read from the text with any reasoning blocks taken out (``<think>...</think>``:
+:mod:`llm_backends.replies`), so a draft in a reasoning model's thinking is never taken for its answer.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class ChatResult:
     parsed: Any = None  # decoded JSON when json_schema was asked for and a JSON value was found
     attempts: int = 1  # HTTP attempts it took (1 = no retry)
     finish_reason: str | None = None  # "stop", "length", ... when the backend says
+    # a reasoning model's thinking, when the backend returns it apart from the answer (`reasoning_content`);
+    # `text` is the content as returned (llm_backends.replies takes any reasoning blocks out of it)
+    reasoning: str = ""
 
 
 class ChatError(RuntimeError):

@@ -17,6 +17,14 @@ gemini    Gemini's OpenAI-compatible endpoint (no extra SDK), model ``ENGINEER_M
 ``fixed``, ``random``, ``learnability`` and ``threshold`` are engineers without a model (nodes/ runs them):
 :func:`check_engineer_env` accepts them and returns None; :func:`open_engineer` refuses them.
 
+Reply limits (:func:`reply_tokens`). The self and base engineers answer with the embedded model's JSON and
+get the run's ``engineer_max_tokens`` (the preset's, 384 to 2,048). An API engineer gets
+``engineer_api_max_tokens``, else its backend's :data:`REPLY_TOKENS`: the default openai and gemini models are
+reasoning models, which count their reasoning against the limit and may think for thousands of tokens before a
+short config. An empty reply, or one cut at its limit, is asked again once with :data:`GROWTH` times the limit,
+up to the most the backend allows one reply (:mod:`llm_backends.replies`). ``engineer_reasoning_effort``, when
+set, goes to an API engineer as ``reasoning_effort``.
+
 Everything is checked before any work: :func:`check_engineer_env` (also called first by
 :func:`open_engineer`) raises :class:`EngineerConfigError` with one line saying what is wrong and what to
 set. Keys are read from ``env`` only, handed to the client and never written anywhere.
@@ -49,6 +57,35 @@ DEFAULTS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("GEMINI_API_KEY",),
     ),
 }
+
+
+# kind -> (the token limit of one reply, the most the API allows one reply): room for a reasoning model's thinking
+REPLY_TOKENS: dict[str, tuple[int, int | None]] = {
+    "openai": (16_384, 128_000),
+    "gemini": (16_384, 65_536),
+}
+# any other OpenAI-compatible endpoint: a limit that fits a reasoning model on a local server; its most unknown
+ENDPOINT_REPLY_TOKENS: tuple[int, int | None] = (8_192, None)
+GROWTH = 4  # an empty or cut reply is asked again once with this many times the limit (capped by the most)
+
+
+def reply_tokens(kind: str, self_limit: int, api_limit: int | None = None) -> tuple[int, int]:
+    """(the token limit of one reply of engineer `kind`, the larger limit an empty or cut reply is asked again
+    with; equal when the backend allows no more). `self_limit`: the self/base engineers' (the run's
+    engineer_max_tokens); `api_limit`: an API engineer's (engineer_api_max_tokens), None for its backend's.
+
+    >>> reply_tokens("self", 384), reply_tokens("openai", 384), reply_tokens("gemini", 65_536, 65_536)
+    ((384, 1536), (16384, 65536), (65536, 65536))
+    """
+    if kind in ("self", "base"):
+        limit, most = self_limit, None
+    else:
+        default, most = REPLY_TOKENS.get(kind, ENDPOINT_REPLY_TOKENS)
+        limit = api_limit or default
+        if most is not None:
+            limit = min(limit, most)
+    larger = limit * GROWTH
+    return limit, larger if most is None else min(larger, most)
 
 
 class EngineerConfigError(ValueError):
@@ -158,6 +195,7 @@ def open_engineer(
     timeout_s: float = 300.0,
     total_budget_s: float = 1800.0,
     max_concurrency: int = 4,
+    reasoning_effort: str | None = None,
 ) -> Iterator[ChatModel]:
     """A chat model for engineer ``kind``, closed (servers stopped) on exit.
 
@@ -175,6 +213,8 @@ def open_engineer(
         dtype: self/base on vLLM: the server's weights dtype (Settings.policy_dtype: the policy's own server,
             so a kept server is shared with the evaluation); None: the server's default.
         timeout_s / total_budget_s / max_concurrency: passed to :class:`~llm_backends.openai_chat.OpenAIChat`.
+        reasoning_effort: an API engineer's ``reasoning_effort`` (None: not sent); the self/base engineers
+            ignore it.
     """
     spec = check_engineer_env(kind, env, model=model, base_url=base_url)
     if spec is None:
@@ -191,6 +231,7 @@ def open_engineer(
             timeout_s=timeout_s,
             total_budget_s=total_budget_s,
             max_concurrency=max_concurrency,
+            reasoning_effort=reasoning_effort,
         )
         try:
             yield chat

@@ -12,7 +12,9 @@ Servers differ in what they accept; the client learns once per instance and reme
   / "unsupported", steps down to ``{"type": "json_object"}`` with the schema in the prompt, and a second
   such rejection to the schema in the prompt alone; the reply's first JSON value is extracted either way;
 - a 400/422 that rejects ``temperature`` (OpenAI's reasoning models) drops it;
-- a 400/422 that asks for ``max_completion_tokens`` instead of ``max_tokens`` switches the name.
+- a 400/422 that asks for ``max_completion_tokens`` instead of ``max_tokens`` switches the name, and one that says
+  the limit is past what the model allows (its context, less the prompt) asks again with what it allows;
+- a 400/422 that rejects ``reasoning_effort`` (sent only when set) drops it, with a warning.
 
 :meth:`OpenAIChat.chat_batch` fails fast: the first request that fails for good raises at once, requests
 not yet sent are cancelled and those in flight are not retried; an optional deadline bounds the batch.
@@ -39,6 +41,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_at
 
 from llm_backends.base import ChatError, ChatResult, Messages, UsageStats, extract_json, with_schema_in_prompt
 from llm_backends.redact import mask_url, redact, split_query
+from llm_backends.replies import fitting_limit, reasoning_field, split_reasoning
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,8 @@ class OpenAIChat:
         max_attempts: attempts per call at most (the budget usually stops it first).
         backoff_initial_s / backoff_max_s: exponential back-off start and cap, in seconds.
         extra_body: fields added to every request body (vLLM: ``{"chat_template_kwargs": {...}}``).
+        reasoning_effort: sent as ``reasoning_effort`` (OpenAI's ``minimal`` ... ``high``, Gemini's) when set; None
+            sends nothing (the API's own default).
     """
 
     def __init__(
@@ -106,6 +111,7 @@ class OpenAIChat:
         backoff_max_s: float = 30.0,
         server_check: Callable[[], str | None] | None = None,
         extra_body: dict | None = None,
+        reasoning_effort: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -120,6 +126,7 @@ class OpenAIChat:
         self.server_check = server_check
         # sent with every request, e.g. {"chat_template_kwargs": {"enable_thinking": False}} to a vLLM server
         self.extra_body = dict(extra_body) if extra_body else None
+        self.reasoning_effort = reasoning_effort
         self._secret = api_key or ""
         # a query in the base URL (`.../v1?api_key=...`, Azure's `?api-version=...`) goes with every request as
         # parameters: appended to the base URL as text it would end up before the path (`/v1/?api_key=...chat/...`)
@@ -136,6 +143,8 @@ class OpenAIChat:
         self.schema_mode = SCHEMA_MODES[0]
         self.send_temperature = True
         self.max_tokens_param = "max_tokens"
+        self.max_tokens_cap: int | None = None  # the most this server took for a reply (learnt from a 400)
+        self.send_reasoning_effort = reasoning_effort is not None
 
     @property
     def supports_json_schema(self) -> bool:
@@ -288,6 +297,7 @@ class OpenAIChat:
             parsed=result.parsed,
             attempts=attempts,
             finish_reason=result.finish_reason,
+            reasoning=result.reasoning,
         )
         with self._lock:
             self.stats.add(result)
@@ -310,9 +320,12 @@ class OpenAIChat:
             raise _Retryable(f"time budget of {budget_s:.3g}s spent", unsent=True)
         mode = self.schema_mode if json_schema is not None else None
         msgs = messages if mode in (None, "json_schema") else with_schema_in_prompt(messages, json_schema)
-        body: dict = {"model": self.model, "messages": msgs, self.max_tokens_param: max_tokens}
+        cap = self.max_tokens_cap
+        body: dict = {"model": self.model, "messages": msgs, self.max_tokens_param: min(max_tokens, cap or max_tokens)}
         if self.send_temperature:
             body["temperature"] = temperature
+        if self.send_reasoning_effort:
+            body["reasoning_effort"] = self.reasoning_effort
         if mode == "json_schema":
             body["response_format"] = {
                 "type": "json_schema",
@@ -350,7 +363,7 @@ class OpenAIChat:
         choice = resp.choices[0]
         text = (choice.message.content if choice.message is not None else None) or ""
         usage = getattr(resp, "usage", None)
-        parsed = extract_json(text) if json_schema is not None else None
+        parsed = extract_json(split_reasoning(text)[0]) if json_schema is not None else None
         log.debug(
             "%s %s answered in %.2fs (%s tokens)",
             self.backend,
@@ -366,6 +379,7 @@ class OpenAIChat:
             model=getattr(resp, "model", None) or self.model,
             parsed=parsed,
             finish_reason=getattr(choice, "finish_reason", None),
+            reasoning=reasoning_field(choice.message),
         )
 
     def _adapt(self, detail: str, sent: dict, mode: str | None) -> bool:
@@ -380,8 +394,17 @@ class OpenAIChat:
             if "temperature" in d and "temperature" in sent:
                 self.send_temperature = False
                 return True
+            fits = fitting_limit(detail, sent.get(self.max_tokens_param) or 0)
+            if fits is not None:
+                self.max_tokens_cap = fits
+                log.warning("%s allows a reply of at most %d tokens here; asking with that", self.backend, fits)
+                return True
             if "max_completion_tokens" in d and "max_tokens" in sent:
                 self.max_tokens_param = "max_completion_tokens"
+                return True
+            if "reasoning_effort" in d and "reasoning_effort" in sent:
+                self.send_reasoning_effort = False
+                log.warning("%s rejects reasoning_effort=%r; asking without it", self.backend, self.reasoning_effort)
                 return True
             if asked_format and any(w in d for w in _UNSUPPORTED_WORDS):
                 return self._step_down_schema(mode)

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from families import family_of
 from families.reply import MAX_REPLY_CHARS, Extracted
-from llm_backends.engineers import CLASSIC_ENGINEERS
+from llm_backends.engineers import CLASSIC_ENGINEERS, reply_tokens
+from llm_backends.replies import Heard, ask
 from nodes.inert import inert_reply, inert_value
 from trainer.files import append_text_atomic, stage_dir, write_text_atomic
 
@@ -136,6 +137,7 @@ def propose_config(
             "attempts": attempt,
             "feedback": [],
             "engineer_memory": memory,
+            "reply": None,
             "log": [f"stage {stage}: {engineer} engineer proposed (attempt {attempt})"],
         }
 
@@ -144,14 +146,22 @@ def propose_config(
         {"role": "system", "content": system},
         {"role": "user", "content": user_message(state.get("context") or "", feedback)},
     ]
+    # a reasoning model's reply limit (llm_backends.engineers.reply_tokens); once a reply needed the larger one,
+    # the run's later calls start there (engineer_memory), never asking the same short limit again
+    limit, larger = reply_tokens(engineer, settings.engineer_max_tokens, settings.engineer_api_max_tokens)
+    memory = dict(state.get("engineer_memory") or {})
+    if isinstance(memory.get("reply_tokens"), int) and limit < memory["reply_tokens"] <= larger:
+        limit = memory["reply_tokens"]
     kwargs = {
-        "max_tokens": settings.engineer_max_tokens,
+        "max_tokens": limit,
         "temperature": settings.engineer_temperature,
         "json_schema": schema if settings.engineer_structured else None,
     }
     _write(out_dir / "engineer_prompt.md", _messages_md(messages, header, kwargs), append)
     t0 = time.monotonic()
-    text, parsed, meta = _ask(model, messages, kwargs, state, settings, run_dir)
+    heard, meta = _ask(model, messages, kwargs, larger, state, settings, run_dir)
+    # reasoning is out of `text` (llm_backends.replies): only the answer is read, the reasoning is kept for a person
+    text, parsed = (heard.answer, heard.parsed) if heard is not None else ("", None)
     # bounded work and files: a reply is cut to MAX_REPLY_CHARS before anything else reads it
     cut = len(text) - MAX_REPLY_CHARS
     if cut > 0:
@@ -164,12 +174,21 @@ def propose_config(
     if meta.get("error"):
         meta["error"] = inert_reply(str(meta["error"]))
     meta["wall_s"] = round(time.monotonic() - t0, 3)
-    _write(out_dir / "engineer_reply.md", f"# {header}\n\n<!-- {json.dumps(meta)} -->\n\n{text}\n", append)
+    _write(out_dir / "engineer_reply.md", reply_md(header, meta, heard, text), append)
+    note = (inert_reply(heard.note() or "") or None) if heard is not None else None
 
     if meta.get("error") is not None:
         ex = Extracted(None, error=f"the engineer call failed: {meta['error']}")
+    elif heard.status == "empty":
+        ex = Extracted(None, error=f"no answer: the reply was {note}"
+                       + ("; think for less of the limit and answer with the JSON object"
+                          if heard.last.finish_reason == "length" else ""))
     else:
-        ex = family.read_reply(text, meta.get("finish_reason"), parsed)
+        ex = family.read_reply(text, heard.last.finish_reason, parsed)
+        if ex.config is None and note:
+            ex.error = f"the reply was {note}; {ex.error}"
+    if heard is not None and len(heard.limits) > 1:
+        memory["reply_tokens"] = heard.limits[-1]
     if cut > 0:
         what = f"the reply was cut to its first {MAX_REPLY_CHARS} characters ({cut} more not read)"
         ex.notes.insert(0, what)
@@ -182,29 +201,57 @@ def propose_config(
         "rationale": rationale,
         "attempts": attempt,
         "feedback": [] if ex.config is not None else [ex.error or "no usable proposal"],
+        "reply": note,
+        "engineer_memory": memory,
         "log": [
             f"stage {stage}: engineer {engineer} replied {len(text)} chars (attempt {attempt}); "
+            + (f"the reply was {note}; " if note and ex.config is not None else "")
             + ("found a config" if ex.config is not None else f"no config: {ex.error}")
             + (f" ({'; '.join(ex.notes)})" if ex.notes else "")
         ],
     }
 
 
+def reply_md(header: str, meta: dict, heard: Heard | None, text: str) -> str:
+    """engineer_reply.md's section for one attempt: each call as received (reasoning blocks included, made inert,
+    cut to MAX_REPLY_CHARS), the reasoning a backend returned beside it, and the answer that was read when
+    reasoning was taken out of it."""
+    if heard is None:
+        return f"# {header}\n\n<!-- {json.dumps(meta)} -->\n\n\n"
+    parts = []
+    for i, (res, limit) in enumerate(zip(heard.calls, heard.limits, strict=True)):
+        head = header if i == 0 else f"{header}, asked again with max_tokens={limit}"
+        call = {"max_tokens": limit, "status": heard.statuses[i], "finish_reason": res.finish_reason,
+                "completion_tokens": res.completion_tokens, "latency_s": round(res.latency_s, 3)}
+        body = inert_reply((res.text or "")[:MAX_REPLY_CHARS])
+        if res.reasoning:
+            body += ("\n\n## reasoning the backend returned beside the reply (not read)\n\n"
+                     + inert_reply(res.reasoning[:MAX_REPLY_CHARS]))
+        parts.append(f"# {head}\n\n<!-- {json.dumps({**meta, **call} if i == len(heard.calls) - 1 else call)} -->"
+                     f"\n\n{body}\n")
+    if heard.reasoning and text:
+        parts.append(f"## the answer read, reasoning taken out\n\n{text}\n")
+    return "\n".join(parts)
+
+
 def _ask(
-    model: ChatModel | None, messages: list[dict], kwargs: dict, state: LoopState, settings: Settings, run_dir: Path
-) -> tuple[str, Any, dict]:
-    """Send the messages; returns (text, the JSON the backend decoded or None, meta). A failed call becomes
-    an empty reply with the error (never a crash)."""
+    model: ChatModel | None, messages: list[dict], kwargs: dict, larger: int, state: LoopState, settings: Settings,
+    run_dir: Path,
+) -> tuple[Heard | None, dict]:
+    """Send the messages, heard (`llm_backends.replies.ask`: reasoning out, an empty or cut reply asked again once
+    with `larger` tokens); returns (what was heard, meta). A failed call is (None, meta with the error), never a
+    crash."""
     from llm_backends.base import ChatError
 
-    def call(m: ChatModel) -> tuple[str, Any, dict]:
+    def call(m: ChatModel) -> tuple[Heard | None, dict]:
         try:
-            res = m.chat(messages, **kwargs)
+            heard = ask(m, messages, larger=larger, **kwargs)
         except ChatError as e:
-            return "", None, {"error": str(e)}
-        return res.text or "", res.parsed, {
+            return None, {"error": str(e)}
+        res = heard.last
+        return heard, {
             "model": res.model,
-            "latency_s": round(res.latency_s, 3),
+            "latency_s": round(sum(c.latency_s for c in heard.calls), 3),
             "prompt_tokens": res.prompt_tokens,
             "completion_tokens": res.completion_tokens,
             "finish_reason": res.finish_reason,
@@ -224,5 +271,6 @@ def _ask(
         base_url=settings.engineer_base_url,
         keep_server=settings.keep_server,
         dtype=settings.policy_dtype,
+        reasoning_effort=settings.engineer_reasoning_effort,
     ) as m:
         return call(m)

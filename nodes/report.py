@@ -212,6 +212,31 @@ def zero_variance_stages(data: dict[str, Any]) -> list[int]:
     return out
 
 
+def unheard_warning(data: dict[str, Any]) -> str | None:
+    """A warning when the engineer's proposals went unused: every attempt for a stage was unusable (an empty or
+    cut reply, no JSON, an illegal config) and the config before was kept. When that held for every stage the run
+    trained as the `fixed` engineer would, and says so."""
+    finals = []
+    for s in data["stages"]:
+        engineer = [d for d in _decisions(s["validation"]) if d.get("by") != "person"]
+        if engineer:
+            finals.append((s["stage"], engineer[-1]))
+    kept = [(k, d) for k, d in finals if d.get("decision") == "kept_previous"]
+    if not kept:
+        return None
+    name = md_inline(str((data.get("settings") or {}).get("engineer", "?")))
+    last = kept[-1][1]
+    why = md_inline(str(last.get("reply") or (last.get("errors") or ["no reason recorded"])[0]))[:400]
+    if len(kept) == len(finals):
+        return (f"**Warning: the {name} engineer never produced a usable proposal. For each of its {len(finals)} "
+                "stage(s) every attempt was unusable and the config before was kept, so this run trained as "
+                f"ENGINEER=fixed would: it says nothing about the {name} engineer.** Last reason (stage "
+                f"{kept[-1][0]}): {why}")
+    stages = ", ".join(str(k + 1) for k, _ in kept)
+    return (f"**Warning: the {name} engineer's proposals for stage(s) {stages} were all unusable; those stages kept "
+            f"the config before them.** Last reason: {why}")
+
+
 def _final_table_or_note(metrics: dict[str, Any], source: str) -> str:
     """`final_table_md` of a final evaluation's metrics, or one line saying why it cannot be built."""
     try:
@@ -239,6 +264,9 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             "this run; its files in stage_0/ are the donor's bytes (hard links where possible). See stage0_from.json.",
             "",
         ]
+    warning = unheard_warning(data)
+    if warning:
+        lines += [warning, ""]
     criterion = _criterion_name(data)
     keys, head = axis(data)
     levels = share_levels(data)

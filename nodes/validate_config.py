@@ -93,6 +93,7 @@ def validate_config(state: LoopState, runtime: Runtime[RunContext]) -> dict[str,
         "notes": checked.notes,
         "proposal": stored_proposal(proposal),
         "rationale": state.get("rationale", ""),
+        "reply": state.get("reply"),  # an empty or cut reply, named (propose_config)
         "diff": family.diff(current, accepted) if accepted is not None else {},
         "feasibility": _brief(checked.feasibility),
         "accepted": accepted,

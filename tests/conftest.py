@@ -81,6 +81,13 @@ QUICK = {
     # llm_backends: engineer names and keys, base URLs
     "test_llm_engineers.py",
     "test_llm_url_query.py",
+    # reasoning models heard: their thinking never read, an empty or cut reply asked again, a run never heard warns
+    "test_llm_reasoning.py::test_reasoning_blocks_are_taken_out_of_the_reply",
+    "test_llm_reasoning.py::test_a_draft_in_think_is_not_read_and_the_rationale_is_not_the_thinking",
+    "test_llm_reasoning.py::test_reasoning_content_is_kept_apart_and_never_read",
+    "test_llm_reasoning.py::test_an_empty_reply_cut_at_its_limit_is_named_and_asked_again_once_with_a_larger_limit",
+    "test_llm_reasoning.py::test_reasoning_effort_is_a_setting_sent_only_when_set",
+    "test_llm_reasoning.py::test_a_run_whose_engineer_never_answered_warns_in_the_report_and_on_the_terminal",
     # evals: tables from verdicts, a committed table rebuilt byte for byte
     "test_evals_tables.py::test_finished_pairs_are_not_rerun_and_table_matches_raw_verdicts",
     "test_evals_protocol_tables.py::test_committed_tables_are_rebuilt_from_their_verdicts_byte_for_byte[compare_smoke]",

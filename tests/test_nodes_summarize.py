@@ -205,3 +205,16 @@ def test_rationale_outcome_falls_back_to_history_and_first_proposal_is_unfenced(
     first = {**_state(stage=0), "rationale": ""}
     ctx = build_context(variant="V5", state=first, settings=make_settings(), eval_rows=[])
     assert "this is your first one" in ctx and fenced_spans(ctx) == []
+
+
+@pytest.mark.parametrize("decision", ["kept_previous", "accepted", None])
+def test_an_empty_rationale_after_a_proposal_is_not_called_the_first_one(decision):
+    """A stage-2 engineer whose last reply (for stage 2's config) said nothing: not "this is your first one"."""
+    state = {**_state(), "rationale": "", "decision": decision}
+    ctx = build_context(variant="V5", state=state, settings=make_settings(), eval_rows=[])
+    s_module = ctx.split("## S.")[1].split("\n## ")[0]
+    assert "first one" not in s_module and "It came with no explanation" in s_module
+    assert "Your last proposal (for stage 2's config) was" in s_module
+    if decision == "kept_previous":
+        assert "was kept_previous: it could not be used" in s_module
+    assert fenced_spans(ctx) == []  # nothing the engineer wrote to quote

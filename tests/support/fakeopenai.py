@@ -8,9 +8,10 @@ Use it as a fault injector for client tests or as a scripted engineer/solver tha
         chat.chat([{"role": "user", "content": "hi"}]).text   # -> "the reply", after two retries
         srv.requests    # every request: {"path", "query" (dict), "headers" (lower-case names), "body"}
 
-Each request takes the next scripted item; once the script is spent, ``default`` answers (a string, or
-a function ``request_body -> str`` for a scripted engineer that looks at the prompt). Items are a reply
-string, a :class:`Reply` (text plus token counts) or a :class:`Fault`:
+Each request takes the next scripted item; once the script is spent, ``default`` answers (a string, a
+:class:`Thinker`, or a function ``request_body -> str`` for a scripted engineer that looks at the prompt). Items
+are a reply string, a :class:`Reply` (text plus token counts, a finish reason, a ``reasoning_content`` field), a
+:class:`Thinker` (a reasoning model: its thinking counts against the request's token limit) or a :class:`Fault`:
 
 - ``Fault.rate_limit(retry_after, headers=None)``: 429 with a ``Retry-After`` header (seconds), or the
   given headers instead (an HTTP-date ``Retry-After``, OpenAI's ``retry-after-ms``);
@@ -44,6 +45,37 @@ class Reply:
     prompt_tokens: int = 11
     completion_tokens: int | None = None  # default: number of words in text
     finish_reason: str = "stop"
+    reasoning_content: str | None = None  # sent beside the content, as vLLM's reasoning parsers and DeepSeek do
+
+
+@dataclass
+class Thinker:
+    """Answers as a reasoning model does: it thinks `think_tokens` tokens (one word each) before its answer, and
+    that thinking counts against the request's `max_tokens` / `max_completion_tokens`. Below thinking plus answer
+    the reply is cut there (`finish_reason: length`): with `style="field"` (an API that returns the thinking
+    apart, as `reasoning_content`) its content is empty; with `style="tags"` (a model served without a reasoning
+    parser) the content is the thinking so far after an unclosed `<think>`. At or above it the content is the
+    answer (after `<think>...</think>` with "tags"). `limits` records the limit of every request answered."""
+
+    answer: str
+    think_tokens: int = 1000
+    style: str = "field"  # field | tags
+
+    def __post_init__(self) -> None:
+        self.limits: list[int | None] = []
+
+    def reply(self, body: dict) -> Reply:
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        self.limits.append(limit)
+        need = self.think_tokens + len(self.answer.split())
+        thought = " ".join(f"step{i}" for i in range(min(self.think_tokens, limit or self.think_tokens)))
+        if limit is not None and limit < need:
+            if self.style == "tags":
+                return Reply(f"<think>{thought}", completion_tokens=limit, finish_reason="length")
+            return Reply("", completion_tokens=limit, finish_reason="length", reasoning_content=thought)
+        if self.style == "tags":
+            return Reply(f"<think>{thought}</think>\n{self.answer}", completion_tokens=need)
+        return Reply(self.answer, completion_tokens=need, reasoning_content=thought)
 
 
 @dataclass
@@ -81,8 +113,8 @@ class Fault:
         return cls("status", status=status, message=message)
 
 
-Item = str | Reply | Fault
-Default = str | Callable[[dict], str]
+Item = str | Reply | Thinker | Fault
+Default = str | Thinker | Callable[[dict], str]
 
 
 class FakeOpenAI:
@@ -152,6 +184,8 @@ class FakeOpenAI:
         with self._lock:
             if self._script:
                 return self._script.popleft()
+        if isinstance(self.default, Thinker):
+            return self.default
         return self.default(body) if callable(self.default) else self.default
 
     def completion(self, body: dict, reply: Reply) -> dict:
@@ -163,7 +197,8 @@ class FakeOpenAI:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": reply.text},
+                    "message": {"role": "assistant", "content": reply.text}
+                    | ({"reasoning_content": reply.reasoning_content} if reply.reasoning_content is not None else {}),
                     "finish_reason": reply.finish_reason,
                 }
             ],
@@ -236,6 +271,8 @@ def _make_handler(server: FakeOpenAI):
             item = server._next(body)
             if isinstance(item, str):
                 item = Reply(item)
+            if isinstance(item, Thinker):
+                item = item.reply(body)
             if isinstance(item, Reply):
                 self._send(200, json.dumps(server.completion(body, item)).encode())
                 return
