@@ -32,7 +32,6 @@ neutralised.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,52 +79,6 @@ def fill(template: str, **values: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- module bodies
-
-
-# Columns of env.generate's per-size statistics shown to the engineer, in this order (others are left out
-# when these are present, to keep the table readable).
-ENV_STAT_COLUMNS = (
-    "asked",
-    "produced",
-    "asked_hole_ratio",
-    "achieved_hole_ratio",
-    "asked_wait_ratio",
-    "achieved_wait_share",
-    "wait_shortfall",
-    "nowait_shortfall",
-    "dropped",
-)
-
-
-def env_stats_table(stats: dict | None) -> str:
-    """The generator's per-size statistics (asked vs achieved) as a markdown table, plus the totals."""
-    if not stats or not isinstance(stats, dict):
-        return "(no environment statistics recorded for this stage)"
-    per_size = stats.get("sizes") if isinstance(stats.get("sizes"), dict) else {}
-    rows = {str(k): v for k, v in per_size.items() if isinstance(v, dict)}
-    if not rows:
-        return "```\n" + json.dumps(stats, indent=1, sort_keys=True)[:2000] + "\n```"
-    present = {c for v in rows.values() for c, x in v.items() if not isinstance(x, dict | list)}
-    cols = [c for c in ENV_STAT_COLUMNS if c in present] or sorted(present)
-    lines = ["| size | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
-    for size in sorted(rows, key=lambda k: (len(k), k)):
-        cells = []
-        for c in cols:
-            x = rows[size].get(c)
-            cells.append(f"{x:.3f}" if isinstance(x, float) else ("-" if x is None else str(x)))
-        lines.append(
-            f"| {size}x{size} | " + " | ".join(cells) + " |"
-            if size.isdigit()
-            else f"| {size} | " + " | ".join(cells) + " |"
-        )
-    totals = {k: v for k, v in stats.items() if k != "sizes" and not isinstance(v, dict | list)}
-    for k, v in stats.items():
-        if k != "sizes" and isinstance(v, dict):
-            totals.update({f"{k}.{kk}": vv for kk, vv in v.items() if not isinstance(vv, dict | list)})
-    if totals:
-        lines.append("")
-        lines.append("Totals: " + ", ".join(f"{k} {v}" for k, v in totals.items()))
-    return "\n".join(lines)
 
 
 def training_details(state: dict, settings: Settings, view: EvidenceView, full: bool) -> str:

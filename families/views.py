@@ -13,6 +13,7 @@ figures. Everything else is the same for every family:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -201,6 +202,54 @@ def budget_lines(state: dict, settings: Any, metrics: dict | None, items: str = 
 # ----------------------------------------------------------------------------- the two families' views
 
 
+# Columns of env.generate's per-size statistics shown to the engineer, in this order (others are left out
+# when these are present, to keep the table readable).
+ENV_STAT_COLUMNS = (
+    "asked",
+    "produced",
+    "asked_hole_ratio",
+    "achieved_hole_ratio",
+    "asked_wait_ratio",
+    "achieved_wait_share",
+    "wait_shortfall",
+    "nowait_shortfall",
+    "dropped",
+)
+
+
+def env_stats_table(stats: dict | None) -> str:
+    """The generator's per-size statistics (asked vs achieved) as a markdown table, plus the totals."""
+    if not stats or not isinstance(stats, dict):
+        return "(no environment statistics recorded for this stage)"
+    per_size = stats.get("sizes") if isinstance(stats.get("sizes"), dict) else {}
+    rows = {str(k): v for k, v in per_size.items() if isinstance(v, dict)}
+    if not rows:
+        return "```\n" + json.dumps(stats, indent=1, sort_keys=True)[:2000] + "\n```"
+    present = {c for v in rows.values() for c, x in v.items() if not isinstance(x, dict | list)}
+    cols = [c for c in ENV_STAT_COLUMNS if c in present] or sorted(present)
+    lines = ["| size | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
+    for size in sorted(rows, key=lambda k: (len(k), k)):
+        cells = []
+        for c in cols:
+            x = rows[size].get(c)
+            cells.append(f"{x:.3f}" if isinstance(x, float) else ("-" if x is None else str(x)))
+        lines.append(
+            f"| {size}x{size} | " + " | ".join(cells) + " |"
+            if size.isdigit()
+            else f"| {size} | " + " | ".join(cells) + " |"
+        )
+    totals = {k: v for k, v in stats.items() if k != "sizes" and not isinstance(v, dict | list)}
+    for k, v in stats.items():
+        if k != "sizes" and isinstance(v, dict):
+            totals.update({f"{k}.{kk}": vv for kk, vv in v.items() if not isinstance(vv, dict | list)})
+    if totals:
+        lines.append("")
+        lines.append("Totals: " + ", ".join(f"{k} {v}" for k, v in totals.items()))
+    return "\n".join(lines)
+
+
+
+
 class MapfView:
     """MAPF-FrozenLake: the levels are the grid sizes, each with three knobs; answers can be valid but not
     optimal; module E shows the generator's asked-vs-achieved figures; a failing example shows its map."""
@@ -226,8 +275,6 @@ class MapfView:
         return {str(k): dict(v) for k, v in ((config or {}).get("sizes") or {}).items() if isinstance(v, dict)}
 
     def env_stats(self, stats: dict | None) -> str | None:
-        from families.evidence import env_stats_table
-
         return env_stats_table(stats)
 
     def label(self, row: dict) -> str:
