@@ -191,6 +191,16 @@ class ScalarFamily:
     def report_levels(self) -> list[dict[str, Any]]:
         return [{"index": d, "label": f"{d}-digit terms", "column": f"L{d}"} for d in DIGITS]
 
+    # the run's settings
+    def settings_defaults(self) -> dict[str, Any]:
+        return {"eval_split": "val", "final_split": "test", "final_cpu_split": None}
+
+    def check_settings(self, settings: Any) -> None:
+        for field in ("eval_split", "final_split"):
+            if getattr(settings, field) not in self.task.split_names:
+                raise ValueError(f"{field}={getattr(settings, field)!r} is not a split of task {settings.task}; "
+                                 "allowed: val, test")
+
 
 # ----------------------------------------------------------------------------- the task (the trainer's protocol)
 
