@@ -365,3 +365,15 @@ def test_a_scalar_family_runs_apply_train_evaluate_summarize_propose_validate(em
     state.update(apply(state, rt))
     items = [json.loads(x) for x in (run / "stage_1" / "train.jsonl").read_text().splitlines()]
     assert state["stage"] == 1 and len(items) == 10 and {i["digits"] for i in items} == {3}
+
+
+def test_docs_tasks_md_walks_through_both_worked_examples_the_tests_run():
+    """docs/tasks.md's two worked examples are the files these tests run: the level-share task (one file, every
+    member it lists is one the family checks) and this module, registered by the line the doc quotes."""
+    from families.level_share import LEVEL_SHARE_MEMBERS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
+    assert "`tests/support/toy_task.py`" in text and "`tests/test_family_shape.py`" in text
+    assert "`loop_family = ScalarFamily`" in text and ScalarTask.loop_family is ScalarFamily
+    missing = [m for m in LEVEL_SHARE_MEMBERS if f"`{m}" not in text]
+    assert not missing, f"docs/tasks.md does not list the level-share members {missing}"
