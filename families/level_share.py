@@ -314,5 +314,24 @@ class LevelShareFamily:
     def eval_key_fields(self) -> dict[str, Any]:
         return {"task": self.task_name}
 
+    def settings_defaults(self) -> dict[str, Any]:
+        """A level-share task answers its own fixed splits, and has no CPU-scale split."""
+        return {"eval_split": "val", "final_split": "test", "final_cpu_split": None}
+
+    def check_settings(self, settings: Settings) -> None:
+        names = self.task.split_names
+        for field in ("eval_split", "final_split"):
+            if getattr(settings, field) not in names:
+                raise ValueError(f"{field}={getattr(settings, field)!r} is not a split of task {settings.task}; "
+                                 f"allowed: {', '.join(names)}")
+        if settings.final_cpu_split is not None:
+            raise ValueError(f"final_cpu_split={settings.final_cpu_split!r} is a MAPF split; allowed for task "
+                             f"{settings.task}: none")
+        if settings.start_config is not None:
+            try:
+                self.task.parse_config(settings.start_config)
+            except ValueError as e:
+                raise ValueError(f"start_config {json.dumps(settings.start_config)}: {_pydantic_line(e)}") from None
+
     def report_levels(self) -> list[dict[str, Any]]:
         return [{"index": lv.index, "label": lv.label, "column": f"L{lv.index}"} for lv in self.task.levels]

@@ -323,5 +323,17 @@ class MapfFamily:
     def eval_key_fields(self) -> dict[str, Any]:
         return {}
 
+    def settings_defaults(self) -> dict[str, Any]:
+        return {}
+
+    def check_settings(self, settings: Settings) -> None:
+        """Stage 0's config, when given, is a strict `EnvConfig` (the splits are checked by graph.preflight)."""
+        if settings.start_config is not None:
+            try:
+                EnvConfig.model_validate(settings.start_config)
+            except ValueError as e:
+                raise ValueError(f"start_config {json.dumps(settings.start_config)}: {format_validation_error(e)}") \
+                    from None
+
     def report_levels(self) -> list[dict[str, Any]]:
         return [{"index": s, "label": f"{s}x{s} grid", "column": f"{s}x{s}"} for s in SIZES]

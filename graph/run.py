@@ -92,9 +92,13 @@ def preset_help() -> str:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m graph.run",
-        description="LLM-as-Environment-Engineer on MAPF-FrozenLake: train a stage, evaluate, let an engineer "
-        "design the next stage's environment config, repeat. Each flag overrides its environment variable, "
-        "which overrides the preset.",
+        description="LLM-as-Environment-Engineer: train a policy for a stage, evaluate it on a fixed validation "
+        "split, show an engineer (a model, or a classic curriculum) what went wrong, let it design the next "
+        "stage's training environment, check that design, repeat; then a held-out evaluation and a report. "
+        "The task family is --task: MAPF-FrozenLake (multi-agent path finding on frozen-lake grids, the "
+        "default; the engineer sets per-size data, hole and wait ratios) or a reasoning-gym dataset "
+        "(rg:<dataset>; the engineer sets each difficulty level's share), or your own (docs/tasks.md). Each flag "
+        "overrides its environment variable, which overrides the preset.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Secrets: ENGINEER_API_KEY (falls back to OPENAI_API_KEY / GEMINI_API_KEY) is read from the "
         "environment only and never written anywhere.\nTraining hyper-parameters: --set train.NAME=VALUE "

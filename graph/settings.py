@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from families import DEFAULT_TASK
 from families.context_variants import CONTEXT_VARIANTS
 from llm_backends.engineers import CLASSIC_ENGINEERS, MODEL_ENGINEERS
 from trainer.config import TRAIN_PRESETS, TrainConfig
@@ -101,7 +102,7 @@ class Settings(BaseModel):
 
     preset: Literal[tuple(PRESETS)] = Field("cpu", description="named bundle of defaults")  # type: ignore[valid-type]
     task: str = Field(
-        "mapf",
+        DEFAULT_TASK,
         description="the task family the engineer configures: mapf (MAPF-FrozenLake, the paper's testbed) or "
         "rg:<dataset>[:attr=lo-hi,...] (a reasoning-gym dataset, its levels from the dataset's curriculum; "
         "docs/tasks.md)",
@@ -234,37 +235,13 @@ class Settings(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _task_splits(self) -> Settings:
-        if self.task != "mapf":
-            from trainer.task import load_task
+    def _family_settings(self) -> Settings:
+        """The run's family checks the settings it reads (its splits, stage 0's config), now, not after minutes of
+        set-up (`LoopFamily.check_settings`: one line naming the setting and what is allowed)."""
+        from families import family_of
 
-            names = getattr(load_task(self.task), "split_names", ("val", "test"))
-            for field in ("eval_split", "final_split"):
-                if getattr(self, field) not in names:
-                    raise ValueError(f"{field}={getattr(self, field)!r} is not a split of task {self.task}; "
-                                     f"allowed: {', '.join(names)}")
-            if self.final_cpu_split is not None:
-                raise ValueError(f"final_cpu_split={self.final_cpu_split!r} is a MAPF split; allowed for task "
-                                 f"{self.task}: none")
-        if self.start_config is not None:  # checked now, not after minutes of set-up
-            try:
-                if self.task == "mapf":
-                    from env import EnvConfig
-
-                    EnvConfig.model_validate(self.start_config)
-                else:
-                    from trainer.task import load_task
-
-                    load_task(self.task).parse_config(self.start_config)
-            except ValueError as e:
-                from env.config import format_validation_error
-
-                raise ValueError(f"start_config {json.dumps(self.start_config)}: {format_validation_error(e)}") from None
+        family_of(self.task).check_settings(self)
         return self
-
-    @property
-    def is_mapf(self) -> bool:
-        return self.task == "mapf"
 
     @field_validator("engineer")
     @classmethod
@@ -365,13 +342,13 @@ def build_settings(cli: Mapping[str, Any] | None = None, env: Mapping[str, str] 
             merged[key] = value
             source[key] = f"--{key.replace('_', '-')}" if given_as == "flag" else f"the run's context key {key!r}"
     merged["train"] = train
-    task = str(merged.get("task") or "mapf").strip()
-    if task != "mapf":  # a non-MAPF task answers its own fixed splits unless they were named
-        for field, split in (("eval_split", "val"), ("final_split", "test")):
-            if field not in source:
-                merged[field] = split
-        if "final_cpu_split" not in source:
-            merged["final_cpu_split"] = None
+    try:  # the family's own defaults (a level-share task: its val and test splits) unless they were named
+        from families import family_of
+
+        defaults = family_of(str(merged.get("task") or DEFAULT_TASK).strip()).settings_defaults()
+    except ValueError:  # an unknown task: Settings' validation says so, naming where it came from
+        defaults = {}
+    merged.update({field: value for field, value in defaults.items() if field not in source})
     try:
         settings = Settings.model_validate(merged)
     except ValidationError as e:

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from families import DEFAULT_TASK, LoopFamily, family_of
-from families.metrics import compute_final_metrics, final_table_md
 from trainer import stop
 from trainer.files import stage_dir, weights_sha256, write_text_atomic
 
@@ -465,10 +464,11 @@ def final_evaluate(
     ]
     if settings.final_cpu_split:  # beside the held-out benchmark, never instead of it
         cpu_dir = out_dir.parent / "final_cpu"
-        cpu = compute_final_metrics(run_eval(settings.final_cpu_split, cpu_dir, checkpoint=state.get("checkpoint"),
-                                             settings=settings, model=model))
+        cpu, cpu_table = family_of(settings).final(run_eval(settings.final_cpu_split, cpu_dir,
+                                                            checkpoint=state.get("checkpoint"), settings=settings,
+                                                            model=model))
         write_json(cpu_dir / "metrics.json", {**cpu, "final/split": settings.final_cpu_split})
-        write_text_atomic(cpu_dir / "table.md", final_table_md(cpu))
+        write_text_atomic(cpu_dir / "table.md", cpu_table)
         lines.append(f"final on {settings.final_cpu_split} (n={cpu['final/n']}, the CPU-scale held-out split): "
                      f"valid {cpu['final/valid_rate']:.3f}, optimal {cpu['final/optimal_rate']:.3f}")
     return {"final_metrics": final, "log": lines}

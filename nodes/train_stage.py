@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from families import DEFAULT_TASK
 from llm_backends.checkpoints import CheckpointError
 from llm_backends.models import resolve_model
 from trainer.child import run_stage_in_child
@@ -46,7 +47,7 @@ def train_stage(state: dict, runtime) -> dict:
         seed=int(settings.seed) + 1000 * stage,
         reward_state=state.get("reward_state") or None,
         warm_start=settings.train.sft_warm_start and prev is None,
-        task=getattr(settings, "task", "mapf"),  # a test's stand-in settings may have no task
+        task=getattr(settings, "task", DEFAULT_TASK),  # a test's stand-in settings may have no task
     )
     m = result["metrics"]
     line = (

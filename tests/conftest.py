@@ -76,7 +76,11 @@ QUICK = {
     "test_task_seam.py::test_tasks_load_by_name_and_a_bad_name_says_what_is_allowed",
     "test_task_seam.py::test_the_generic_reward_scores_each_completion_against_its_own_row",
     "test_task_loop.py",  # a toy task family through the loop's task seam
-    "test_family_shape.py",  # a family of another shape (a scalar difficulty and a stage size): one module, one line
+    # a family of another shape (a scalar difficulty and a stage size): one module, one line
+    "test_family_shape.py::test_the_family_is_picked_by_its_one_registration_line_and_has_every_member",
+    "test_family_shape.py::test_validate_config_uses_the_one_policy_for_a_scalar_family",
+    "test_family_shape.py::test_approve_with_an_edit",
+    "test_family_shape.py::test_docs_tasks_md_walks_through_both_worked_examples_the_tests_run",
     "test_rg_task.py",  # reasoning-gym as a task family
     # llm_backends: engineer names and keys, base URLs
     "test_llm_engineers.py",

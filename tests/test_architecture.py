@@ -110,3 +110,52 @@ def test_no_source_file_outside_tests_is_over_500_lines():
     long = {str(p.relative_to(ROOT)): n for p in _modules().values()
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
     assert not long, f"files over 500 lines: {long}"
+
+
+def test_nodes_hold_the_graph_nodes_and_two_helpers_and_import_no_env():
+    """nodes/ is one module per graph node (final_evaluate sits with evaluate) and at most 2 helpers only nodes use;
+    a task reaches the nodes only through its family (families/), never through env/."""
+    modules = sorted(p.stem for p in (ROOT / "nodes").glob("*.py") if p.name != "__init__.py")
+    nodes = {"apply", "train_stage", "evaluate", "summarize_failures", "propose_config", "validate_config", "report"}
+    assert nodes <= set(modules) and len(modules) <= 9, modules
+    env = sorted(f"nodes.{m} imports {imp}" for m in modules
+                 for imp in _imports(ROOT / "nodes" / f"{m}.py", f"nodes.{m}", top_level_only=False, typing_too=True)
+                 if imp.split(".")[0] == "env")
+    assert not env, env
+
+
+# keys that name a family or its answer format: a dict literal keyed by them whose values are functions or classes
+# is a string-keyed table of per-family code, which a family's own members replace
+FAMILY_KEYS = {"sizes", "levels", "mapf", "rg"}
+
+
+def test_no_string_keyed_table_of_per_family_functions():
+    found = []
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        # what a value can name that is code: a function or class of the module, or an imported name
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+        defined |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Dict) or not node.keys:
+                continue
+            keys = {k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+            code = all(isinstance(v, ast.Lambda) or (isinstance(v, ast.Name) and v.id in defined)
+                       for v in node.values)
+            if keys & FAMILY_KEYS and code:
+                found.append(f"{name}:{node.lineno} {sorted(keys)}")
+    assert not found, f"string-keyed tables of per-family code (make them members of the family): {found}"
+
+
+def test_the_mapf_literal_is_written_only_by_its_family_and_the_registry_of_built_in_tasks():
+    """MAPF-FrozenLake is one family among others: outside env/ (its testbed), only its family module and the
+    registries of built-in tasks name it."""
+    allowed = {"families/mapf.py", "families/__init__.py", "trainer/task.py"}
+    found = []
+    for pkg in ("families", "nodes", "graph"):
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Constant) and node.value == "mapf" and rel not in allowed:
+                    found.append(f"{rel}:{node.lineno}")
+    assert not found, f"the task name 'mapf' written outside its family and the registry: {found}"

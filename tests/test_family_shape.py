@@ -191,6 +191,16 @@ class ScalarFamily:
     def report_levels(self) -> list[dict[str, Any]]:
         return [{"index": d, "label": f"{d}-digit terms", "column": f"L{d}"} for d in DIGITS]
 
+    # the run's settings
+    def settings_defaults(self) -> dict[str, Any]:
+        return {"eval_split": "val", "final_split": "test", "final_cpu_split": None}
+
+    def check_settings(self, settings: Any) -> None:
+        for field in ("eval_split", "final_split"):
+            if getattr(settings, field) not in self.task.split_names:
+                raise ValueError(f"{field}={getattr(settings, field)!r} is not a split of task {settings.task}; "
+                                 "allowed: val, test")
+
 
 # ----------------------------------------------------------------------------- the task (the trainer's protocol)
 
@@ -278,9 +288,8 @@ def test_validate_config_uses_the_one_policy_for_a_scalar_family(tmp_path):
     assert line == "[stage 0] engineer proposal: projected (knobs difficulty .20->1.00)", line
 
 
-def test_approve_with_an_edit_and_dry_run(tmp_path, capsys):
+def test_approve_with_an_edit(tmp_path):
     from graph import approve
-    from graph.dryrun import dry_run
 
     settings = _settings()
     run_dir = tmp_path / "run"
@@ -298,7 +307,13 @@ def test_approve_with_an_edit_and_dry_run(tmp_path, capsys):
     update, lines = approve.decide({"knobs": {"difficulty": "hard"}}, values, settings, run_dir)
     assert update is None and lines[0].startswith("cannot use the edit: knobs.difficulty")
 
-    dry_run(tmp_path / "dry", settings)
+
+def test_dry_run(tmp_path, capsys):
+    """`--dry-run` builds the training plan, generates stage 0's data and checks one proposal, all through the
+    family (about 20 s: the training plan)."""
+    from graph.dryrun import dry_run
+
+    dry_run(tmp_path / "dry", _settings())
     err = capsys.readouterr().err
     assert "[dry-run] stage-0 data generated" in err
     assert "[dry-run] engineer 'fixed' answered" in err and "a config, accepted (no change)" in err
@@ -355,3 +370,15 @@ def test_a_scalar_family_runs_apply_train_evaluate_summarize_propose_validate(em
     state.update(apply(state, rt))
     items = [json.loads(x) for x in (run / "stage_1" / "train.jsonl").read_text().splitlines()]
     assert state["stage"] == 1 and len(items) == 10 and {i["digits"] for i in items} == {3}
+
+
+def test_docs_tasks_md_walks_through_both_worked_examples_the_tests_run():
+    """docs/tasks.md's two worked examples are the files these tests run: the level-share task (one file, every
+    member it lists is one the family checks) and this module, registered by the line the doc quotes."""
+    from families.level_share import LEVEL_SHARE_MEMBERS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "tasks.md").read_text()
+    assert "`tests/support/toy_task.py`" in text and "`tests/test_family_shape.py`" in text
+    assert "`loop_family = ScalarFamily`" in text and ScalarTask.loop_family is ScalarFamily
+    missing = [m for m in LEVEL_SHARE_MEMBERS if f"`{m}" not in text]
+    assert not missing, f"docs/tasks.md does not list the level-share members {missing}"
