@@ -36,6 +36,11 @@ class MapfTask:
     name = "mapf"
     failure_labels = tuple(FAILURES)
     criterion = "makespan"  # the loop's rewards, evaluations and tables use the makespan
+    level_order = tuple(SIZES)  # its levels, easiest first: the grid sizes
+
+    def warm_start_levels(self, cfg) -> list[int]:
+        """The grid sizes of the cached SFT warm start: the training settings' `sft_sizes`."""
+        return list(cfg.sft_sizes)
 
     def item_to_json(self, item: Instance) -> str:
         return item.to_json()

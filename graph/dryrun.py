@@ -173,6 +173,7 @@ def _say_training_plan(settings: Settings, run_dir: Path) -> dict | None:
     if t.optimizer == "filtered":
         say(f"[dry-run] stage optimizer: reward-filtered fine-tuning (trainer/filtered.py): rounds of "
             f"{t.filtered_prompts} prompts x {t.num_generations} samples at temperature {t.temperature}, "
-            f"{t.max_steps} steps on full batches of {t.sft_batch_size} verified answers at lr {t.learning_rate}")
+            + (f"until {t.stage_samples} answers are sampled, steps" if t.stage_samples else f"{t.max_steps} steps")
+            + f" on full batches of {t.sft_batch_size} verified answers at lr {t.learning_rate}")
     return plan
 

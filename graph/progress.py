@@ -94,8 +94,12 @@ def describe_start(node: str, state: dict[str, Any], settings: Settings) -> str 
         k = stage + 1 if state.get("train_path") else stage
         return f"[stage {k}] apply: generating {settings.train.instances_per_stage} training instances ..."
     if node == "train_stage":
-        steps = settings.train.max_steps
-        return f"[stage {stage}] train_stage" + (f": {steps} GRPO steps" if steps > 0 else "") + " ..."
+        t = settings.train
+        if t.optimizer == "filtered":  # trainer/filtered.py: its budget is sampled answers, or optimiser steps
+            return f"[stage {stage}] train_stage: reward-filtered fine-tuning" + (
+                f", {t.stage_samples} sampled answers" if t.stage_samples else
+                f", {t.max_steps} steps" if t.max_steps > 0 else "") + " ..."
+        return f"[stage {stage}] train_stage" + (f": {t.max_steps} GRPO steps" if t.max_steps > 0 else "") + " ..."
     if node == "evaluate":
         return f"[stage {stage}] evaluate on {settings.eval_split} ..."
     if node == "summarize_failures":
@@ -143,13 +147,19 @@ def describe_update(node: str, update: dict[str, Any], state: dict[str, Any],
     if node == "train_stage":
         tm = update.get("train_metrics") or {}
         r = tm.get("train/reward_mean")
+        if tm.get("train/optimizer") == "filtered":  # its steps are fine-tuning steps on what its samples kept
+            kept = tm.get("train/kept", 0)
+            return (f"[stage {stage}] trained: reward-filtered fine-tuning, {tm.get('train/steps', 0)} steps, kept "
+                    f"{kept} of {tm.get('train/completions', 0)} sampled answers"
+                    + ("" if kept else ": no step taken, the checkpoint is the stage's start, unchanged"))
         return f"[stage {stage}] trained" + (f": mean reward {r:.3f}" if isinstance(r, (int, float)) else "")
     if node == "final_evaluate":
         fm = update.get("final_metrics") or {}
         v = fm.get("final/valid_rate")
         return "[final] benchmark evaluated" + (f": valid {100 * v:.1f}%" if isinstance(v, (int, float)) else "")
-    if node == "report":
-        return "[report] written"
+    if node == "report":  # a stage file that cannot be read is named, never dropped in silence
+        bad = [line for line in update.get("log") or [] if str(line).startswith("WARNING")]
+        return "[report] written" + "".join(f"\n[report] {line}" for line in bad)
     return None
 
 

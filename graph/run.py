@@ -60,8 +60,10 @@ def preset_help() -> str:
     out = []
     for name, run in PRESETS.items():
         optimizer = "filtered fine-tuning" if train(name, "optimizer") == "filtered" else "GRPO"
+        budget = (f"{train(name, 'stage_samples')} sampled answers of {optimizer} per stage" if train(name, "stage_samples")
+                  else f"{train(name, 'max_steps')} {optimizer} steps per stage (-1: epochs)")
         line = (f"  {name}: {run.get('stages', 3)} stages, {train(name, 'instances_per_stage')} training instances "
-                f"and {train(name, 'max_steps')} {optimizer} steps per stage (-1: epochs), answers capped at "
+                f"and {budget}, answers capped at "
                 f"{train(name, 'max_completion_length')} tokens in training and {run.get('eval_max_tokens')} at "
                 f"evaluation, validation on {run.get('eval_split')}"
                 + (f" (first {run['eval_limit']})" if run.get("eval_limit") else "") + ".")

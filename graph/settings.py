@@ -63,7 +63,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu-long": _CPU_RUN,
     # A reasoning-gym task on 2 CPU cores: 6 levels of basic_arithmetic (2-4 terms
     # of 1-2 digits), 144 fixed val questions (24 a level), 288 test questions; training values in
-    # trainer.config.TRAIN_PRESETS["rg-cpu"] (its warm start has a ladder: 75 % on the easiest level, 0 % on the hardest)
+    # trainer.config.TRAIN_PRESETS["rg-cpu"] (its warm start has a ladder: 75 % on the easiest level, 0 % on the hardest;
+    # each stage samples a budget of 7,680 answers, train.stage_samples, whatever its levels)
     "rg-cpu": {
         **_CPU_RUN,
         "task": "rg:basic_arithmetic:num_terms=2-4,num_digits=1-2",

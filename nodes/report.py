@@ -28,12 +28,19 @@ from nodes.report_plots import sizes as _sizes
 from trainer.files import stage_dir, write_text_atomic
 
 
-def _read_json(path: Path) -> dict | None:
-    """The JSON object in `path`; None when the file is missing, unreadable, not JSON, or not an object."""
+def _read_json(path: Path, unreadable: list[str] | None = None) -> dict | None:
+    """The JSON object in `path`; None when the file is missing, unreadable, not JSON, or not an object. With
+    `unreadable`, a file that exists but gives no object is named there (`stage_0/metrics.json: not JSON`)."""
     try:
         obj = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, ValueError, RecursionError):  # ValueError: bad JSON or bytes that are not UTF-8
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON or bytes that are not UTF-8
+        if unreadable is not None:
+            unreadable.append(f"{path.parent.name}/{path.name}: {'not JSON' if isinstance(e, ValueError) else type(e).__name__}")
+        return None
+    if not isinstance(obj, dict) and unreadable is not None:
+        unreadable.append(f"{path.parent.name}/{path.name}: not a JSON object")
     return obj if isinstance(obj, dict) else None
 
 
@@ -58,19 +65,20 @@ def _pct(x: Any) -> str:
 
 def collect(run_dir: Path) -> dict[str, Any]:
     """Per-stage configs, metrics and engineer decisions, plus the final benchmark metrics."""
-    stages = []
+    stages, bad = [], []  # bad: the stage files that exist but cannot be read, named in the report and the log
     for k, d in _stage_dirs(run_dir):
         stages.append(
             {
                 "stage": k,
-                "config": _read_json(d / "config.json"),
-                "metrics": _read_json(d / "metrics.json") or {},
-                "validation": _read_json(d / "validation.json"),
-                "env_stats": _read_json(d / "env_stats.json"),
+                "config": _read_json(d / "config.json", bad),
+                "metrics": _read_json(d / "metrics.json", bad) or {},
+                "validation": _read_json(d / "validation.json", bad),
+                "env_stats": _read_json(d / "env_stats.json", bad),
             }
         )
     return {
         "stages": stages,
+        "unreadable": bad,
         "start": _read_json(stage_dir(run_dir, 0) / "start" / "metrics.json"),
         "final": _read_json(run_dir / "final" / "metrics.json"),
         "final_cpu": _read_json(run_dir / "final_cpu" / "metrics.json"),
@@ -255,6 +263,8 @@ def _criterion_name(data: dict[str, Any]) -> str:
 
 def render(data: dict[str, Any], plots: list[str], title: str) -> str:
     lines = [f"# Run report: {md_inline(title)}", ""]
+    for bad in data.get("unreadable") or []:
+        lines += [f"**Unreadable file: `{_code(bad)}`**: its stage's figures are missing from this report.", ""]
     lines += header_lines(data, title)
     shared = data.get("stage0_from")
     if shared:
@@ -441,7 +451,9 @@ def _code(x: Any) -> str:
 def report(state: dict, runtime) -> dict:
     """Graph node: write report.md (+ plots) into the run folder."""
     path = write_report(runtime.context.run_dir)
-    return {"log": [f"report written: {path}"]}
+    bad = collect(Path(runtime.context.run_dir))["unreadable"]
+    return {"log": [f"WARNING unreadable file {b}: its stage's figures are missing from report.md" for b in bad]
+            + [f"report written: {path}"]}
 
 
 def main(argv: list[str]) -> int:

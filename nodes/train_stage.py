@@ -55,6 +55,11 @@ def train_stage(state: dict, runtime) -> dict:
         f"reward {m['train/reward_mean']:.3f} -> {result['checkpoint']}"
     )
     lines = [line]
+    if m.get("train/optimizer") == "filtered":  # what its samples gave: a stage that kept nothing took no step
+        lines[0] += f" (kept {m.get('train/kept', 0)} of {m.get('train/completions', 0)} sampled answers)"
+        if not m.get("train/kept"):
+            lines.append(f"stage {stage}: kept 0: no sampled answer verified, no step taken; the checkpoint holds "
+                         "the stage's starting weights, unchanged")
     dead = m.get("train/zero_std_groups_trained")
     if dead is None or not math.isfinite(dead):
         dead = m.get("train/zero_std_groups")

@@ -323,7 +323,7 @@ def test_a_kept_start_answer_set_is_reused_only_for_its_spec_and_always_verified
     texts = [env.plan_text(x.plan) for x in val[:3]] + ["(0,0)"]
     spec = start_answers.spec({"model.safetensors": "ab" * 32}, "val-small", val, 96, "compact")
     assert start_answers.cached(spec, val) is None  # nothing kept yet
-    first = score_texts(val, texts)
+    first = score_texts(val, texts, "mapf")
     assert first["valid"] == [True, True, True, False] and first["valid_rate"] == 0.75
     start_answers.keep(spec, first)
     again = start_answers.cached(spec, val)
@@ -341,7 +341,7 @@ def test_a_kept_start_answer_set_is_reused_only_for_its_spec_and_always_verified
     start_answers.path(spec).write_text("{ half written")
     assert start_answers.cached(spec, val) is None
     with pytest.raises(ValueError, match="3 answers for 4 instances"):
-        score_texts(val, texts[:3])
+        score_texts(val, texts[:3], "mapf")
 
 
 def test_the_cpu_long_preset_is_the_arm_its_figures_were_measured_with():

@@ -105,7 +105,7 @@ def test_one_thinking_setting_reaches_grpo_config_prompt_counting_and_every_requ
     # prompt counting: the same kwargs as TRL passes to apply_chat_template
     tok = RecordingTokenizer()
     build_dataset(generate(uniform_config(), 2, seed=0).instances, tok, 10_000, "full",
-                  template_kwargs(cfg.enable_thinking))
+                  template_kwargs(cfg.enable_thinking), task="mapf")
     assert tok.calls and all(c.get("enable_thinking") is False for c in tok.calls)
     # every request to the policy's vLLM server
     import llm_backends.policy as lp

@@ -212,3 +212,34 @@ def test_keep_checkpoints_setting_and_the_loop(tmp_path, monkeypatch, stub_nodes
     settings, run_dir2 = settings_for(tmp_path / "all", stages=3, keep_checkpoints="all")
     loop.run_graph(run_dir2, settings, resume=False)
     assert all((run_dir2 / f"stage_{k}" / "checkpoint" / "model.safetensors").exists() for k in range(3))
+
+
+def test_an_unreadable_stage_file_is_named_in_the_report_and_on_the_terminal(tmp_path):
+    """300 random bytes in stage_0/metrics.json: report.md and the report node's terminal line name the file and its
+    stage, instead of a report without stage 0's rows and no word about it."""
+    import random
+    from types import SimpleNamespace
+
+    from graph import progress
+    from nodes.report import report
+
+    for k in (0, 1):
+        (tmp_path / f"stage_{k}").mkdir()
+        (tmp_path / f"stage_{k}" / "metrics.json").write_text(json.dumps({"train/steps": 2}))
+    (tmp_path / "stage_0" / "metrics.json").write_bytes(random.Random(0).randbytes(300))
+    update = report({}, SimpleNamespace(context=SimpleNamespace(run_dir=tmp_path)))
+    text = (tmp_path / "report.md").read_text()
+    assert "Unreadable file: `stage_0/metrics.json: not JSON`" in text and "stage_1/metrics.json" not in text
+    line = progress.describe_update("report", update, {})
+    assert "[report] WARNING unreadable file stage_0/metrics.json: not JSON" in line
+
+
+def test_the_progress_line_of_a_filtered_stage_says_what_it_kept():
+    from graph import progress
+
+    kept0 = {"train_metrics": {"train/optimizer": "filtered", "train/steps": 0, "train/kept": 0,
+                               "train/completions": 7680, "train/reward_mean": 0.0}}
+    line = progress.describe_update("train_stage", {**kept0, "stage": 2}, {})
+    assert line == ("[stage 2] trained: reward-filtered fine-tuning, 0 steps, kept 0 of 7680 sampled answers: no step "
+                    "taken, the checkpoint is the stage's start, unchanged")
+    assert "GRPO" not in line

@@ -145,8 +145,9 @@ def test_rollout_copy_samples_with_its_own_bf16_weights_and_follows_training(emb
                                       "learning_rate": 1e-3, "rollout_dtype": "bfloat16", "autocast_bf16": True})
     trainer = make_trainer_class()(
         model=model, reward_funcs=[reward], args=grpo_config(cfg, tmp_path, 0, progress=False),
-        train_dataset=Dataset.from_list(rows), processing_class=tok, rollout_dtype=rollout_dtype(cfg, model),
+        train_dataset=Dataset.from_list(rows), processing_class=tok,
     )
+    assert trainer.rollout_dtype == rollout_dtype(cfg, model) == "bfloat16"  # the config's knob, resolved
     assert trainer.args.bf16  # accelerate's autocast ...
     calls = {"trained": 0, "copy": 0, "generating": False}
     model.model.layers[0].register_forward_hook(

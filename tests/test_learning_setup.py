@@ -294,36 +294,54 @@ def tiny_policy_path(embedded_model_path, tmp_path_factory) -> Path:
     return save_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama", embedded_model_path)
 
 
+def _spec(model_dir, cfg, seed: int, task: str = "mapf"):
+    from trainer.sft import warm_start_levels, warm_start_spec
+
+    return warm_start_spec(model_dir, cfg, seed, warm_start_levels(task, cfg), task=task)
+
+
 def test_warm_start_key_follows_model_settings_and_seed(embedded_model_path, tmp_path):
     from trainer.sft import warm_start_key, warm_start_spec
 
-    base = warm_start_key(warm_start_spec(embedded_model_path, _tiny(), 0))
-    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(), 0)) == base  # stable
-    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(), 1)) != base  # seed
-    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(sft_lr=1e-5), 0)) != base  # a setting
-    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(prompt_style="full"), 0)) != base
+    base = warm_start_key(_spec(embedded_model_path, _tiny(), 0))
+    # MAPF's levels are its sft_sizes: the key of a start built before the levels were an argument (no `levels`)
+    assert "levels" not in _spec(embedded_model_path, _tiny(), 0) and "task" not in _spec(embedded_model_path, _tiny(), 0)
+    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(), 0, [3], task="mapf")) == base
+    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(), 0, [3, 4], task="mapf")) != base
+    with pytest.raises(ValueError, match=r"warm-start level 11 of task 'mapf': allowed: 3, 4, 5, 6, 7, 8, 9, 10"):
+        warm_start_spec(embedded_model_path, _tiny(), 0, [3, 11], task="mapf")
+    # a level-share task's own levels, all of them by default; a level it lacks is refused
+    toy = "tests.support.toy_task:ToyTask"
+    assert _spec(embedded_model_path, _tiny(), 0, toy)["task"] == "toy-add"
+    assert "levels" not in _spec(embedded_model_path, _tiny(), 0, toy)
+    with pytest.raises(ValueError, match=r"warm-start level 4 of task 'toy-add': allowed: 1, 2, 3"):
+        warm_start_spec(embedded_model_path, _tiny(), 0, [1, 4], task=toy)
+    assert warm_start_key(_spec(embedded_model_path, _tiny(), 0)) == base  # stable
+    assert warm_start_key(_spec(embedded_model_path, _tiny(), 1)) != base  # seed
+    assert warm_start_key(_spec(embedded_model_path, _tiny(sft_lr=1e-5), 0)) != base  # a setting
+    assert warm_start_key(_spec(embedded_model_path, _tiny(prompt_style="full"), 0)) != base
     # GRPO-only settings do not split the cache
-    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(learning_rate=1e-6, max_steps=9), 0)) == base
+    assert warm_start_key(_spec(embedded_model_path, _tiny(learning_rate=1e-6, max_steps=9), 0)) == base
     # the blocks the warm start trains count, not how they are spelled: GRPO may train other blocks (smoke: 2)
-    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(train_layers=0, sft_train_layers=2), 0)) == base
-    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(sft_train_layers=2), 0)) == base
-    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(train_layers=0), 0)) != base
-    assert warm_start_key(warm_start_spec(embedded_model_path, _tiny(sft_train_layers=0), 0)) != base
+    assert warm_start_key(_spec(embedded_model_path, _tiny(train_layers=0, sft_train_layers=2), 0)) == base
+    assert warm_start_key(_spec(embedded_model_path, _tiny(sft_train_layers=2), 0)) == base
+    assert warm_start_key(_spec(embedded_model_path, _tiny(train_layers=0), 0)) != base
+    assert warm_start_key(_spec(embedded_model_path, _tiny(sft_train_layers=0), 0)) != base
     other = tmp_path / "other-model"
     other.mkdir()
     for f in embedded_model_path.iterdir():
         if f.is_file():
             (other / f.name).write_bytes(f.read_bytes())
-    assert warm_start_key(warm_start_spec(other, _tiny(), 0)) != base  # another folder name: another model
+    assert warm_start_key(_spec(other, _tiny(), 0)) != base  # another folder name: another model
     w = next(other.glob("*.safetensors"))
     data = bytearray(w.read_bytes())
     renamed = tmp_path / embedded_model_path.name
     other.rename(renamed)
-    assert warm_start_key(warm_start_spec(renamed, _tiny(), 0)) == base  # a byte-identical copy: same model
+    assert warm_start_key(_spec(renamed, _tiny(), 0)) == base  # a byte-identical copy: same model
     data[len(data) // 2] ^= 0xFF
     data[100] ^= 0xFF
     (renamed / w.name).write_bytes(bytes(data))
-    assert warm_start_key(warm_start_spec(renamed, _tiny(), 0)) != base  # retrained weights: another model
+    assert warm_start_key(_spec(renamed, _tiny(), 0)) != base  # retrained weights: another model
 
 
 def test_check_cached_detects_missing_truncated_and_corrupt_files(tmp_path):
@@ -358,7 +376,7 @@ def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(tiny_pol
     from trainer.sft import build_warm_start, check_cached, warm_start_root
 
     cfg = _tiny()
-    first = build_warm_start(tiny_policy_path, cfg, 0, cache_dir=tmp_path, progress=False)
+    first = build_warm_start(tiny_policy_path, cfg, 0, [3], task="mapf", cache_dir=tmp_path, progress=False)
     assert not first["hit"] and Path(first["path"]).parent == warm_start_root(tmp_path)
     assert first["metrics"]["sft/steps"] == 1
     entry = Path(first["path"])
@@ -367,23 +385,23 @@ def test_warm_start_cache_is_built_once_reused_and_rebuilt_when_corrupt(tiny_pol
     assert first["built"]["machine"]["cpu"] == machine()["cpu"] and first["built"]["packages"]["torch"]
     assert first["weights"] == weights_sha256(entry) and len(first["weights"]["model.safetensors"]) == 64
     stamp = {p.name: p.stat().st_mtime_ns for p in entry.iterdir()}
-    again = build_warm_start(tiny_policy_path, cfg, 0, cache_dir=tmp_path, progress=False)
+    again = build_warm_start(tiny_policy_path, cfg, 0, [3], task="mapf", cache_dir=tmp_path, progress=False)
     assert again["hit"] and again["key"] == first["key"] and again["metrics"] == first["metrics"]
     assert (again["built"], again["weights"]) == (first["built"], first["weights"])
     assert {p.name: p.stat().st_mtime_ns for p in entry.iterdir()} == stamp  # reused, not rewritten
     # another seed: another entry beside it
-    other = build_warm_start(tiny_policy_path, cfg, 1, cache_dir=tmp_path, progress=False)
+    other = build_warm_start(tiny_policy_path, cfg, 1, [3], task="mapf", cache_dir=tmp_path, progress=False)
     assert not other["hit"] and other["key"] != first["key"]
     # a corrupt weight file is detected and rebuilt, never loaded
     w = next(entry.glob("*.safetensors"))
     with open(w, "r+b") as f:
         f.seek(os.path.getsize(w) // 2)
         f.write(b"\x00\x01\x02\x03")
-    rebuilt = build_warm_start(tiny_policy_path, cfg, 0, cache_dir=tmp_path, progress=False)
+    rebuilt = build_warm_start(tiny_policy_path, cfg, 0, [3], task="mapf", cache_dir=tmp_path, progress=False)
     assert not rebuilt["hit"] and check_cached(Path(rebuilt["path"])) is None
     # a half-written entry (no manifest) is rebuilt too
     (entry / "warm_start.json").unlink()
-    assert not build_warm_start(tiny_policy_path, cfg, 0, cache_dir=tmp_path, progress=False)["hit"]
+    assert not build_warm_start(tiny_policy_path, cfg, 0, [3], task="mapf", cache_dir=tmp_path, progress=False)["hit"]
     assert not list(warm_start_root(tmp_path).glob(".*.tmp"))  # no leftovers
 
 
@@ -430,10 +448,10 @@ def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(tiny_policy_p
     cfg = TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "max_steps": 2, "max_completion_length": 8,
                                       "num_generations": 2, "per_device_train_batch_size": 4, "train_layers": 1,
                                       "resample_rounds": 3})
+    args = grpo_config(cfg, tmp_path, 0, progress=False)
+    args.group_key = "dead"  # the replacement draw leans by this column
     trainer = make_trainer_class()(
-        model=model, reward_funcs=[reward], args=grpo_config(cfg, tmp_path, 0, progress=False),
-        train_dataset=Dataset.from_list(rows), processing_class=tok, resample_rounds=3, resample_seed=0,
-        group_key=lambda row: row["dead"],
+        model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
     )
     trained_sizes = []
     orig = trainer._generate_and_score_completions

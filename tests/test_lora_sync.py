@@ -164,13 +164,13 @@ def test_run_stage_installs_the_exact_sync_before_any_vllm_stage(tmp_path, monke
     cpu = TrainConfig.model_validate(TRAIN_PRESETS["cpu"])
     with pytest.raises(Reached):
         train_stage.run_stage(train_path=train, init_checkpoint=base, out_dir=tmp_path / "s0", cfg=cpu, seed=0,
-                              reward_state=None, progress=False)
+                              reward_state=None, progress=False, task="mapf")
     assert VLLMGeneration._iter_named_params is trl_own  # no vLLM generation: nothing patched
 
     paper = TrainConfig.model_validate(TRAIN_PRESETS["paper"])
     with mock_cuda(), pytest.raises(Reached):
         train_stage.run_stage(train_path=train, init_checkpoint=base, out_dir=tmp_path / "s1", cfg=paper,
-                              seed=0, reward_state=None, progress=False)
+                              seed=0, reward_state=None, progress=False, task="mapf")
     assert VLLMGeneration._iter_named_params is not trl_own
     assert VLLMGeneration._iter_named_params.__doc__.endswith("(trainer.lora_sync).")
     assert VLLMGeneration._trl_iter_named_params is trl_own

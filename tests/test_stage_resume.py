@@ -89,7 +89,7 @@ def _stage_cmd(tmp_path: Path, base: Path) -> tuple[list[str], dict]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAIN__")}
     env.update({"PYTHONPATH": str(ROOT), "TRAIN__SAVE_STEPS": "1", "TRAIN__MAX_STEPS": str(STEPS),
                 "TRAIN__SFT_WARM_START": "false", "TRAIN__MAX_COMPLETION_LENGTH": "16"})
-    cmd = [sys.executable, "-m", "trainer.stage", "--preset", "smoke", "--train-path", str(tmp_path / "train.jsonl"),
+    cmd = [sys.executable, "-m", "trainer.stage", "--preset", "smoke", "--task", "mapf", "--train-path", str(tmp_path / "train.jsonl"),
            "--init", str(base), "--out", str(tmp_path / "stage_0"), "--seed", "5", "--warm-start", "no"]
     return cmd, env
 

@@ -119,7 +119,7 @@ def test_dataset_rows_pass_the_reward_prompt_check_in_any_order(base_model):
 
     tok = AutoTokenizer.from_pretrained(base_model)
     insts = generate(uniform_config(), 12, seed=8).instances
-    data, dropped = build_dataset(insts, tok, max_prompt_length=4096)
+    data, dropped = build_dataset(insts, tok, max_prompt_length=4096, task="mapf")
     assert dropped == 0 and len(data) == len(insts)
     rows = [data[i] for i in range(len(data))]
     random.Random(0).shuffle(rows)  # as TRL's sampler would
@@ -194,7 +194,7 @@ def test_missing_or_corrupt_previous_checkpoint_is_a_clear_error(tmp_path, base_
     train = tmp_path / "train.jsonl"
     write_jsonl(train, generate(uniform_config(), 2, seed=0).instances)
     cfg = TrainConfig.model_validate(TRAIN_PRESETS["smoke"])
-    kw = dict(train_path=train, out_dir=tmp_path / "stage_1", cfg=cfg, seed=0, reward_state=None)
+    kw = dict(train_path=train, out_dir=tmp_path / "stage_1", cfg=cfg, seed=0, reward_state=None, task="mapf")
 
     missing = tmp_path / "stage_0" / "checkpoint"
     with pytest.raises(CheckpointError, match=r"stage_0/checkpoint does not exist"):
@@ -250,7 +250,7 @@ def test_cli_init_that_looks_like_a_missing_folder_is_a_clear_error(tmp_path, mo
     assert asked == ["Qwen/Qwen3-4B", "smollm2-135m"]
     assert init_from_arg("runs") == Path("runs")  # an existing folder is used as it is
 
-    args = ["--train-path", "t.jsonl", "--out", "stage_1", "--preset", "smoke"]
+    args = ["--task", "mapf", "--train-path", "t.jsonl", "--out", "stage_1", "--preset", "smoke"]
     with pytest.raises(SystemExit):
         main([*args, "--init", "runs/x/stage_0/checkpoint"])
     err = capsys.readouterr().err
@@ -276,11 +276,12 @@ def test_vllm_without_cuda_is_refused_before_any_work(tmp_path, monkeypatch, cap
             cfg=paper,
             seed=0,
             reward_state=None,
+            task="mapf",
         )
     assert not (tmp_path / "stage_0").exists()
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit):
-        main(["--train-path", "t.jsonl", "--init", "Qwen/Qwen3-4B", "--out", "s0", "--preset", "paper"])
+        main(["--task", "mapf", "--train-path", "t.jsonl", "--init", "Qwen/Qwen3-4B", "--out", "s0", "--preset", "paper"])
     assert "needs a CUDA GPU" in capsys.readouterr().err  # before any hub download of --init
 
 
@@ -413,6 +414,7 @@ def test_smoke_stage_trains_writes_and_resumes(tmp_path, base_model):
         cfg=lora_cfg,
         seed=1,
         reward_state=None,
+        task="mapf",
     )
     assert res["reward_state"]["updates"] == update["reward_state"]["updates"] + 1
     lora_dir = Path(res["checkpoint"])
@@ -479,12 +481,12 @@ def test_warm_start_on_3x3_gives_valid_plans_on_held_out_3x3(tmp_path):
         prompt_style="compact", sft_lr_scheduler="constant", sft_warmup_ratio=0.0,
     )
     nll_before = _answer_nll(model, tok, train[:6], cfg.prompt_style)
-    out = warm_start(model, tok, train, cfg=cfg, out_dir=tmp_path / "ws", seed=0, progress=False)
+    out = warm_start(model, tok, train, cfg=cfg, out_dir=tmp_path / "ws", seed=0, progress=False, task="mapf")
     assert out["steps"] == 12
     # The warm start taught the training plans: their per-token negative log-likelihood at least halves.
     nll_after = _answer_nll(model, tok, train[:6], cfg.prompt_style)
     assert nll_after < 0.5 * nll_before, (nll_before, nll_after)
-    result = greedy_valid_rate(model, tok, held_out, max_new_tokens=72, prompt_style=cfg.prompt_style)
+    result = greedy_valid_rate(model, tok, held_out, max_new_tokens=72, prompt_style=cfg.prompt_style, task="mapf")
     assert result["valid_rate"] > 0, result
     # each answer, in order, with the verifier's verdict on it
     assert [a["id"] for a in result["answers"]] == [x.id for x in held_out]

@@ -48,10 +48,11 @@ def test_one_grpo_step_on_mapf_prompts_moves_the_weights(tiny_policy, tmp_path):
                                       "num_generations": 2, "per_device_train_batch_size": 2,
                                       "learning_rate": 1e-2})
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    args = grpo_config(cfg.model_copy(update={"resample_rounds": 1}), tmp_path, 0, progress=False)
+    args.group_key = "key"  # every knob of the trainer is a field of its config (trainer.grpo_config)
+    assert (args.resample_rounds, args.resample_seed, args.rollout_dtype) == (1, 0, "model")
     trainer = make_trainer_class()(
-        model=model, reward_funcs=[reward], args=grpo_config(cfg, tmp_path, 0, progress=False),
-        train_dataset=Dataset.from_list(rows), processing_class=tok, resample_rounds=1, resample_seed=0,
-        group_key=lambda row: row["key"],
+        model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
     )
     trainer.train()
     assert trainer.state.global_step == 1

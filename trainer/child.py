@@ -214,9 +214,9 @@ def run_stage_in_child(
     seed: int,
     reward_state: dict | None,
     progress: bool = True,
+    task: str,
     warm_start: bool | None = None,
     label: str | None = None,
-    task: str = "mapf",
 ) -> dict:
     """`trainer.stage.run_stage` in a child process; the same arguments and the same return value
     {"checkpoint", "reward_state", "metrics"}, read back from `checkpoint/trainer_meta.json` and `metrics.json`.

@@ -15,7 +15,7 @@ from typing import Any
 from trainer.task import load_task
 
 
-def sft_dataset(items: list, seed: int, prompt_style: str = "full", order: str = "shuffle", task: Any = "mapf"):
+def sft_dataset(items: list, seed: int, prompt_style: str = "full", order: str = "shuffle", *, task: Any):
     """Prompt-completion chat rows: the policy prompt and the task's gold answer (MAPF: the solver's optimal plan).
 
     `order="shuffle"`: a seeded random order; `order="size"`: a curriculum inside the warm start, easy levels
@@ -52,7 +52,7 @@ def prompt_tokens(tokenizer, messages: list[dict], template_kwargs: dict | None 
 
 def build_dataset(
     items: list, tokenizer, max_prompt_length: int, prompt_style: str = "full",
-    template_kwargs: dict | None = None, task: Any = "mapf",
+    template_kwargs: dict | None = None, *, task: Any,
 ) -> tuple[Any, int]:
     """A `datasets.Dataset` with `prompt` (chat messages) and the reward's columns; and the dropped count.
 

@@ -9,8 +9,8 @@ from trainer.task import Task, load_task
 
 
 def greedy_valid_rate(
-    model, tokenizer, instances: list, *, max_new_tokens: int = 128, batch_size: int = 8, prompt_style: str = "full",
-    task: str | Task = "mapf", **generate_kwargs,
+    model, tokenizer, instances: list, *, task: str | Task, max_new_tokens: int = 128, batch_size: int = 8,
+    prompt_style: str = "full", **generate_kwargs,
 ) -> dict:
     """Greedy answers of `model` to `instances`, verified by the task: {valid_rate, optimal_rate, n, failures,
     by_size, sample, valid, answers} (`by_size`: valid rate per level, MAPF: per grid size; `sample`: the first answer, for a look at what
@@ -21,6 +21,7 @@ def greedy_valid_rate(
     """
     import torch
 
+    task = load_task(task)
     was_training = model.training
     model.eval()
     side = tokenizer.padding_side
@@ -29,7 +30,7 @@ def greedy_valid_rate(
     try:
         for i in range(0, len(instances), batch_size):
             chunk = instances[i : i + batch_size]
-            prompts = [tokenizer.apply_chat_template(load_task(task).prompt(x, prompt_style),
+            prompts = [tokenizer.apply_chat_template(task.prompt(x, prompt_style),
                                                      add_generation_prompt=True, tokenize=False) for x in chunk]
             enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
@@ -42,7 +43,7 @@ def greedy_valid_rate(
     return score_texts(instances, texts, task)
 
 
-def score_texts(instances: list, texts: list[str], task: str | Task = "mapf") -> dict:
+def score_texts(instances: list, texts: list[str], task: str | Task) -> dict:
     """`greedy_valid_rate`'s figures for given answers (`texts[i]` answers `instances[i]`), each verified by the
     task (MAPF: `env.verify` on the makespan): so answers kept from an earlier run are scored again, never trusted."""
     task = load_task(task)

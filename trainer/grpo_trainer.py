@@ -8,12 +8,13 @@ a bounded form:
 - after TRL generated and scored a generation batch, every zero-variance group is a candidate for
   replacement;
 - fresh prompts are drawn from the stage's own training set, generated and scored the same way, and each
-  fresh group *with* variance replaces one zero-variance group. With a `group_key` (the grid size, in
-  trainer.stage), the draw leans to the keys where the policy is sometimes right: a key is picked with
+  fresh group *with* variance replaces one zero-variance group. With a `group_key` (a dataset column: the level,
+  in trainer.trl_setup.grpo_config), the draw leans to the keys where the policy is sometimes right: a key is picked with
   probability proportional to (its groups with variance + 1) / (its groups + 2) among the keys of the stage's
   set, counted over every group generated so far in the stage, then a row of that key at random. The engineer's
   allocation still decides what the first draw of every batch holds; only the replacements lean;
-- at most `resample_rounds` extra generations per batch. What cannot be replaced stays: a step never has a
+- at most `resample_rounds` extra generations per batch (every knob is a field of the trainer's config,
+  `trainer.grpo_config.DynamicSamplingGRPOConfig`). What cannot be replaced stays: a step never has a
   smaller or an empty batch, only a batch with fewer dead groups;
 - once two batches in a row found no fresh group with variance, resampling is off for the rest of the stage:
   a stage whose sizes are all out of the policy's reach pays for at most two futile rounds per batch, twice.
@@ -332,17 +333,23 @@ def make_trainer_class():
     class DynamicSamplingGRPOTrainer(GRPOTrainer):
         """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""
 
-        def __init__(self, *args, resample_rounds: int = 0, resample_seed: int = 0, group_key=None, rollout_dtype=None,
-                     share_prompt: bool = False, rollout_prepack: bool = False, **kwargs):
+        def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self.share_prompt = bool(share_prompt)
+            from trainer.trl_setup import rollout_dtype, rollout_prepack
+
+            a = self.args  # a trainer.grpo_config.DynamicSamplingGRPOConfig (a plain GRPOConfig: its defaults)
+            self.share_prompt = bool(getattr(a, "share_prompt", False))
             self.shared_prompt_batches = 0  # scoring calls that ran their rows' common prompt once
-            self.rollout = (RolloutCopy(rollout_dtype, prepack=rollout_prepack)
-                            if rollout_dtype is not None and not self.use_vllm
+            # the rollout copy's dtype, resolved against the model it copies (None: sample with the model itself)
+            self.rollout_dtype = rollout_dtype(a, self.model) if hasattr(a, "rollout_dtype") else None
+            self.rollout = (RolloutCopy(self.rollout_dtype, prepack=rollout_prepack(a, self.rollout_dtype))
+                            if self.rollout_dtype is not None and not self.use_vllm
                             else None)
-            self.resample_rounds = int(resample_rounds)
-            self._rng = random.Random(resample_seed)
-            self.group_key = group_key
+            self.resample_rounds = int(getattr(a, "resample_rounds", 0))
+            seed = getattr(a, "resample_seed", None)
+            self._rng = random.Random(a.seed if seed is None else seed)
+            column = getattr(a, "group_key", None)
+            self.group_key = None if column is None else (lambda row: row[column])
             self._index_rows()
             self.key_stats: dict[Any, list[int]] = {}  # key -> [groups with variance, groups]
             self.stats = {"groups": 0, "zero_groups": 0, "replaced": 0, "rounds": 0, "trained_groups": 0,

@@ -1,4 +1,4 @@
-"""Checkpoints within a stage, and resuming a half-trained stage from the last one.
+"""Checkpoints within a stage, and resuming a half-trained stage from the last one (GRPO and reward-filtered stages).
 
 With `TrainConfig.save_steps = N > 0` the GRPO trainer saves every N optimiser steps into
 `stage_<k>/trl/checkpoint-<step>/` (transformers' own: model or adapter, optimiser, scheduler, RNG states,
@@ -14,6 +14,11 @@ checkpoints) and continues from it: the trainer restores weights, optimiser, sch
 skips the batches already trained on; the reward's state and history come from `stage_resume.json`. A
 checkpoint of another configuration is removed with a log line, and the stage starts over. The whole `trl/`
 folder is removed when the stage finishes (its final checkpoint is `stage_<k>/checkpoint/`).
+
+A reward-filtered stage (`trainer.filtered`) keeps the same layout, one checkpoint per saved round:
+`trl/checkpoint-<round>/` holds `model.safetensors` (the weights), `optimizer.pt`, and `filtered_state.pt` (the RNG
+states, the round counter, the verified examples not yet trained on, the figures so far), then `stage_resume.json`
+last (`save_filtered`, `load_filtered`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 MARKER = "stage_resume.json"
+FILTERED_STATE = "filtered_state.pt"
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -52,6 +58,8 @@ def stage_key(*, train_path, init_checkpoint, seed: int, cfg, run_dir=None) -> s
         keep.pop(bookkeeping, None)
     if keep.get("rollout_prepack") is None:  # at its default, the keys of attempts made before the setting existed stay as they were
         keep.pop("rollout_prepack", None)
+    if not keep.get("stage_samples"):  # the same for the filtered stage's budget, off
+        keep.pop("stage_samples", None)
     train = Path(train_path).resolve()
     root = Path(run_dir).resolve() if run_dir is not None else train.parent.parent
     try:
@@ -100,7 +108,7 @@ def find_resume(trl_dir: Path, key: str) -> tuple[Path, dict] | None:
             log.warning("in-stage checkpoint %s belongs to another configuration of this stage: removed", folder)
             shutil.rmtree(folder, ignore_errors=True)
             continue
-        if (folder / "trainer_state.json").is_file() and best is None:
+        if best is None and ((folder / "trainer_state.json").is_file() or (folder / FILTERED_STATE).is_file()):
             best = (folder, marker)
     return best
 
@@ -109,8 +117,6 @@ def resume_callback(reward, key: str, main: bool = True):
     """A transformers `TrainerCallback` that completes each in-stage checkpoint with the reward state (see doc)."""
     from transformers import TrainerCallback
 
-    from trainer.files import write_text_atomic
-
     class ResumeCallback(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
             if not main:
@@ -118,16 +124,69 @@ def resume_callback(reward, key: str, main: bool = True):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if not folder.is_dir():
                 return control
-            marker = {"stage_key": key, "global_step": int(state.global_step),
-                      "reward_state": _state_dump(reward), "history": reward.history}
-            write_text_atomic(folder / MARKER, json.dumps(marker) + "\n")
-            for _step, old in checkpoints(folder.parent):  # only now: a complete checkpoint always exists
-                if old != folder:
-                    shutil.rmtree(old, ignore_errors=True)
+            _complete(folder, {"stage_key": key, "global_step": int(state.global_step),
+                               "reward_state": _state_dump(reward), "history": reward.history})
             log.info("in-stage checkpoint at step %d: %s", state.global_step, folder)
             return control
 
     return ResumeCallback()
+
+
+def _complete(folder: Path, marker: dict) -> None:
+    """Write `folder`'s marker (last and atomically: now the checkpoint is complete), then remove the older ones."""
+    from trainer.files import write_text_atomic
+
+    write_text_atomic(folder / MARKER, json.dumps(marker) + "\n")
+    for _step, old in checkpoints(folder.parent):  # only now: a complete checkpoint always exists
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def filtered_snapshot(state: dict, rng) -> tuple[dict, dict]:
+    """A copy of a reward-filtered stage's loop state and its RNG states (the python `rng` of its shuffles, torch's of
+    its sampling), taken at a round boundary: what `save_filtered` writes."""
+    import torch
+
+    copy = {k: (list(v) if isinstance(v, list) else v) for k, v in state.items()}
+    rngs = {"python": rng.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rngs["cuda"] = torch.cuda.get_rng_state_all()
+    return copy, rngs
+
+
+def save_filtered(trl_dir: Path, key: str, model, opt, state: dict, rngs: dict) -> Path:
+    """An in-stage checkpoint of a reward-filtered stage after `state["rounds"]` rounds (see the module docstring)."""
+    import torch
+    from safetensors.torch import save_model
+
+    folder = Path(trl_dir) / f"checkpoint-{state['rounds']}"
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    save_model(model, str(folder / "model.safetensors"))
+    torch.save(opt.state_dict(), folder / "optimizer.pt")
+    torch.save({"state": state, "rngs": rngs}, folder / FILTERED_STATE)
+    _complete(folder, {"stage_key": key, "global_step": int(state["steps"]), "round": int(state["rounds"]),
+                       "optimizer": "filtered"})
+    log.info("in-stage checkpoint after round %d: %s", state["rounds"], folder)
+    return folder
+
+
+def load_filtered(folder: Path, model, opt, rng) -> dict:
+    """Put a reward-filtered stage back as `save_filtered` left it in `folder`: the weights, the optimiser, the RNG
+    states; return its loop state."""
+    import torch
+    from safetensors.torch import load_model
+
+    load_model(model, str(Path(folder) / "model.safetensors"))
+    opt.load_state_dict(torch.load(Path(folder) / "optimizer.pt", weights_only=True))
+    saved = torch.load(Path(folder) / FILTERED_STATE, weights_only=False)  # written by this stage: its RNG states
+    rngs = saved["rngs"]
+    rng.setstate(rngs["python"])
+    torch.set_rng_state(rngs["torch"])
+    if "cuda" in rngs and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rngs["cuda"])
+    return saved["state"]
 
 
 def restore_reward(reward, marker: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from trainer.data import sft_dataset
 from trainer.greedy import greedy_valid_rate
-from trainer.task import Task, load_task
+from trainer.task import FIRST_TASK, Task, load_task, task_levels
 from trainer.trl_setup import (
     freeze_lower_layers,
     quiet_trainer,
@@ -52,15 +52,15 @@ def warm_start(
     cfg,
     out_dir: Path,
     seed: int,
+    task: str | Task,
     progress: bool = True,
     curve_every: int = 0,
     curve_instances: list | None = None,
-    task: str | Task = "mapf",
 ) -> dict:
     """Fine-tune `model` in place on the gold answers of `instances` (the task's; MAPF: optimal plans); return {seconds, steps, loss, examples}.
 
-    The examples are exactly the instances given (`build_warm_start` passes fresh instances of
-    `cfg.sft_sizes`, or the stage's own training set when that is None). `cfg` is a
+    The examples are exactly the instances given (`build_warm_start` passes fresh items of the task's warm-start
+    levels, `warm_start_levels`; the stage passes its own training set when `cfg.sft_sizes` is None). `cfg` is a
     `trainer.config.TrainConfig` (its `sft_*` fields and `prompt_style`). Only the answer tokens are scored,
     and TRL's fused LM head projects only them (`trainer.trl_cpu`).
 
@@ -111,7 +111,7 @@ def warm_start(
     )
     curve: list[dict] = []
     if curve_every and curve_instances:
-        trainer.add_callback(_curve_callback(tokenizer, curve_instances, curve_every, cfg, curve))
+        trainer.add_callback(_curve_callback(tokenizer, curve_instances, curve_every, cfg, curve, task))
     quiet_trainer(trainer, progress, label="SFT warm start")
     t0 = time.perf_counter()
     result = trainer.train()
@@ -144,7 +144,7 @@ def warm_start(
     return out
 
 
-def _curve_callback(tokenizer, instances: list, every: int, cfg, curve: list):
+def _curve_callback(tokenizer, instances: list, every: int, cfg, curve: list, task):
     """A TrainerCallback that scores greedy answers every `every` steps and at the end, into `curve`."""
     from transformers import TrainerCallback
 
@@ -154,7 +154,7 @@ def _curve_callback(tokenizer, instances: list, every: int, cfg, curve: list):
         def _score(self, state, model):
             t = time.perf_counter()
             r = greedy_valid_rate(model, tokenizer, instances, max_new_tokens=cfg.max_completion_length,
-                                  batch_size=16, prompt_style=cfg.prompt_style)
+                                  batch_size=16, prompt_style=cfg.prompt_style, task=task)
             point = {"step": state.global_step, "examples": state.global_step * cfg.sft_batch_size,
                      "seconds": round(t - t0 - sum(c["eval_seconds"] for c in curve), 1),
                      "valid_rate": r["valid_rate"], "by_size": r["by_size"], "failures": r["failures"],
@@ -237,10 +237,35 @@ def sft_layers(cfg) -> int:
     return cfg.sft_train_layers if cfg.sft_train_layers is not None else cfg.train_layers
 
 
-def warm_start_spec(model_dir: Path, cfg, seed: int, task: str | Task = "mapf") -> dict:
-    """Everything the cached warm start depends on: the model, the warm-start settings, the seed, the task (MAPF's
-    keys name only the env version, as they always have)."""
+def warm_start_levels(task: str | Task, cfg) -> list[int]:
+    """The levels the cached warm start covers by default: the task's own choice from the settings where it makes one
+    (its `warm_start_levels(cfg)`; MAPF: `sft_sizes`, grid sizes), else every level of the task."""
+    task = load_task(task)
+    own = getattr(task, "warm_start_levels", None)
+    return list(own(cfg)) if callable(own) else task_levels(task)
+
+
+def check_levels(task: str | Task, levels: list[int]) -> list[int]:
+    """`levels` as a list of ints, each one of the task's own levels (`trainer.task.task_levels`); else ValueError
+    naming the level and what the task allows."""
+    task = load_task(task)
+    allowed = task_levels(task)
+    if not levels:
+        raise ValueError(f"warm-start levels of task {task.name!r}: none given; allowed: a non-empty list of {allowed}")
+    bad = [lv for lv in levels if lv not in allowed]
+    if bad:
+        raise ValueError(f"warm-start level {bad[0]!r} of task {task.name!r}: allowed: {', '.join(map(str, allowed))}")
+    return [int(lv) for lv in levels]
+
+
+def warm_start_spec(model_dir: Path, cfg, seed: int, levels: list[int], *, task: str | Task) -> dict:
+    """Everything the cached warm start depends on: the model, the warm-start settings, the seed, the task and its
+    levels. Keys stay those of the caches built before the levels were an argument: the task that came first
+    (`trainer.task.FIRST_TASK`) is not named, and the levels only where they differ from `warm_start_levels`."""
     from env import ENV_VERSION
+
+    task = load_task(task)
+    levels = check_levels(task, levels)
 
     knobs = cfg.model_dump(mode="json")
     # The blocks the warm start trains, in one form: train_layers = what it trains, sft_train_layers = None (the
@@ -254,7 +279,8 @@ def warm_start_spec(model_dir: Path, cfg, seed: int, task: str | Task = "mapf") 
         # sft_bf16 as this machine resolves it: an autocast start and a float32 one are different starts
         "settings": {**{k: knobs[k] for k in WARM_START_FIELDS}, **layers, "sft_bf16": sft_bf16(cfg)},
         "seed": int(seed),
-        **({} if load_task(task).name == "mapf" else {"task": load_task(task).name}),
+        **({} if task.name == FIRST_TASK else {"task": task.name}),
+        **({} if levels == warm_start_levels(task, cfg) else {"levels": levels}),
     }
 
 
@@ -295,15 +321,18 @@ def build_warm_start(
     model_dir: Path,
     cfg,
     seed: int,
+    levels: list[int],
     *,
+    task: str | Task,
     cache_dir=None,
     progress: bool = True,
     rebuild: bool = False,
     curve_every: int = 0,
     curve_instances: list | None = None,
-    task: str | Task = "mapf",
 ) -> dict:
-    """The cached SFT warm start for (base model, warm-start settings, seed): reuse it, or build and cache it.
+    """The cached SFT warm start for (base model, warm-start settings, seed, the task and its `levels`): reuse it, or
+    build and cache it. `levels` are the task's own (`warm_start_levels(task, cfg)` gives the default; a level the task
+    does not have raises ValueError before any work).
 
     Returns {"path", "key", "hit", "metrics", "built", "weights"}: the checkpoint folder in the cache
     (`warm_start_root()/<key>`), whether it was reused, the SFT figures (`sft/...`), where and when it was built
@@ -320,7 +349,7 @@ def build_warm_start(
 
     from trainer.provenance import collect
 
-    spec = warm_start_spec(model_dir, cfg, seed, task)
+    spec = warm_start_spec(model_dir, cfg, seed, levels, task=task)
     key = warm_start_key(spec)
     root = warm_start_root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -335,7 +364,7 @@ def build_warm_start(
         if entry.exists():
             log.warning("SFT warm start cache %s is unusable (%s): rebuilding it", entry, why)
         started = time.time()
-        metrics = _train_warm_start(model_dir, cfg, seed, root / f".{key}.tmp", progress=progress,
+        metrics = _train_warm_start(model_dir, cfg, seed, levels, root / f".{key}.tmp", progress=progress,
                                     curve_every=curve_every, curve_instances=curve_instances, task=task)
         tmp = root / f".{key}.tmp"
         files = {p.name: [p.stat().st_size, _file_sha256(p)] for p in sorted(tmp.iterdir()) if p.is_file()}
@@ -357,8 +386,8 @@ def _weights(files: dict[str, list]) -> dict[str, str]:
 
 
 def _train_warm_start(
-    model_dir: Path, cfg, seed: int, out: Path, *, progress: bool, curve_every: int = 0, curve_instances=None,
-    task: str | Task = "mapf",
+    model_dir: Path, cfg, seed: int, levels: list[int], out: Path, *, task: str | Task, progress: bool,
+    curve_every: int = 0, curve_instances=None,
 ) -> dict:
     """Load the base model, run the SFT warm start on fresh items with gold answers, save it to `out`."""
     from transformers import set_seed
@@ -372,7 +401,7 @@ def _train_warm_start(
     layers = sft_layers(cfg)
     if layers:
         freeze_lower_layers(model, layers)
-    data = load_task(task).warm_start_items(cfg.sft_sizes or [3], cfg.sft_instances, seed)
+    data = load_task(task).warm_start_items(levels, cfg.sft_instances, seed)
     work = out.with_name(out.name + "-work")
     result = warm_start(model, tok, data, cfg=cfg, out_dir=work, seed=seed, progress=progress, task=task,
                         curve_every=curve_every, curve_instances=curve_instances)
@@ -427,13 +456,15 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("trainer.log").setLevel(logging.WARNING)  # trainer log dicts: not beside the bar
     from env import load_split
+    from env.task import MapfTask
     from llm_backends.models import resolve_model
 
     val = [i for s in (3, 4, 5) for i in [x for x in load_split("val-small") if x.size == s][: a.eval]]
     if a.curve and not val:
         p.error("--curve needs --eval N (instances per size to score)")
-    res = build_warm_start(resolve_model(a.model), cfg, a.seed, rebuild=a.rebuild, curve_every=a.curve,
-                           curve_instances=val)
+    task = MapfTask()
+    res = build_warm_start(resolve_model(a.model), cfg, a.seed, warm_start_levels(task, cfg), task=task,
+                           rebuild=a.rebuild, curve_every=a.curve, curve_instances=val)
     figures = {"path": res["path"], "key": res["key"], "reused": res["hit"], "weights": res["weights"],
                "built_on": (res["built"].get("machine") or {}).get("cpu"), "built_at": res["built"].get("started_at"),
                **res["metrics"]}
@@ -441,7 +472,8 @@ def main(argv: list[str] | None = None) -> None:
         from llm_backends.checkpoints import load_checkpoint
 
         model, tok = load_checkpoint(res["path"])
-        r = greedy_valid_rate(model, tok, val, max_new_tokens=cfg.max_completion_length, prompt_style=cfg.prompt_style)
+        r = greedy_valid_rate(model, tok, val, max_new_tokens=cfg.max_completion_length, prompt_style=cfg.prompt_style,
+                              task=task)
         figures["val-small"] = {k: r[k] for k in ("valid_rate", "by_size", "failures", "n")}
     print(json.dumps(figures, indent=2, default=str))
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 BUILT_IN = {"mapf": "env.task:MapfTask"}
+FIRST_TASK = "mapf"  # the task that came first: keys made before there were others (the warm-start cache) omit it
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,20 @@ def _load_named(name: str) -> Task:
     if missing:
         raise ValueError(f"task {name!r}: {target} lacks {', '.join(missing)} (trainer.task.Task)")
     return task
+
+
+def task_levels(task: Task) -> list[int]:
+    """A task's levels, in its own order: its `level_order` where it lists them (MAPF: the grid sizes), else the
+    `index` of each of its `levels` (a level-share task's grid: reasoning-gym, tests/support/toy_task.py). A task with
+    neither raises `ValueError` naming it."""
+    order = getattr(task, "level_order", None)
+    if order is not None:
+        return [int(lv) for lv in order]
+    levels = getattr(task, "levels", None)
+    if levels is None:
+        raise ValueError(f"task {task.name!r} names no levels: allowed: a `level_order` (level numbers) or `levels` "
+                         "(each with an `index`)")
+    return [int(lv.index) for lv in levels]
 
 
 def last_user_text(prompt: Any) -> str:

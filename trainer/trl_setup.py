@@ -76,8 +76,9 @@ def sft_bf16(cfg: TrainConfig) -> bool:
     return use_bf16(cfg) or use_autocast(cfg)
 
 
-def rollout_dtype(cfg: TrainConfig, model) -> str | None:
+def rollout_dtype(cfg, model) -> str | None:
     """The dtype of GRPO's rollout copy (`trainer.grpo_trainer.RolloutCopy`), or None: sample with the model itself.
+    `cfg`: a `TrainConfig` or the trainer's `DynamicSamplingGRPOConfig` (their `rollout_dtype` and `use_vllm`).
 
     A copy only where transformers generates on CPU (no vLLM, no CUDA), for a plain float32 model (not a peft
     adapter, whose merge a copy would not follow). `auto`: bfloat16 on a CPU that multiplies bf16 in hardware (AMX
@@ -101,7 +102,7 @@ def rollout_dtype(cfg: TrainConfig, model) -> str | None:
     return cfg.rollout_dtype
 
 
-def rollout_prepack(cfg: TrainConfig, sampler_dtype: str | None) -> bool:
+def rollout_prepack(cfg, sampler_dtype: str | None) -> bool:
     """Whether the rollout copy (of `sampler_dtype`, None: no copy) runs its linear layers on oneDNN-packed weights
     (`trainer.rollout_linear.prepack_linears`). `train.rollout_prepack` None: for a float32 copy where torch has oneDNN.
     Never without a copy."""
@@ -226,9 +227,12 @@ def check_generation_backend(cfg: TrainConfig) -> None:
 
 
 def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = True):
-    """The TRL `GRPOConfig` for a `TrainConfig` (CPU: `use_cpu=True`, `bf16=False`, see VLLM-CPU.md)."""
+    """The `DynamicSamplingGRPOConfig` (TRL's `GRPOConfig` and the project trainer's knobs, `trainer.grpo_config`) for
+    a `TrainConfig` (CPU: `use_cpu=True`, `bf16=False`, see VLLM-CPU.md). The replacement draw of dynamic sampling
+    leans by the dataset's `level` column (`trainer.data.build_dataset`)."""
     import torch
-    from trl import GRPOConfig
+
+    from trainer.grpo_config import DynamicSamplingGRPOConfig
 
     cuda = torch.cuda.is_available()
     kwargs: dict[str, Any] = dict(
@@ -261,6 +265,12 @@ def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = Tru
         seed=seed,
         data_seed=seed,
         disable_tqdm=not progress,  # a step bar with ETA on the terminal
+        resample_rounds=cfg.resample_rounds,
+        resample_seed=seed,
+        group_key="level",  # replacements lean to the levels where the policy is sometimes right
+        rollout_dtype=cfg.rollout_dtype,
+        rollout_prepack=cfg.rollout_prepack,
+        share_prompt=cfg.share_prompt,
     )
     if cfg.use_vllm:
         kwargs.update(vllm_mode=cfg.vllm_mode, vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
@@ -273,7 +283,7 @@ def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = Tru
         from llm_backends.policy import template_kwargs
 
         kwargs["chat_template_kwargs"] = template_kwargs(cfg.enable_thinking)
-    return GRPOConfig(**kwargs)
+    return DynamicSamplingGRPOConfig(**kwargs)
 
 
 def tb_scalars(log_dir: Path, metrics: dict) -> None:

@@ -68,10 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     if checkpoint is None:
         from graph.settings import build_settings  # the cpu preset's own warm-start settings and cache key
         from llm_backends.models import resolve_model
-        from trainer.sft import build_warm_start
+        from trainer.sft import build_warm_start, warm_start_levels
 
         settings = build_settings({"preset": "cpu"}, env={})
-        checkpoint = build_warm_start(resolve_model(settings.policy_model), settings.train, settings.seed)["path"]
+        checkpoint = build_warm_start(resolve_model(settings.policy_model), settings.train, settings.seed,
+                                      warm_start_levels(settings.task, settings.train), task=settings.task)["path"]
     instances = load_split(args.split)[: args.n]
     args.log_dir.mkdir(parents=True, exist_ok=True)
     print(f"{len(instances)} instances of {args.split}; checkpoint {checkpoint}; greedy, compact prompt, "

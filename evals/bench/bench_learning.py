@@ -189,12 +189,15 @@ def main(argv: list[str] | None = None) -> dict:
     from pydantic import ValidationError
 
     from env import write_jsonl
+    from env.task import MapfTask
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
     from trainer.config import TrainConfig
     from trainer.greedy import greedy_valid_rate
-    from trainer.sft import build_warm_start
+    from trainer.sft import build_warm_start, warm_start_levels
     from trainer.stage import run_stage
+
+    task = MapfTask()
 
     raw = dict(TRAIN_PRESETS[a.preset])
     if a.quick:
@@ -253,7 +256,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     def score(model, tok) -> dict:
         t = time.perf_counter()
-        r = greedy_valid_rate(model, tok, val, max_new_tokens=max_new, batch_size=16, prompt_style=cfg.prompt_style)
+        r = greedy_valid_rate(model, tok, val, max_new_tokens=max_new, batch_size=16, prompt_style=cfg.prompt_style,
+                              task=task)
         r["eval_seconds"] = round(time.perf_counter() - t, 1)
         return r
 
@@ -270,7 +274,7 @@ def main(argv: list[str] | None = None) -> dict:
         p.error(str(e))
     base = resolve_model(a.model)
     t0 = time.perf_counter()
-    ws = build_warm_start(base, cfg, a.warm_seed)
+    ws = build_warm_start(base, cfg, a.warm_seed, warm_start_levels(task, cfg), task=task)
     built = ws.get("built") or {}
     where = f", built on {built['machine'].get('cpu')} at {built.get('started_at')}" if built.get("machine") else ""
     print(f"warm start: {'reused' if ws['hit'] else 'built'} {ws['path']} ({time.perf_counter() - t0:.0f} s{where})",
@@ -308,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
             train = Path(tmp) / "train.jsonl"
             write_jsonl(train, draws[seed])
             res = run_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=Path(tmp) / "stage_0", cfg=cfg,
-                            seed=seed, reward_state=None, progress=False, warm_start=False)
+                            seed=seed, reward_state=None, progress=False, warm_start=False, task=task)
             if a.keep_checkpoints:
                 kept = a.keep_checkpoints / f"seed_{seed}"
                 shutil.rmtree(kept, ignore_errors=True)

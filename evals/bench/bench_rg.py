@@ -10,7 +10,7 @@ cached SFT warm start and after one stage from it, over seeds.
 2. It answers `val` greedily (in-process, every answer scored by the dataset's own scorer).
 3. For each seed: one stage from the warm start on a fresh training set over `--levels` (every level unless
    given), by `--optimizer`: `grpo` (`trainer.stage.run_stage`, as a run trains) or `filtered`
-   (`trainer.filtered.run_filtered_stage`: sample, keep verified answers, fine-tune on them). Then the same
+   (`trainer.filtered.train_filtered`: sample, keep verified answers, fine-tune on them). Then the same
    evaluation.
 
 Printed: the rate per level before and after each seed, the gain per seed, the mean gain with a 95 % interval (a
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from evals.intervals import crossed_interval
     from llm_backends.models import resolve_model
     from trainer.config import TrainConfig
-    from trainer.sft import build_warm_start
+    from trainer.sft import build_warm_start, warm_start_levels
     from trainer.task import load_task
 
     try:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     out.setdefault("seeds", {})
 
     t0 = time.perf_counter()
-    ws = build_warm_start(base, cfg, a.warm_seed, task=task)
+    ws = build_warm_start(base, cfg, a.warm_seed, warm_start_levels(task, cfg), task=task)
     print(f"warm start: {ws['path']} ({'cached' if ws['hit'] else f'built in {time.perf_counter() - t0:.0f} s'})",
           flush=True)
     if "start" not in out:
@@ -125,16 +125,10 @@ def main(argv: list[str] | None = None) -> int:
             train = tmp / "train.jsonl"
             train.write_text("".join(task.item_to_json(i) + "\n" for i in items))
             t0 = time.perf_counter()
-            if a.optimizer == "grpo":
-                from trainer.stage import run_stage
+            from trainer.stage import run_stage  # GRPO or filtered fine-tuning, as cfg.optimizer says
 
-                res = run_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=tmp / "stage", cfg=cfg,
-                                seed=seed, reward_state=None, warm_start=False, progress=False, task=task)
-            else:
-                from trainer.filtered import run_filtered_stage
-
-                res = run_filtered_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=tmp / "stage",
-                                         cfg=cfg, seed=seed, task=task)
+            res = run_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=tmp / "stage", cfg=cfg,
+                            seed=seed, reward_state=None, warm_start=False, progress=False, task=task)
             secs = time.perf_counter() - t0
             after = evaluate(Path(res["checkpoint"]), task, val)
         m = res["metrics"]

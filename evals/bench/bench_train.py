@@ -118,7 +118,7 @@ def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], se
 
         trl.SFTTrainer.__init__ = init
         with tempfile.TemporaryDirectory() as tmp:
-            warm_start(m, tok, data, cfg=cfg, out_dir=Path(tmp), seed=seed, progress=False)
+            warm_start(m, tok, data, cfg=cfg, out_dir=Path(tmp), seed=seed, progress=False, task=MapfTask())
         trl.SFTTrainer.__init__ = orig
         timed = marks[-1] - marks[0]  # the first step (set-up, first allocations) is not timed
         out.update({"sft_batch": cfg.sft_batch_size, "sft_timed_steps": sft_steps,
@@ -131,7 +131,7 @@ def measure(raw: dict, sft_steps: int, grpo_steps: int, sft_sizes: list[int], se
             train = Path(tmp) / "train.jsonl"
             write_jsonl(train, generate(uniform_config(), cfg.instances_per_stage, seed=seed).instances)
             res = run_stage(train_path=train, init_checkpoint=base, out_dir=Path(tmp) / "stage_0", cfg=cfg,
-                            seed=seed, reward_state=None, progress=False, warm_start=False)
+                            seed=seed, reward_state=None, progress=False, warm_start=False, task=MapfTask())
         mm = res["metrics"]
         per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
         out.update({"grpo_completions_per_step": per_step, "grpo_steps": mm["train/steps"],

@@ -106,14 +106,16 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import LogitsProcessorList
 
     from env import load_split
+    from env.task import MapfTask
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
     from trainer.config import TRAIN_PRESETS, TrainConfig
     from trainer.greedy import greedy_valid_rate
-    from trainer.sft import build_warm_start
+    from trainer.sft import build_warm_start, warm_start_levels
 
+    task = MapfTask()
     cfg = TrainConfig.model_validate(TRAIN_PRESETS["cpu"])
-    ws = build_warm_start(resolve_model("smollm2-135m"), cfg, a.warm_seed)
+    ws = build_warm_start(resolve_model("smollm2-135m"), cfg, a.warm_seed, warm_start_levels(task, cfg), task=task)
     runs = []
     for f, d in files.items():
         if not isinstance(d, dict) or d.get("warm_start", {}).get("weights") != ws["weights"] or d.get("instances") != 150:
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
     def score(bias: float) -> dict:
         extra = {"logits_processor": LogitsProcessorList([StopBias(tok, bias)])} if bias else {}
         r = greedy_valid_rate(model, tok, val, max_new_tokens=cfg.max_completion_length, batch_size=16,
-                              prompt_style=cfg.prompt_style, **extra)
+                              prompt_style=cfg.prompt_style, task=task, **extra)
         tokens = [len(tok(x["answer"], add_special_tokens=False)["input_ids"]) for x in r["answers"]]
         return {"bias": bias, "valid_rate": r["valid_rate"], "failures": r["failures"],
                 "answer_tokens": statistics.fmean(tokens), "valid": r["valid"]}

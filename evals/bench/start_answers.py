@@ -37,6 +37,7 @@ def path(spec: dict) -> Path:
 def cached(spec: dict, val: list) -> dict | None:
     """The start's figures from its kept answers, each verified again (`trainer.greedy.score_texts`), or None when none
     were kept for this spec, or the file is unreadable or names another spec (then the start answers again)."""
+    from env.task import MapfTask
     from trainer.greedy import score_texts
 
     f = path(spec)
@@ -49,7 +50,7 @@ def cached(spec: dict, val: list) -> dict | None:
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    r = score_texts(val, texts)
+    r = score_texts(val, texts, MapfTask())
     r["eval_seconds"] = 0.0
     return r
 

@@ -45,7 +45,7 @@ def instrumented_stage(*, facts_path, stop_after_save: int | None = None, **run_
     `stop_after_save=S`, the child sends itself SIGTERM once the step-S checkpoint is complete (its own signal
     handler: the first signal stops at the step boundary, `trainer.child`), and the stage ends there."""
     hide_vllm()
-    import trainer.stage as stage_mod
+    import trainer.grpo_stage as stage_mod
 
     original = stage_mod.quiet_trainer
 
@@ -55,7 +55,9 @@ def instrumented_stage(*, facts_path, stop_after_save: int | None = None, **run_
 
     stage_mod.quiet_trainer = quiet_and_probed
     try:
-        stage_mod.run_stage(**run_stage_kwargs)
+        from trainer.stage import run_stage
+
+        run_stage(**run_stage_kwargs)
     finally:
         stage_mod.quiet_trainer = original
 
@@ -178,6 +180,7 @@ def run_stage_checks(report: Report, device: str, model_dir: Path, work: Path, s
     import torch
 
     from env import generate, uniform_config, write_jsonl
+    from env.task import MapfTask
     from trainer.child import run_in_child
     from trainer.stop import StageInterrupted
 
@@ -190,7 +193,7 @@ def run_stage_checks(report: Report, device: str, model_dir: Path, work: Path, s
     out = work / "stage_0"
     shutil.rmtree(out, ignore_errors=True)  # a folder left by an earlier check would be resumed from
     kwargs = dict(train_path=train, init_checkpoint=model_dir, out_dir=out, cfg=cfg, seed=0, reward_state=None,
-                  progress=False, warm_start=False)
+                  progress=False, warm_start=False, task=MapfTask.name)
     report.doc["measurements"]["stage_config"] = {
         k: getattr(cfg, k) for k in ("prompt_style", "num_generations", "per_device_train_batch_size",
                                      "gradient_accumulation_steps", "max_completion_length", "max_prompt_length",

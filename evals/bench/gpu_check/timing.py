@@ -183,12 +183,13 @@ def paper_prompt_tokens(tokenizer_dir: Path, n: int = 64) -> float:
     from transformers import AutoTokenizer
 
     from env import generate, uniform_config
+    from env.task import MapfTask
     from llm_backends.policy import template_kwargs
     from trainer.data import build_dataset, prompt_tokens
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     kw = template_kwargs(False)
-    rows, _ = build_dataset(generate(uniform_config(), n, seed=1).instances, tok, 1 << 20, "full", kw)
+    rows, _ = build_dataset(generate(uniform_config(), n, seed=1).instances, tok, 1 << 20, "full", kw, task=MapfTask())
     lengths = [prompt_tokens(tok, row["prompt"], kw) for row in rows]
     return statistics.fmean(lengths)
 
