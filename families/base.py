@@ -39,7 +39,6 @@ from trainer.task import Task
 Settings = Any
 
 
-
 class LoopFamily(Protocol):
     """What the nodes ask of a task family (see the module docstring's table)."""
 

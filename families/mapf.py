@@ -122,7 +122,6 @@ def config_diff(old: dict | None, new: dict) -> dict[str, dict[str, dict[str, fl
     return out
 
 
-
 def feasibility(cfg: EnvConfig, n: int, seed: int) -> dict[str, Any]:
     """Dry-run the generator on `n` instances.
 
@@ -167,7 +166,6 @@ def feasibility(cfg: EnvConfig, n: int, seed: int) -> dict[str, Any]:
     }
 
 
-
 def _strict(candidate: dict) -> tuple[EnvConfig | None, str | None]:
     try:
         return EnvConfig.model_validate(candidate), None
@@ -190,7 +188,7 @@ def _normalised(candidate: dict) -> tuple[EnvConfig, str] | None:
         return None
     shares, note = rounded
     fixed = {**candidate, "sizes": {s: {**knobs, "data_ratio": shares[str(s)]} for s, knobs in sizes.items()}}
-    cfg, error = _strict(fixed)
+    cfg, _ = _strict(fixed)
     return None if cfg is None else (cfg, f"sizes.*.data_ratio: {note}")
 
 
@@ -248,7 +246,6 @@ def config_table(old: dict[str, Any] | None, new: dict[str, Any]) -> str:
         moved = any("->" in c for c in cells)
         rows.append(f"{n + 'x' + n:<6}" + "".join(f"{c:<17}" for c in cells) + (" *" if moved else ""))
     return "\n".join(rows)
-
 
 
 # ----------------------------------------------------------------------------- the family

@@ -78,6 +78,10 @@ def test_help_lists_train_settings_and_explains_the_smoke_caps(tmp_path):
     smoke = flat.split("smoke:", 1)[1].split("cpu:", 1)[0]
     assert "answers capped at 24 tokens in training" in smoke and "valid plan impossible" in smoke
     assert "KEEP_CHECKPOINTS" in flat and "report_to" in flat
+    # it describes the loop, and MAPF-FrozenLake is one family among others
+    intro = flat.split("options:", 1)[0]
+    assert "train a policy for a stage, evaluate it" in intro and "design the next stage's training environment" in intro
+    assert "MAPF-FrozenLake" in intro and "reasoning-gym dataset" in intro and "docs/tasks.md" in intro
 
 
 # ----------------------------------------------------------------------------- zero-variance warning
