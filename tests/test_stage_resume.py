@@ -80,6 +80,40 @@ def test_on_save_completes_the_new_checkpoint_then_removes_older_ones(tmp_path):
     assert fresh.state == reward.state and fresh.history == reward.history
 
 
+def test_a_filtered_checkpoint_round_trips_weights_optimiser_rngs_and_the_loop_state(tmp_path):
+    """`save_filtered` then `load_filtered` put back what a resumed filtered stage needs; `find_resume` finds it only
+    for its own stage key; saving a round that is saved already keeps the complete checkpoint."""
+    import random
+
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    rng = random.Random(7)
+    state = {"rounds": 4, "steps": 3, "sampled": 32, "kept": 9, "pos": 8, "order": [2, 0, 1],
+             "pending": [([1, 2, 3], 2)], "losses": [1.5, 1.2, 0.9], "valid_rates": [0.5] * 4}
+    snap = sr.filtered_snapshot(state, rng)
+    expect = (rng.random(), torch.rand(2))  # what the RNGs give next from the snapshot's states
+    folder = sr.save_filtered(tmp_path / "trl", "k", model, opt, *snap)
+    assert sr.find_resume(tmp_path / "trl", "k")[0] == folder and sr.find_resume(tmp_path / "trl", "other") is None
+    assert not folder.exists()  # another configuration's checkpoint is removed
+    folder = sr.save_filtered(tmp_path / "trl", "k", model, opt, *snap)
+    stamp = (folder / sr.MARKER).stat().st_mtime_ns
+    assert sr.save_filtered(tmp_path / "trl", "k", model, opt, *snap) == folder
+    assert (folder / sr.MARKER).stat().st_mtime_ns == stamp  # kept, not rewritten
+    fresh, fresh_rng = torch.nn.Linear(3, 2), random.Random(0)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    torch.manual_seed(123)
+    back = sr.load_filtered(folder, fresh, fresh_opt, fresh_rng)
+    assert back == state
+    assert (fresh_rng.random(), torch.rand(2).tolist()) == (expect[0], expect[1].tolist())
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True))
+    assert fresh_opt.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+
+
 # ------------------------------------------------------------------------------------------------ slow
 
 STEPS = 4

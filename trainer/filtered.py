@@ -54,8 +54,16 @@ def _encode(tok, messages: list[dict], answer: str, enable_thinking: bool | None
 def sample(model, tok, prompts: list[list[dict]], *, n: int, temperature: float, max_new_tokens: int,
            enable_thinking: bool | None = None, bf16: bool = False) -> list[list[str]]:
     """`n` sampled answers to each chat prompt (`bf16`: under bf16 autocast, on a CPU that multiplies bf16 in
-    hardware: the samples are only filtered, never differentiated)."""
+    hardware: the samples are only filtered, never differentiated). A stop request (`trainer.stop`) ends the
+    generation at the next token: the round is then given up (`train_filtered`), so a stop never waits on a round."""
     import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    from trainer.stop import stop_requested
+
+    class StopOnRequest(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kw):
+            return torch.full((input_ids.shape[0],), stop_requested(), dtype=torch.bool, device=input_ids.device)
 
     kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     texts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False, **kwargs) for m in prompts]
@@ -67,7 +75,8 @@ def sample(model, tok, prompts: list[list[dict]], *, n: int, temperature: float,
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out = model.generate(**enc, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
                                  max_new_tokens=max_new_tokens, num_return_sequences=n,
-                                 pad_token_id=tok.pad_token_id)
+                                 pad_token_id=tok.pad_token_id,
+                                 stopping_criteria=StoppingCriteriaList([StopOnRequest()]))
     finally:
         tok.padding_side = side
     gen = out[:, enc["input_ids"].shape[1]:]

@@ -58,6 +58,7 @@ def train_grpo(prep: StagePrep) -> dict:
             log.info("resuming %s from its in-stage checkpoint %s (step %d)", out_dir.name, resume[0],
                      resume[1]["global_step"])
     args = grpo_config(cfg, out_dir, prep.seed, progress=prep.progress)
+    args.group_key = "level"  # build_dataset's column: replacements lean to the levels where the policy is sometimes right
     main = args.process_index == 0  # = trainer.is_world_process_zero(); only it writes files
     trainer = make_trainer_class()(
         model=prep.model,

@@ -160,6 +160,11 @@ def save_filtered(trl_dir: Path, key: str, model, opt, state: dict, rngs: dict) 
     from safetensors.torch import save_model
 
     folder = Path(trl_dir) / f"checkpoint-{state['rounds']}"
+    try:  # this very round saved already (a stop right after a periodic save): keep it, it is complete
+        if json.loads((folder / MARKER).read_text()).get("stage_key") == key:
+            return folder
+    except (OSError, ValueError):
+        pass
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)

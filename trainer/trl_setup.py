@@ -228,8 +228,8 @@ def check_generation_backend(cfg: TrainConfig) -> None:
 
 def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = True):
     """The `DynamicSamplingGRPOConfig` (TRL's `GRPOConfig` and the project trainer's knobs, `trainer.grpo_config`) for
-    a `TrainConfig` (CPU: `use_cpu=True`, `bf16=False`, see VLLM-CPU.md). The replacement draw of dynamic sampling
-    leans by the dataset's `level` column (`trainer.data.build_dataset`)."""
+    a `TrainConfig` (CPU: `use_cpu=True`, `bf16=False`, see VLLM-CPU.md). `group_key` stays None (a uniform replacement
+    draw): the stage sets it to the column its dataset has (`trainer.grpo_stage`)."""
     import torch
 
     from trainer.grpo_config import DynamicSamplingGRPOConfig
@@ -267,7 +267,6 @@ def grpo_config(cfg: TrainConfig, out_dir: Path, seed: int, progress: bool = Tru
         disable_tqdm=not progress,  # a step bar with ETA on the terminal
         resample_rounds=cfg.resample_rounds,
         resample_seed=seed,
-        group_key="level",  # replacements lean to the levels where the policy is sometimes right
         rollout_dtype=cfg.rollout_dtype,
         rollout_prepack=cfg.rollout_prepack,
         share_prompt=cfg.share_prompt,
