@@ -194,8 +194,9 @@ def run_stage(
         raise ValueError(
             f"all {len(instances)} prompts of {train_path} are longer than max_prompt_length={cfg.max_prompt_length}"
         )
-    # the task's own reward (MAPF: the paper's, with adaptive length weights), else its verdicts' scores
-    reward = task.reward(tok, reward_state, cfg) if hasattr(task, "reward") else TaskReward(task, cfg.prompt_style)
+    # the task's own reward (MAPF: the paper's, with adaptive length weights), else its verdicts' validity
+    reward = (task.reward(tok, reward_state, cfg) if hasattr(task, "reward")
+              else TaskReward(task, cfg.prompt_style, cfg.partial_credit))
     if resume is not None:
         stage_resume.restore_reward(reward, resume[1])
         metrics["train/resumed_from_step"] = int(resume[1]["global_step"])
