@@ -129,8 +129,8 @@ class RgTask:
         self._scorers: dict[int, Any] = {}
         self._probe()
         if not self._lv.levels:
-            raise RgTaskError(f"task {name!r}: no level of {self.dataset} gives questions with an answer to check "
-                              f"({self._lv.dropped[0]}); allowed: a dataset with one (python -m env.rg --list)")
+            raise RgTaskError(f"task {name!r}: every level of {self.dataset} is dropped ({self._lv.dropped[0]}); "
+                              "allowed: a dataset with a usable level (python -m env.rg --list)")
 
     @property
     def levels(self) -> list[Level]:
@@ -156,8 +156,7 @@ class RgTask:
                 known[repr(lv.attr_values)] = why
                 progress.step(k + 1, len(todo))
             write_cache(path, known)
-        for lv in [lv for lv in self.levels if known[repr(lv.attr_values)]][::-1]:
-            self._lv.drop(lv.index, known[repr(lv.attr_values)])
+        self._lv.drop({lv.index: known[repr(lv.attr_values)] for lv in self.levels if known[repr(lv.attr_values)]})
 
     # ------------------------------------------------------------------ generation
 

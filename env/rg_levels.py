@@ -149,11 +149,15 @@ class RgLevels:
             raise RgTaskError(f"task {name!r}: reasoning-gym refuses every cell of {dataset}'s {self.kind} "
                               f"({self.dropped[0]}); allowed: a dataset or narrowing with a usable cell")
 
-    def drop(self, index: int, why: str) -> None:
-        """Drop level `index` (its questions cannot be used: `why`), renumbering the levels after it."""
-        lv = self.levels.pop(index)
-        self.dropped.append(f"{lv.label}: {why}")
-        self.levels = [Level(i, x.attr_levels, x.attr_values) for i, x in enumerate(self.levels)]
+    def drop(self, why: dict[int, str]) -> None:
+        """Drop the levels `why` names (level -> why its questions cannot be used), renumbering the rest."""
+        kept = []
+        for lv in self.levels:
+            if lv.index in why:
+                self.dropped.append(f"{lv.label}: {why[lv.index]}")
+            else:
+                kept.append(Level(len(kept), lv.attr_levels, lv.attr_values))
+        self.levels = kept
 
 
 def _example(axes) -> str:

@@ -192,3 +192,17 @@ def test_retries_draw_new_questions_and_a_level_short_of_them_says_so(capfd):
     assert len({i.question for i in got}) == len(got) < 120
     assert figures["short"] == {"0": 120 - len(got)} and figures["generated"] == {"0": len(got)}
     assert f"short of distinct questions: level 0 gave {len(got)} of 120" in capfd.readouterr().err
+
+
+def test_metadata_survives_the_stored_item_so_arc_agi_scores_as_reasoning_gym_does():
+    arc = load_task("rg:arc_agi:rotations_weights=0.3/0.2/0.3/0.2,mirrors_weights=0.3/0.3/0.2/0.1/0.1")
+    assert len(arc.levels) == 1  # list-valued levels are named by their values joined with /
+    item = arc.draw(0, 1, seed=0, seen=set()).items[0]
+    stored = arc.item_from_json(arc.item_to_json(item))
+    assert isinstance(stored.metadata["output"], tuple) and stored.metadata == item.metadata
+    assert arc.verify(stored, arc.gold(stored)).valid
+    flat = json.loads(json.dumps(item.metadata))  # tuples as lists: what a plain JSON round trip keeps
+    assert arc.score(stored, arc.gold(stored)) == 1.0
+    from dataclasses import replace
+
+    assert arc.score(replace(stored, metadata=flat), arc.gold(stored)) < 1.0  # why the types must survive
