@@ -1,83 +1,77 @@
 """reasoning-gym datasets as a task family: `TASK=rg:<dataset>` trains and engineers any reasoning-gym dataset
-that has a curriculum (102 of the 106 in reasoning-gym 0.1.25), through the same task seam as MAPF-FrozenLake.
+that has a curriculum, through the same task seam as MAPF-FrozenLake. `python -m env.rg --list` lists them.
 
-Levels. A dataset's curriculum (`reasoning_gym.factory.create_curriculum`) names its difficulty attributes, each
-with a list of levels (`basic_arithmetic`: `num_terms` 2-6, `num_digits` 1-4). The family's levels are the cells
-of their grid, numbered 0, 1, ... with the first attribute varying slowest, each cell generated with every
-attribute at exactly that level (reasoning-gym's `upper_bound` mode). A task name may narrow the grid to the
-values it lists: `rg:basic_arithmetic:num_terms=2-4,num_digits=1-2` (values, not indices; `name=v` pins one).
-A grid is at most `MAX_LEVELS` cells, so that an engineer can read and allocate it.
+Levels (`env.rg_levels`). The cells of a dataset's curriculum: its full grid where that has at most 36 cells, else
+a ladder of at most 8 cells from easiest to hardest. A name narrows attributes or picks the kind:
+`rg:basic_arithmetic:num_terms=2-4,num_digits=1-2`, `rg:leg_counting:levels=grid`. A cell is dropped, with a note
+(`RgTask.dropped`), where reasoning-gym's config check refuses it, its generator raises or takes over 20 s for a
+question, its questions carry no answer that reasoning-gym's own scorer accepts, or that scorer accepts junk.
 
 Config (the engineer's levers): `{"levels": {"<level>": <share>, ...}, "num_instances": n}`: the share of the
 stage's questions drawn from each level (the shares sum to 1; a level left out gets none).
 
-Answers are scored by the dataset's own `score_answer`: 1 is valid; a score strictly between 0 and 1 is
-`partial` (the scorer's partial credit); 0 is `wrong`, or `no_answer` when the answer is empty. The policy is
-asked for the final answer only; its answer is the completion's first non-empty line, stripped.
+Answer format. The prompt is the question, then `ANSWER_HINT`. The answer is the last `<answer>...</answer>`
+block of the completion where it has one (reasoning-gym's `extract_answer`); else the bare completion, cut to as
+many lines as the gold answer has (one-line answers: the first non-empty line; a matrix or a move list: its
+rows), stripped. The dataset's own `score_answer` judges it: 1 is valid; a score strictly between 0 and 1 is
+`partial`; 0 is `wrong`, or `no_answer` when the answer is empty.
 
-Splits. `val` and `test` are fixed: seeded per level from seeds of their own, so every level is in both, and a
-stage's training questions never repeat one of theirs (the same question text is dropped and redrawn).
+Reward. Validity, 1 or 0: the scorer's partial credit rewards answers that are never right (reasoning-gym's
+default scorer gives credit for the gold inside the answer: `-10` earns some for golds 0, 1, -1 and 10). The
+setting `partial_credit` > 0 adds that much times the scorer's score to an invalid answer (`TaskReward`).
+
+Splits. `val` and `test` are fixed: seeded per level from seeds of their own, drawn once and cached on disk
+(`env.rg_data.cache_dir`), so every level is in both. A stage's and a warm start's questions never repeat one of
+theirs, and within one draw a question two levels share counts once, at the lower level. A level that cannot
+supply the questions asked of it says so (`short` in the stage's figures, and a line on stderr).
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import json
 import math
 import random
-import re
-from dataclasses import dataclass, field
+import sys
 from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .rg_data import (
+    Draw,
+    Progress,
+    RgItem,
+    cache_path,
+    draw,
+    item_dict,
+    item_of,
+    mix,
+    read_cache,
+    write_cache,
+)
+from .rg_levels import (
+    MAX_LEVELS,
+    Level,
+    RgLevels,
+    RgTaskError,
+    datasets_with_curriculum,
+    make_dataset,
+    one_line,
+    parse_name,
+    value_text,
+)
 from .task import TaskVerdict
 
-MAX_LEVELS = 36  # the most cells a task's level grid may have
+__all__ = ["MAX_LEVELS", "SPLIT_SIZES", "RgConfig", "RgItem", "RgTask", "RgTaskError", "datasets_with_curriculum",
+           "parse_name"]
+
 SPLIT_SIZES = {"val": 24, "test": 48}  # questions per level in each fixed split
 SPLIT_SEEDS = {"val": 7_000_003, "test": 9_000_011}
-ANSWER_HINT = "Give only the final answer."
+PROBE_SEED = 5_000_011  # the questions that check a cell before it becomes a level
+JUNK = "I do not know."  # an answer no scorer should accept
+PROBE_TIMEOUT_S = 20.0  # a cell whose generator takes longer for one question is dropped (jugs' deep searches)
+ANSWER_HINT = "Give only the final answer, bare or as <answer>...</answer>."
 FAILURES = ("no_answer", "wrong", "partial")
 SHARE_SUM_TOL = 1e-6  # as MAPF's data ratios: a config off by more is projected (scaled to 1), not accepted
-
-
-class RgTaskError(ValueError):
-    """A task name, attribute or level that the dataset does not have (one line naming what is allowed)."""
-
-
-def _value(v: Any) -> str:
-    if isinstance(v, tuple):
-        return "-".join(_value(x) for x in v)
-    return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-@dataclass(frozen=True)
-class Level:
-    """One cell of the level grid: each attribute's level index, and its values."""
-
-    index: int
-    attr_levels: tuple[tuple[str, int], ...]
-    attr_values: tuple[tuple[str, Any], ...]
-
-    @property
-    def label(self) -> str:
-        return " ".join(f"{a}={_value(v)}" for a, v in self.attr_values)
-
-
-@dataclass(frozen=True)
-class RgItem:
-    """One question: its id, level, text, gold answer and reasoning-gym's metadata (its scorer reads it)."""
-
-    id: str
-    level: int
-    question: str
-    answer: str
-    metadata: dict = field(default_factory=dict, compare=False, hash=False)
-
-    def entry(self) -> dict:
-        return {"question": self.question, "answer": self.answer, "metadata": self.metadata}
 
 
 class RgConfig(BaseModel):
@@ -103,26 +97,21 @@ class RgConfig(BaseModel):
         return {int(k): float(s) for k, s in sorted(v.items())}
 
 
-def parse_name(name: str) -> tuple[str, dict[str, list[str]]]:
-    """`rg:<dataset>[:attr=lo-hi,attr=v]` -> (dataset, {attr: [lo, hi] or [v]})."""
-    if not name.startswith("rg:"):
-        raise RgTaskError(f"task {name!r}: a reasoning-gym task is named rg:<dataset>[:attr=lo-hi,...]")
-    rest = name[3:]
-    dataset, _, spec = rest.partition(":")
-    narrow: dict[str, list[str]] = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        attr, eq, values = part.partition("=")
-        if not eq or not attr or not values:
-            raise RgTaskError(f"task {name!r}: {part!r} is not attr=value or attr=lo-hi")
-        m = re.fullmatch(r"(-?[^-]+)-(-?[^-]+)", values.strip())
-        narrow[attr.strip()] = [m.group(1), m.group(2)] if m else [values.strip()]
-    return dataset, narrow
+def extract(text: str, gold: str) -> str:
+    """The answer of a completion (the module docstring's rule).
 
+    >>> extract("12\\nbecause 5 + 7 = 12", "12"), extract("so <answer>12</answer>", "12")
+    ('12', '12')
+    >>> extract("1 2\\n3 4\\nThat is the matrix.", "5 6\\n7 8")
+    '1 2\\n3 4'
+    """
+    from reasoning_gym.utils import extract_answer
 
-def datasets_with_curriculum() -> list[str]:
-    from reasoning_gym.factory import CURRICULA
-
-    return sorted(CURRICULA)
+    tagged = extract_answer(str(text))
+    if tagged is not None:
+        return tagged
+    rows = max(1, len(str(gold).strip().splitlines()))
+    return "\n".join(str(text).strip().splitlines()[:rows]).strip()
 
 
 class RgTask:
@@ -133,76 +122,41 @@ class RgTask:
     split_names = tuple(SPLIT_SIZES)
 
     def __init__(self, name: str):
-        import reasoning_gym  # noqa: F401  (registers the datasets)
-        from reasoning_gym.factory import CURRICULA, DATASETS
-
-        dataset, narrow = parse_name(name)
-        if dataset not in CURRICULA:
-            known = ", ".join(sorted(CURRICULA))
-            extra = " (it has no curriculum)" if dataset in DATASETS else ""
-            raise RgTaskError(f"task {name!r}: unknown reasoning-gym dataset {dataset!r}{extra}; allowed: {known}")
-        self.name = name
-        self.dataset = dataset
-        curriculum = CURRICULA[dataset]()
-        attrs = curriculum.attributes
-        for attr in narrow:
-            if attr not in attrs:
-                raise RgTaskError(f"task {name!r}: {dataset} has no attribute {attr!r}; allowed: "
-                                  f"{', '.join(attrs)}")
-        axes: list[tuple[str, list[tuple[int, Any]]]] = []
-        for attr, d in attrs.items():
-            pairs = list(enumerate(d.levels))
-            if attr in narrow:
-                pairs = self._narrow(name, attr, pairs, narrow[attr])
-            axes.append((attr, pairs))
-        self.attributes = {a: (list(d.levels), d.description or "") for a, d in attrs.items()}
-        self.levels: list[Level] = []
-        seen: set[tuple] = set()
-        for cell in itertools.product(*(pairs for _, pairs in axes)):
-            attr_levels = tuple((a, lv) for (a, _), (lv, _) in zip(axes, cell, strict=True))
-            values = self._resolved(attr_levels)
-            if values in seen:  # an interval attribute's top level repeats the one below it: one cell
-                continue
-            seen.add(values)
-            self.levels.append(Level(len(self.levels), attr_levels, values))
-        if len(self.levels) > MAX_LEVELS:
-            sizes = ", ".join(f"{a} ({len(p)}: {'/'.join(_value(v) for _, v in p)})" for a, p in axes)
-            raise RgTaskError(f"task {name!r}: its level grid has {len(self.levels)} cells, more than {MAX_LEVELS}: "
-                              f"{sizes}; narrow it, e.g. rg:{dataset}:{axes[0][0]}="
-                              f"{_value(axes[0][1][0][1])}-{_value(axes[0][1][min(2, len(axes[0][1]) - 1)][1])}")
+        self._lv = RgLevels(name)
+        self.name, self.dataset, self.kind = name, self._lv.dataset, self._lv.kind
+        self.attributes = self._lv.attributes
         self._datasets: dict[tuple[int, int, int], Any] = {}
+        self._scorers: dict[int, Any] = {}
+        self._probe()
+        if not self._lv.levels:
+            raise RgTaskError(f"task {name!r}: every level of {self.dataset} is dropped ({self._lv.dropped[0]}); "
+                              "allowed: a dataset with a usable level (python -m env.rg --list)")
 
-    def _resolved(self, attr_levels: tuple[tuple[str, int], ...]) -> tuple[tuple[str, Any], ...]:
-        """What a cell generates: each attribute's value, or its (low, high) range, as reasoning-gym resolves it."""
-        from reasoning_gym.coaching.attributes import RangeAttributeDefinition
-        from reasoning_gym.coaching.base_curriculum import DefaultCurriculumContext, RangeAttributeMode
-        from reasoning_gym.factory import CURRICULA
+    @property
+    def levels(self) -> list[Level]:
+        return self._lv.levels
 
-        cur = CURRICULA[self.dataset]()
-        for attr, lv in attr_levels:
-            cur.set_attr_level(attr, lv)
-        ctx = DefaultCurriculumContext(mode=RangeAttributeMode.UPPER_BOUND)
-        out = []
-        for attr, _ in attr_levels:
-            d = cur.attributes[attr]
-            v = ctx.get_attr_value(cur, d)
-            if isinstance(d, RangeAttributeDefinition):
-                lo, hi = (min(v), max(v)) if isinstance(v, list | tuple) else (v, v)
-                out.append((attr, lo if lo == hi else (lo, hi)))
-            else:
-                out.append((attr, v))
-        return tuple(out)
+    @property
+    def dropped(self) -> list[str]:
+        """One note per cell left out of the levels: its attributes and why."""
+        return list(self._lv.dropped)
 
-    @staticmethod
-    def _narrow(name: str, attr: str, pairs: list[tuple[int, Any]], values: list[str]) -> list[tuple[int, Any]]:
-        shown = [_value(v) for _, v in pairs]
-        idx = []
-        for v in values:
-            if v not in shown:
-                raise RgTaskError(f"task {name!r}: {attr}={v} is not one of its levels; allowed: {', '.join(shown)}")
-            idx.append(shown.index(v))
-        lo, hi = min(idx), max(idx)
-        return pairs[lo:hi + 1]
+    def _probe(self) -> None:
+        """Drop the cells whose generator raises, takes over `PROBE_TIMEOUT_S` for a question, or gives questions
+        with no answer that the dataset's own scorer accepts (a few questions of a seed of their own; the outcome
+        is cached, so that a task keeps its levels on this machine)."""
+        from importlib.metadata import version
+
+        path = cache_path({"dataset": self.dataset, "probe": True, "rg": version("reasoning-gym")})
+        known = read_cache(path)
+        todo = [lv for lv in self.levels if repr(lv.attr_values) not in known]
+        if todo:
+            progress = Progress(f"{self.name}: checking its levels, level")
+            for k, (lv, why) in enumerate(probe_cells(self.dataset, todo)):
+                known[repr(lv.attr_values)] = why
+                progress.step(k + 1, len(todo))
+            write_cache(path, known)
+        self._lv.drop({lv.index: known[repr(lv.attr_values)] for lv in self.levels if known[repr(lv.attr_values)]})
 
     # ------------------------------------------------------------------ generation
 
@@ -210,59 +164,51 @@ class RgTask:
         key = (level, n, seed)
         ds = self._datasets.get(key)
         if ds is None:
-            from reasoning_gym.coaching.base_curriculum import DefaultCurriculumContext, RangeAttributeMode
-            from reasoning_gym.factory import CURRICULA, DATASETS
-
-            cur = CURRICULA[self.dataset]()
-            for attr, lv in self.levels[level].attr_levels:
-                cur.set_attr_level(attr, lv)
-            cfg = cur.generate_configuration({"size": max(1, n), "seed": seed},
-                                             DefaultCurriculumContext(mode=RangeAttributeMode.UPPER_BOUND))
-            if hasattr(cfg, "validate"):
-                cfg.validate()
-            ds = DATASETS[self.dataset][0](config=cfg)
+            ds = make_dataset(self.dataset, self.levels[level].attr_levels, n, seed)
             if len(self._datasets) > 256:
                 self._datasets.clear()
             self._datasets[key] = ds
         return ds
 
-    def level_items(self, level: int, n: int, seed: int, avoid: set[str] | None = None) -> list[RgItem]:
-        """`n` questions of `level` from `seed`, none of whose text is in `avoid`."""
+    def _check_level(self, level: int) -> None:
         if not 0 <= level < len(self.levels):
             raise RgTaskError(f"task {self.name!r}: level {level}: allowed: 0-{len(self.levels) - 1}")
-        out: list[RgItem] = []
-        seen = set(avoid or ())
-        for attempt in range(6):
-            want = n - len(out)
-            if want <= 0:
-                break
-            s = seed if attempt == 0 else seed * 31 + attempt
-            ds = self._rg_dataset(level, want + (want // 4 if attempt else 0) + 1, s)
-            for i in range(len(ds)):
-                e = ds[i]
-                q = str(e["question"])
-                if q in seen:
-                    continue
-                seen.add(q)
-                digest = hashlib.sha256(f"{self.dataset}|{level}|{q}".encode()).hexdigest()[:12]
-                out.append(RgItem(f"{self.dataset}-L{level}-{digest}", level, q, str(e["answer"]),
-                                  json.loads(json.dumps(e.get("metadata") or {}, default=str))))
-                if len(out) >= n:
-                    break
-        return out
+
+    def draw(self, level: int, n: int, seed: int, seen: set[str]) -> Draw:
+        """`n` distinct questions of `level` whose text is not in `seen` (`seen` grows by them)."""
+        self._check_level(level)
+        return draw(lambda size, s: self._rg_dataset(level, size, s), self.dataset, level, n, seed, seen)
+
+    def level_items(self, level: int, n: int, seed: int, avoid: set[str] | None = None) -> list[RgItem]:
+        """`n` questions of `level` from `seed`, none of whose text is in `avoid` (fewer where it has no more)."""
+        return self.draw(level, n, seed, set(avoid or ())).items
 
     def generate(self, config: RgConfig, n: int, seed: int) -> tuple[list[RgItem], dict[str, Any]]:
         """A stage's `n` questions, spread over the config's levels by their shares (largest remainders), in a
-        shuffled order; none repeats a question of the fixed splits."""
+        shuffled order; none repeats a question of the fixed splits, and none repeats another (a question two
+        levels share is drawn at the lower one). A level that has fewer distinct questions left is `short`."""
         counts = allocate(config.levels, n)
-        avoid = self.split_questions()
+        for lv in counts:
+            self._check_level(lv)
+        seen = self.split_questions()
         items: list[RgItem] = []
-        for level, k in counts.items():
+        short: dict[str, int] = {}
+        progress = Progress(f"{self.name}: drawing {n} questions, level")
+        for j, (level, k) in enumerate(counts.items()):
+            progress.step(j, len(counts))
             if k:
-                items.extend(self.level_items(level, k, seed=_mix(seed, level), avoid=avoid))
+                got = self.draw(level, k, mix(seed, level), seen)
+                items.extend(got.items)
+                if got.short:
+                    short[str(level)] = got.short
         random.Random(seed).shuffle(items)
-        return items, {"requested": {str(k): v for k, v in counts.items()},
-                       "generated": {str(lv): sum(1 for i in items if i.level == lv) for lv in counts}}
+        figures = {"requested": {str(k): v for k, v in counts.items()},
+                   "generated": {str(lv): sum(1 for i in items if i.level == lv) for lv in counts}, "short": short}
+        if short:
+            print(f"{self.name}: short of distinct questions: "
+                  + ", ".join(f"level {lv} gave {figures['generated'][lv]} of {counts[int(lv)]}" for lv in short),
+                  file=sys.stderr, flush=True)
+        return items, figures
 
     def split(self, name: str) -> list[RgItem]:
         """The fixed split `name` (val or test): `SPLIT_SIZES[name]` questions per level."""
@@ -272,14 +218,33 @@ class RgTask:
 
     @cached_property
     def _splits(self) -> dict[str, list[RgItem]]:
-        out: dict[str, list[RgItem]] = {}
+        """Drawn once per task (val then test, level by level, each avoiding every question drawn before it) and
+        cached on disk after every level, so that an interrupted draw resumes where it stopped."""
+        from importlib.metadata import version
+
+        spec = {"dataset": self.dataset, "levels": [repr(lv.attr_values) for lv in self.levels],
+                "sizes": SPLIT_SIZES, "seeds": SPLIT_SEEDS, "rg": version("reasoning-gym")}
+        path = cache_path(spec)
+        cached = read_cache(path)
+        done: dict[str, dict[str, list]] = cached.get("splits", {}) if cached.get("spec") == spec else {}
         taken: set[str] = set()
-        for name, per in SPLIT_SIZES.items():
+        out: dict[str, list[RgItem]] = {}
+        total = len(SPLIT_SIZES) * len(self.levels)
+        progress = Progress(f"{self.name}: drawing the fixed splits (cached for next time), level")
+        for s, (name, per) in enumerate(SPLIT_SIZES.items()):
             items: list[RgItem] = []
             for lv in range(len(self.levels)):
-                got = self.level_items(lv, per, seed=_mix(SPLIT_SEEDS[name], lv), avoid=taken)
-                taken.update(i.question for i in got)
-                items.extend(got)
+                rows = done.get(name, {}).get(str(lv))
+                if rows is None:
+                    got = self.draw(lv, per, mix(SPLIT_SEEDS[name], lv), taken)
+                    done.setdefault(name, {})[str(lv)] = [item_dict(i) for i in got.items]
+                    write_cache(path, {"spec": spec, "splits": done})
+                    items.extend(got.items)
+                else:
+                    got_items = [item_of(r) for r in rows]
+                    taken.update(i.question for i in got_items)
+                    items.extend(got_items)
+                progress.step(s * len(self.levels) + lv + 1, total, name)
             out[name] = items
         return out
 
@@ -289,12 +254,14 @@ class RgTask:
     # ------------------------------------------------------------------ the trainer's seam (trainer.task.Task)
 
     def item_to_json(self, item: RgItem) -> str:
-        return json.dumps({"id": item.id, "level": item.level, "question": item.question, "answer": item.answer,
-                           "metadata": item.metadata}, sort_keys=True)
+        import json
+
+        return json.dumps(item_dict(item), sort_keys=True)
 
     def item_from_json(self, text: str) -> RgItem:
-        d = json.loads(text)
-        return RgItem(d["id"], int(d["level"]), d["question"], d["answer"], d.get("metadata") or {})
+        import json
+
+        return item_of(json.loads(text))
 
     def item_id(self, item: RgItem) -> str:
         return item.id
@@ -309,27 +276,31 @@ class RgTask:
         return item.answer
 
     def warm_start_items(self, levels: list[int] | None, n: int, seed: int) -> list[RgItem]:
-        """`n` fresh questions spread evenly over every level of the grid, none in a fixed split. (`levels` is
-        the trainer's `sft_sizes`, MAPF's grid sizes: an rg warm start always covers the whole grid.)"""
-        levels = list(range(len(self.levels)))
-        share = {lv: 1 / len(levels) for lv in levels}
-        items, _ = self.generate(RgConfig(levels=share, num_instances=n), n, seed=_mix(seed, 104_729))
+        """`n` fresh questions spread evenly over every level, none in a fixed split. (`levels` is the trainer's
+        `sft_sizes`, MAPF's grid sizes: an rg warm start always covers every level.)"""
+        share = {lv: 1 / len(self.levels) for lv in range(len(self.levels))}
+        items, _ = self.generate(RgConfig(levels=share, num_instances=n), n, seed=mix(seed, 104_729))
         return items
 
-    def answer_of(self, text: str) -> str:
-        lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
-        return lines[0] if lines else ""
+    def answer_of(self, text: str, item: RgItem | None = None) -> str:
+        """The answer in a completion (`extract`); without an item, as for a one-line gold."""
+        return extract(text, item.answer if item is not None else "")
+
+    def score(self, item: RgItem, answer: str) -> float:
+        """The dataset's own scorer on an extracted answer, in [0, 1] (0 where it cannot read the answer)."""
+        ds = self._scorers.get(item.level)
+        if ds is None:
+            ds = self._scorers[item.level] = self._rg_dataset(item.level, 1, 0)
+        try:
+            return min(1.0, max(0.0, float(ds.score_answer(answer, item.entry()))))
+        except Exception:  # a scorer that cannot read the answer (e.g. unparsable) gives it no credit
+            return 0.0
 
     def verify(self, item: RgItem, text: str) -> TaskVerdict:
-        answer = self.answer_of(text)
+        answer = self.answer_of(text, item)
         if not answer:
             return TaskVerdict(False, "no_answer", 0.0, False)
-        ds = self._rg_dataset(item.level, 1, 0)
-        try:
-            score = float(ds.score_answer(answer, item.entry()))
-        except Exception:  # a scorer that cannot read the answer (e.g. unparsable) gives it no credit
-            score = 0.0
-        score = min(1.0, max(0.0, score))
+        score = self.score(item, answer)
         if score >= 1.0:
             return TaskVerdict(True, None, 1.0, True)
         return TaskVerdict(False, "partial" if score > 0 else "wrong", score, False)
@@ -337,11 +308,11 @@ class RgTask:
     # ------------------------------------------------------------------ what the loop shows the engineer
 
     def describe_levels(self) -> str:
-        """A markdown table of the level grid, from the dataset's curriculum (for the engineer's prompt)."""
-        lines = ["| level | " + " | ".join(self.attributes_in_grid()) + " |",
-                 "|---|" + "---|" * len(self.attributes_in_grid())]
+        """A markdown table of the levels, from the dataset's curriculum (for the engineer's prompt)."""
+        attrs = self.attributes_in_grid()
+        lines = ["| level | " + " | ".join(attrs) + " |", "|---|" + "---|" * len(attrs)]
         for lv in self.levels:
-            lines.append(f"| {lv.index} | " + " | ".join(_value(v) for _, v in lv.attr_values) + " |")
+            lines.append(f"| {lv.index} | " + " | ".join(value_text(v) for _, v in lv.attr_values) + " |")
         return "\n".join(lines)
 
     def attributes_in_grid(self) -> list[str]:
@@ -349,7 +320,7 @@ class RgTask:
 
     def describe_attributes(self) -> str:
         return "\n".join(f"- `{a}`: {desc or 'a difficulty attribute'} (levels "
-                         f"{', '.join(_value(v) for v in levels)})" for a, (levels, desc) in self.attributes.items()
+                         f"{', '.join(value_text(v) for v in levels)})" for a, (levels, desc) in self.attributes.items()
                          if a in self.attributes_in_grid())
 
     def parse_config(self, raw: Any, num_instances: int | None = None) -> RgConfig:
@@ -400,13 +371,56 @@ class RgTask:
         return RgConfig(levels={k: v / total for k, v in kept.items()})  # the caller sets num_instances
 
     def random_config(self, seed: int, num_instances: int = 64) -> RgConfig:
-        """A random stage-0 config: 1-3 levels from the easier half of the grid, random shares."""
+        """A random stage-0 config: 1-3 levels from the easier half of the levels, random shares."""
         rng = random.Random(seed)
         half = max(1, (len(self.levels) + 1) // 2)
         picked = rng.sample(range(half), k=min(half, rng.randint(1, 3)))
         w = [rng.random() + 0.1 for _ in picked]
         return RgConfig(levels={lv: x / sum(w) for lv, x in zip(picked, w, strict=True)},
                         num_instances=num_instances)
+
+
+def probe_cell(dataset: str, lv: Level) -> str | None:
+    """Why a cell cannot be a level (None: it can): reasoning-gym cannot build it, its generator raises, its
+    questions have no answer that its own scorer accepts, or its scorer accepts a junk answer too."""
+    seed = mix(PROBE_SEED, repr(lv.attr_values))
+    try:
+        ds = make_dataset(dataset, lv.attr_levels, 3, seed)
+    except Exception as e:
+        return f"reasoning-gym cannot build it: {one_line(e)}"
+    got = draw(lambda size, s: ds if s == seed else make_dataset(dataset, lv.attr_levels, size, s), dataset,
+               lv.index, 1, seed, set())
+    if not got.items:
+        if not got.errors:
+            return "reasoning-gym gives no answer to check"
+        return got.errors[0] if got.errors[0].startswith("its scorer") else f"its generator raises: {got.errors[0]}"
+    it = got.items[0]
+    try:
+        junk = float(ds.score_answer(JUNK, it.entry()))
+    except Exception:
+        junk = 0.0
+    return f"its scorer accepts any answer ({JUNK!r} scores {junk:g})" if junk >= 1.0 else None
+
+
+def probe_cells(dataset: str, cells: list[Level]):
+    """(cell, `probe_cell`'s note) for each cell, each in a forked child given `PROBE_TIMEOUT_S` (a generator
+    that searches for longer is stopped there). Without fork (not on Linux), in this process, unbounded."""
+    import multiprocessing as mp
+
+    if "fork" not in mp.get_all_start_methods():
+        yield from ((lv, probe_cell(dataset, lv)) for lv in cells)
+        return
+    pending = list(cells)
+    while pending:
+        with mp.get_context("fork").Pool(1) as pool:  # leaving the block terminates a child still searching
+            while pending:
+                lv = pending.pop(0)
+                try:
+                    why = pool.apply_async(probe_cell, (dataset, lv)).get(PROBE_TIMEOUT_S)
+                except mp.TimeoutError:
+                    yield lv, f"its generator took over {PROBE_TIMEOUT_S:g} s for one question"
+                    break
+                yield lv, why
 
 
 def allocate(shares: dict[int, float], n: int) -> dict[int, int]:
@@ -419,5 +433,11 @@ def allocate(shares: dict[int, float], n: int) -> dict[int, int]:
     return counts
 
 
-def _mix(seed: int, level: int) -> int:
-    return int(hashlib.sha256(f"{seed}:{level}".encode()).hexdigest()[:8], 16)
+def main(argv: list[str] | None = None) -> int:
+    from .rg_list import main as list_main
+
+    return list_main(argv, RgTask)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from env.rg import MAX_LEVELS, SPLIT_SIZES, RgConfig, RgTaskError, parse_name
+from env.rg import ANSWER_HINT, MAX_LEVELS, SPLIT_SIZES, RgConfig, RgTaskError, parse_name
 from families import level_share
 from trainer.task import load_task
 
@@ -70,12 +70,17 @@ def test_bad_names_attributes_levels_and_configs_are_refused_in_one_line(task):
         "rg:no_such_dataset": "unknown reasoning-gym dataset 'no_such_dataset'; allowed: .*basic_arithmetic",
         "rg:basic_arithmetic:depth=2": "has no attribute 'depth'; allowed: num_terms, num_digits",
         "rg:basic_arithmetic:num_terms=9": r"num_terms=9 is not one of its levels; allowed: 2, 3, 4, 5, 6",
-        "rg:chain_sum": rf"110 cells, more than {MAX_LEVELS}.*narrow it",
+        "rg:basic_arithmetic:num_terms=2-4,num_terms=2-3": "num_terms is given twice; allowed: each attribute once",
+        "rg:basic_arithmetic:levels=full": "levels=full; allowed: levels=grid or levels=ladder",
+        "rg:polynomial_multiplication:levels=grid": "its grid has 65,536 cells, more than 400; allowed: narrow it",
     }
     for name, msg in cases.items():
         with pytest.raises(RgTaskError, match=msg) as e:
             load_task(name)
         assert "\n" not in str(e.value)
+    with pytest.raises(RgTaskError, match=r"level 4: allowed: 0-3") as e:
+        task.level_items(4, 2, seed=0)
+    assert "\n" not in str(e.value)
     for raw, msg in [({"levels": {"4": 1.0}}, "'4' is not a level; allowed: 0-3"),
                      ({"levels": {"0": 0.5}}, "sum to 0.5"),
                      ({"levels": {"0": 1.5, "1": -0.5}}, r"allowed: a share in \[0, 1\]"),
@@ -127,3 +132,79 @@ def test_every_classic_curriculum_answers_a_config_that_passes_the_strict_check(
         raw, why, _ = level_share.classic(name, task, {"levels": {"0": 0.5, "1": 0.5}}, by_level, {}, random.Random(1))
         checked = level_share.check(task, raw, 16)
         assert (checked.how, checked.config) == ("accepted", task.parse_config(raw, 16).model_dump(mode="json")), name
+
+
+def test_a_large_grid_gets_a_default_ladder_and_the_grid_stays_available():
+    chain = load_task("rg:chain_sum")  # 110 cells: a ladder of 8, every attribute stepping up together
+    assert chain.kind == "ladder" and len(chain.levels) == 8 and chain._lv.grid_cells == 110
+    steps = [[lv for _, lv in level.attr_levels] for level in chain.levels]
+    assert steps[0] == [0, 0] and steps[-1] == [len(v) - 1 for v, _ in chain.attributes.values()]
+    assert all(a <= b for lo, hi in zip(steps, steps[1:], strict=False) for a, b in zip(lo, hi, strict=True))  # never a step down
+    narrowed = load_task("rg:chain_sum:num_terms=2-3,levels=grid")
+    assert narrowed.kind == "grid" and len(narrowed.levels) == 2 * len(chain.attributes["num_digits"][0])
+    assert len(load_task("rg:basic_arithmetic").levels) == MAX_LEVELS - 16  # 20 cells <= 36: the full grid
+
+
+def test_answers_are_extracted_bare_or_tagged_and_whole_where_they_span_lines(task):
+    it = task.split("val")[0]
+    gold = task.gold(it)
+    assert ANSWER_HINT in task.prompt(it)[-1]["content"] and "<answer>" in ANSWER_HINT
+    for text in (gold, f"<answer>{gold}</answer>", f"Let me think.\n<answer>\n{gold}\n</answer>",
+                 f"<answer>0</answer> no, <answer>{gold}</answer>"):  # the last block counts
+        assert task.verify(it, text).valid, text
+    assert not task.verify(it, f"<answer>{gold}</answer> then <answer>{int(gold) + 1}</answer>").valid
+    matrix = load_task("rg:rotate_matrix")
+    m = matrix.draw(2, 1, seed=0, seen=set()).items[0]
+    assert "\n" in matrix.gold(m)  # a matrix: every row is the answer, not the first line alone
+    assert matrix.verify(m, matrix.gold(m) + "\nThat is the rotated matrix.").valid
+    assert not matrix.verify(m, matrix.gold(m).splitlines()[0]).valid
+
+
+def test_the_default_reward_is_validity_so_no_constant_answer_earns_reward_where_it_is_never_valid(task):
+    from trainer.task import TaskReward
+
+    items = task.split("val")
+    raw = [task.item_to_json(i) for i in items]
+    golds = {task.gold(i) for i in items}
+    reward = TaskReward(task, "compact")
+    scorer_credit = {}
+    for constant in ("-10", "0", "1", "12", "x = 1", "-1"):
+        never_valid = [i for i in items if not task.verify(i, constant).valid]
+        got = reward(completions=[constant] * len(never_valid), item=[task.item_to_json(i) for i in never_valid])
+        assert got == [0.0] * len(never_valid), constant
+        scorer_credit[constant] = sum(task.verify(i, constant).score for i in never_valid)
+    assert scorer_credit["-10"] > 0  # the scorer's own partial credit, which the default reward leaves out
+    partial = TaskReward(task, "compact", partial_credit=0.5)  # the documented setting asks for it
+    got = partial(completions=["-10"] * len(items), item=raw)
+    assert max(got) > 0 and all(r == 1.0 or r <= 0.5 for r in got) and "-10" not in golds
+    assert reward(completions=[task.gold(i) for i in items], item=raw) == [1.0] * len(items)
+    with pytest.raises(ValueError, match="partial_credit 2: allowed: 0 <= partial_credit <= 1"):
+        TaskReward(task, "compact", partial_credit=2)
+
+
+def test_retries_draw_new_questions_and_a_level_short_of_them_says_so(capfd):
+    one = load_task("rg:basic_arithmetic:num_terms=2,num_digits=1")  # thousands of questions, many repeats a draw
+    items = one.warm_start_items(None, 1500, seed=0)
+    assert len(items) == len({i.question for i in items}) == 1500  # retries from seeds hashed apart: all new
+    assert not {i.question for i in items} & one.split_questions()
+    mixed, figures = load_task(BA).generate(RgConfig(levels={0: 0.5, 1: 0.5}), 64, seed=1)
+    assert len({i.question for i in mixed}) == 64 and figures["short"] == {}
+    legs = load_task("rg:leg_counting")  # its first rung has about a hundred questions, most in its fixed splits
+    got, figures = legs.generate(RgConfig(levels={0: 1.0}), 120, seed=0)
+    assert len({i.question for i in got}) == len(got) < 120
+    assert figures["short"] == {"0": 120 - len(got)} and figures["generated"] == {"0": len(got)}
+    assert f"short of distinct questions: level 0 gave {len(got)} of 120" in capfd.readouterr().err
+
+
+def test_metadata_survives_the_stored_item_so_arc_agi_scores_as_reasoning_gym_does():
+    arc = load_task("rg:arc_agi:rotations_weights=0.3/0.2/0.3/0.2,mirrors_weights=0.3/0.3/0.2/0.1/0.1")
+    assert len(arc.levels) == 1  # list-valued levels are named by their values joined with /
+    item = arc.draw(0, 1, seed=0, seen=set()).items[0]
+    stored = arc.item_from_json(arc.item_to_json(item))
+    assert isinstance(stored.metadata["output"], tuple) and stored.metadata == item.metadata
+    assert arc.verify(stored, arc.gold(stored)).valid
+    flat = json.loads(json.dumps(item.metadata))  # tuples as lists: what a plain JSON round trip keeps
+    assert arc.score(stored, arc.gold(stored)) == 1.0
+    from dataclasses import replace
+
+    assert arc.score(replace(stored, metadata=flat), arc.gold(stored)) < 1.0  # why the types must survive

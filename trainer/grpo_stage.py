@@ -50,7 +50,7 @@ def train_grpo(prep: StagePrep) -> dict:
                          f"max_prompt_length={cfg.max_prompt_length}")
     # the task's own reward (MAPF: the paper's, with adaptive length weights), else its verdicts' scores
     reward = (task.reward(prep.tok, prep.reward_state, cfg) if hasattr(task, "reward")
-              else TaskReward(task, cfg.prompt_style))
+              else TaskReward(task, cfg.prompt_style, cfg.partial_credit))
     if resume is not None:
         stage_resume.restore_reward(reward, resume[1])
         metrics["train/resumed_from_step"] = int(resume[1]["global_step"])

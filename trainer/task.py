@@ -123,17 +123,24 @@ def last_user_text(prompt: Any) -> str:
 
 
 class TaskReward:
-    """TRL reward function of any task: each completion's `Verdict.score`, scored against the item JSON in its
-    own row (the dataset's `item` column), never against a position in the batch.
+    """TRL reward function of any task: each completion's validity (1 or 0), scored against the item JSON in its
+    own row (the dataset's `item` column), never against a position in the batch. With `partial_credit` > 0 (the
+    `partial_credit` setting) an invalid answer earns that times its `Verdict.score`; by default it earns 0, so
+    that no answer that is never valid earns reward (a scorer's partial credit can favour such answers: for
+    reasoning-gym's default scorer, `-10` scores above 0 against golds 0, 1, -1 and 10).
 
     A row whose prompt is not its item's own prompt raises `ValueError`: its completion answered another item.
     Per-batch statistics go to TRL's `log_metric` (TensorBoard `train/<name>`) and to `self.history`, in the
     shape `reward_summary` reads. `state` is None: a plain verified reward carries nothing between stages.
     """
 
-    def __init__(self, task: Task, prompt_style: str = "compact"):
+    def __init__(self, task: Task, prompt_style: str = "compact", partial_credit: float = 0.0):
+        if not (isinstance(partial_credit, int | float) and 0.0 <= partial_credit <= 1.0):
+            raise ValueError(f"reward {task.name!r}: partial_credit {partial_credit!r}: allowed: 0 <= partial_credit "
+                             "<= 1 (0: validity only)")
         self.task = task
         self.prompt_style = prompt_style
+        self.partial_credit = float(partial_credit)
         self.__name__ = task.name
         self.state = None
         self.history: list[dict] = []
@@ -153,6 +160,10 @@ class TaskReward:
                              f"{self.task.item_id(item)}; the dataset's 'prompt' and 'item' columns are misaligned. "
                              "Build rows with trainer.data.build_dataset")
 
+    def reward_of(self, verdict: Verdict) -> float:
+        """1 for a valid answer; else `partial_credit` times the verdict's score (0 by default)."""
+        return 1.0 if verdict.valid else self.partial_credit * min(1.0, max(0.0, float(verdict.score)))
+
     def __call__(self, prompts=None, completions=None, completion_ids=None, item=None, **kw) -> list[float]:
         from env.library import completion_text
 
@@ -166,7 +177,7 @@ class TaskReward:
             if prompts is not None:
                 self.check_prompt(i, it, prompts[i])
             verdict = self.task.verify(it, completion_text(comp))
-            rewards.append(float(verdict.score))
+            rewards.append(self.reward_of(verdict))
             valid.append(bool(verdict.valid))
             optimal.append(bool(verdict.optimal))
             keys.append(self.task.item_id(it))
