@@ -404,10 +404,11 @@ def probe_cell(dataset: str, lv: Level) -> str | None:
 
 def probe_cells(dataset: str, cells: list[Level]):
     """(cell, `probe_cell`'s note) for each cell, each in a forked child given `PROBE_TIMEOUT_S` (a generator
-    that searches for longer is stopped there). Without fork (not on Linux), in this process, unbounded."""
+    that searches for longer is stopped there). Without fork (not on Linux, or in a daemon process), in this
+    process, unbounded."""
     import multiprocessing as mp
 
-    if "fork" not in mp.get_all_start_methods():
+    if "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:  # a daemon may not fork
         yield from ((lv, probe_cell(dataset, lv)) for lv in cells)
         return
     pending = list(cells)

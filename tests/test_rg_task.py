@@ -208,3 +208,21 @@ def test_metadata_survives_the_stored_item_so_arc_agi_scores_as_reasoning_gym_do
     from dataclasses import replace
 
     assert arc.score(replace(stored, metadata=flat), arc.gold(stored)) < 1.0  # why the types must survive
+
+
+def test_the_committed_reasoning_gym_answers_rescore_to_their_recorded_rates_and_labels():
+    """evals/results/rg_candidates: the splits are regenerated from each task name (cached or not, the same ids),
+    and every stored answer gets its recorded failure label back from the dataset's own scorer."""
+    from evals.packed import names, read_text
+
+    archive = ROOT / "evals" / "results" / "rg_candidates" / "answers.tar.xz"
+    arms = [m for m in names(archive) if m.endswith(".json")]
+    assert len(arms) >= 10
+    for arm in arms:
+        d = json.loads(read_text(f"{archive}:{arm}"))
+        task = load_task(d["task"])
+        by_id = {i.id: i for i in task.split("val")}
+        for part in [d["start"], *d["seeds"].values()]:
+            verdicts = [task.verify(by_id[a["id"]], a["answer"]) for a in part["answers"]]
+            assert [v.label for v in verdicts] == [a["failure"] for a in part["answers"]], arm
+            assert sum(v.valid for v in verdicts) / len(verdicts) == pytest.approx(part["valid_rate"]), arm
