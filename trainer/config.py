@@ -79,6 +79,13 @@ class TrainConfig(BaseModel):
         "num_generations answers a prompt, keep the verified ones, fine-tune on them at learning_rate in full batches of sft_batch_size; trainer/filtered.py)",
     )
     filtered_prompts: int = Field(16, ge=1, description="optimizer=filtered: prompts sampled per round")
+    filtered_sampler: Literal["rollout", "vllm", "generate"] = Field(
+        "rollout",
+        description="optimizer=filtered: what samples a round's answers (trainer/filtered_sampling.py): rollout (GRPO's "
+        "rollout copy of the policy, bf16 on a CPU that multiplies bf16 in hardware, re-synced after every optimiser "
+        "step), vllm (a vLLM server started for the stage, the trained weights reloaded into it after every step) or "
+        "generate (transformers' generate on the trained float32 model itself)",
+    )
     # --- GRPO
     learning_rate: float = Field(1e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
     num_generations: int = Field(16, ge=2, description="completions sampled per prompt (one GRPO group)")

@@ -114,6 +114,9 @@ def run_filtered_stage(*, train_path: Path, init_checkpoint: Path | str, out_dir
     from trainer.trl_setup import use_autocast
 
     bf16 = use_autocast(cfg) and not torch.cuda.is_available()
+    from trainer.filtered_sampling import FilteredSampler
+
+    sampler = FilteredSampler(cfg.filtered_sampler, bf16=bf16, log_dir=Path(out_dir) / "logs")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate, weight_decay=0.0)
     per_round = max(1, cfg.filtered_prompts)
     order = list(range(len(items)))
@@ -131,9 +134,9 @@ def run_filtered_stage(*, train_path: Path, init_checkpoint: Path | str, out_dir
             pos = 0
         chunk = [items[order[(pos + k) % len(order)]] for k in range(min(per_round, len(order)))]
         pos += len(chunk)
-        answers = sample(model, tok, [task.prompt(it, cfg.prompt_style) for it in chunk], n=cfg.num_generations,
-                         temperature=cfg.temperature, max_new_tokens=cfg.max_completion_length,
-                         enable_thinking=cfg.enable_thinking, bf16=bf16)
+        answers = sampler(model, tok, [task.prompt(it, cfg.prompt_style) for it in chunk], n=cfg.num_generations,
+                          temperature=cfg.temperature, max_new_tokens=cfg.max_completion_length,
+                          enable_thinking=cfg.enable_thinking, version=steps)
         examples = []
         ok_here = 0
         for it, outs in zip(chunk, answers, strict=True):
@@ -160,6 +163,7 @@ def run_filtered_stage(*, train_path: Path, init_checkpoint: Path | str, out_dir
         if progress:
             log.info("filtered round %d: %d/%d samples valid, %d kept, step %d/%s", rounds, ok_here,
                      len(chunk) * cfg.num_generations, len(examples), steps, cfg.max_steps)
+    sampler.close()
     out_dir = Path(out_dir)
     ckpt = out_dir / "checkpoint"
     tmp = ckpt.with_name("checkpoint.tmp")
@@ -193,6 +197,8 @@ def run_filtered_stage(*, train_path: Path, init_checkpoint: Path | str, out_dir
         "train/seconds": seconds,
         "train/seconds_per_step": seconds / steps if steps else None,
         "train/device": "cpu",
+        "train/sampler": sampler.label,
+        "train/sampler_sync_seconds": sampler.sync_seconds,
     }
     write_text_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=2, default=str) + "\n")
     return {"checkpoint": str(ckpt), "reward_state": None, "metrics": metrics}

@@ -10,17 +10,29 @@ from trainer.task import Task, load_task
 
 def greedy_valid_rate(
     model, tokenizer, instances: list, *, max_new_tokens: int = 128, batch_size: int = 8, prompt_style: str = "full",
-    task: str | Task = "mapf", **generate_kwargs,
+    task: str | Task = "mapf", sampler=None, **generate_kwargs,
 ) -> dict:
     """Greedy answers of `model` to `instances`, verified by the task: {valid_rate, optimal_rate, n, failures,
     by_size, sample, valid, answers} (`by_size`: valid rate per level, MAPF: per grid size; `sample`: the first answer, for a look at what
     fails; `valid`: each instance's verdict, in order, for paired comparisons; `answers`: each instance's
     {id, answer, failure}, in order). `generate_kwargs` go to `model.generate` (e.g. a `logits_processor`).
+    `sampler`: a `trainer.filtered_sampling.FilteredSampler` that answers instead of `model.generate` (the benches'
+    fast path: GRPO's bf16 rollout copy); it takes no `generate_kwargs`.
 
     A small in-process check for tests and benchmarks (the run's own evaluation is `nodes.evaluate`).
     """
     import torch
 
+    if sampler is not None:
+        if generate_kwargs:
+            raise ValueError(f"greedy_valid_rate with a sampler takes no generate arguments, got {sorted(generate_kwargs)}")
+        task = load_task(task)
+        texts = []
+        for i in range(0, len(instances), batch_size):
+            texts += [a[0] for a in sampler(model, tokenizer, [task.prompt(x, prompt_style)
+                                                               for x in instances[i:i + batch_size]],
+                                            n=1, temperature=0, max_new_tokens=max_new_tokens)]
+        return score_texts(instances, texts, task)
     was_training = model.training
     model.eval()
     side = tokenizer.padding_side

@@ -52,6 +52,8 @@ def stage_key(*, train_path, init_checkpoint, seed: int, cfg, run_dir=None) -> s
         keep.pop(bookkeeping, None)
     if keep.get("rollout_prepack") is None:  # at its default, the keys of attempts made before the setting existed stay as they were
         keep.pop("rollout_prepack", None)
+    if keep.get("filtered_sampler") == "rollout":  # likewise for the filtered stage's sampler at its default
+        keep.pop("filtered_sampler", None)
     train = Path(train_path).resolve()
     root = Path(run_dir).resolve() if run_dir is not None else train.parent.parent
     try:

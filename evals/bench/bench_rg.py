@@ -7,7 +7,8 @@ cached SFT warm start and after one stage from it, over seeds.
 
 1. The warm start: `trainer.sft.build_warm_start` on fresh gold answers over every level (cached, keyed by
    model, settings, task and `--warm-seed`), exactly as a run's stage 0 builds it.
-2. It answers `val` greedily (in-process, every answer scored by the dataset's own scorer).
+2. It answers `val` greedily (in-process, by `--sampler`: the bf16 rollout copy by default; every answer scored by
+   the dataset's own scorer).
 3. For each seed: one stage from the warm start on a fresh training set over `--levels` (every level unless
    given), by `--optimizer`: `grpo` (`trainer.stage.run_stage`, as a run trains) or `filtered`
    (`trainer.filtered.run_filtered_stage`: sample, keep verified answers, fine-tune on them). Then the same
@@ -41,13 +42,17 @@ RG_CPU = {
 }
 
 
-def evaluate(model_dir: Path, task, items, batch_size: int = 24) -> dict:
+def evaluate(model_dir: Path, task, items, batch_size: int = 24, sampler: str = "rollout") -> dict:
+    """Greedy answers of the checkpoint in `model_dir` to `items`, verified; `sampler`: what answers
+    (`trainer.filtered_sampling`: `rollout`, the bf16 rollout copy by default; `generate`, the float32 model)."""
     from llm_backends.checkpoints import load_checkpoint
+    from trainer.filtered_sampling import FilteredSampler
     from trainer.greedy import greedy_valid_rate
 
     model, tok = load_checkpoint(model_dir, dtype="float32")
-    return greedy_valid_rate(model, tok, items, max_new_tokens=16, batch_size=batch_size, prompt_style="compact",
-                             task=task)
+    with FilteredSampler(sampler) as answer:
+        return greedy_valid_rate(model, tok, items, max_new_tokens=16, batch_size=batch_size, prompt_style="compact",
+                                 task=task, sampler=answer)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--no-stage", action="store_true", help="measure the warm start only")
+    p.add_argument("--sampler", choices=("rollout", "generate", "vllm"), default="rollout",
+                   help="what answers the val questions (trainer/filtered_sampling.py): rollout (the bf16 rollout copy, "
+                        "default), generate (transformers' generate on the float32 model) or vllm")
     a = p.parse_args(argv)
 
     from env.rg import RgConfig
@@ -93,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     val = task.split("val")
     base = resolve_model("smollm2-135m")
     out: dict = json.loads(a.json.read_text()) if (a.resume and a.json and a.json.is_file()) else {}
+    if out.get("sampler", "generate") != a.sampler and out.get("start"):  # files written before the flag: generate
+        p.error(f"--resume with --sampler {a.sampler}: {a.json} was answered by {out.get('sampler', 'generate')}; "
+                "allowed: the same sampler")
+    out["sampler"] = a.sampler
     out.update({"task": a.task, "optimizer": a.optimizer, "settings": cfg.model_dump(mode="json"),
                 "levels": [lv.label for lv in task.levels]})
     out.setdefault("seeds", {})
@@ -103,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     if "start" not in out:
         t0 = time.perf_counter()
-        start = evaluate(Path(ws["path"]), task, val)
+        start = evaluate(Path(ws["path"]), task, val, sampler=a.sampler)
         out["start"] = {"valid_rate": start["valid_rate"], "by_level": start["by_size"], "valid": start["valid"],
                         "failures": start["failures"], "answers": start.get("answers"),
                         "seconds": time.perf_counter() - t0}
@@ -136,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 res = run_filtered_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=tmp / "stage",
                                          cfg=cfg, seed=seed, task=task)
             secs = time.perf_counter() - t0
-            after = evaluate(Path(res["checkpoint"]), task, val)
+            after = evaluate(Path(res["checkpoint"]), task, val, sampler=a.sampler)
         m = res["metrics"]
         steps = m.get("train/steps") or 1
         out["seeds"][str(seed)] = {"valid_rate": after["valid_rate"], "by_level": after["by_size"],
