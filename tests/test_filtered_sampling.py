@@ -1,6 +1,7 @@
 """The filtered stage's fast samplers (trainer/filtered_sampling.py) against transformers' generate on the embedded
 model: the same greedy verdicts on a fixed set of questions, except where float rounding flips a near tie (counted,
-and printed), and weights that follow the trained model's after each optimiser step."""
+and printed), and weights that follow the trained model's after each optimiser step. Also mean@k (sampled accuracy)
+of a scripted policy."""
 
 from __future__ import annotations
 
@@ -98,3 +99,32 @@ def test_the_rollout_copy_follows_the_weights_of_each_optimiser_step(embedded_mo
     assert ask(0) == before  # the same step: the copy is not synced again
     after = ask(1)
     assert after != before and sampler.syncs == 1  # synced once, after the step
+
+
+def test_mean_at_k_scores_every_sampled_answer_of_a_scripted_policy():
+    """A scripted policy right in 0, 1, 2 or 3 of its 3 samples of each question: its mean@3 is known."""
+    from tests.support.toy_task import ToyTask
+    from trainer.greedy import sampled_valid_rate
+
+    task = ToyTask()
+    items = task.make([1, 2], 8, seed=0)
+    right = {task.item_id(it): min(3, i % 4) for i, it in enumerate(items)}
+    asked = []
+
+    def scripted(model, tok, prompts, *, n, temperature, max_new_tokens):
+        asked.append((len(prompts), n, temperature))
+        out = []
+        for messages in prompts:
+            it = next(x for x in items if task.prompt(x, "compact") == messages)
+            k = right[task.item_id(it)]
+            out.append([task.gold(it)] * k + ["wrong"] * (n - k))
+        return out
+
+    r = sampled_valid_rate(None, None, items, sampler=scripted, k=3, temperature=0.7, batch_size=3,
+                           prompt_style="compact", task=task)
+    assert r["valid_counts"] == [right[task.item_id(it)] for it in items]
+    assert r["mean_at_k"] == sum(right.values()) / (3 * len(items))
+    for level in {task.level(it) for it in items}:
+        mine = [right[task.item_id(it)] for it in items if task.level(it) == level]
+        assert r["by_size"][level] == round(sum(mine) / (3 * len(mine)), 4)
+    assert asked == [(3, 3, 0.7), (3, 3, 0.7), (2, 3, 0.7)]  # batches of 3 questions, 3 samples each

@@ -72,3 +72,31 @@ def score_texts(instances: list, texts: list[str], task: str | Task = "mapf") ->
             "sample": texts[0] if texts else None, "valid": each,
             "answers": [{"id": task.item_id(i), "answer": t, "failure": v.label}
                         for i, t, v in zip(instances, texts, verdicts, strict=True)]}
+
+
+def sampled_valid_rate(
+    model, tokenizer, instances: list, *, sampler, k: int, temperature: float, max_new_tokens: int = 128,
+    batch_size: int = 8, prompt_style: str = "full", task: str | Task = "mapf",
+) -> dict:
+    """mean@k: `k` answers of `model` to each of `instances` sampled at `temperature` by `sampler` (a
+    `trainer.filtered_sampling.FilteredSampler`, or any callable of its signature), each verified by the task.
+
+    Returns {mean_at_k, k, temperature, n, by_size, valid_counts}: the share of the n x k answers that are valid, the
+    same per level, and each instance's count of valid answers (0..k, in order: for intervals over questions)."""
+    if k < 1 or temperature <= 0:
+        raise ValueError(f"mean@k with k={k}, temperature={temperature}: allowed: k >= 1 and a temperature above 0")
+    task = load_task(task)
+    counts: list[int] = []
+    for i in range(0, len(instances), batch_size):
+        chunk = instances[i:i + batch_size]
+        answers = sampler(model, tokenizer, [task.prompt(x, prompt_style) for x in chunk], n=k,
+                          temperature=temperature, max_new_tokens=max_new_tokens)
+        if len(answers) != len(chunk) or any(len(a) != k for a in answers):
+            raise ValueError(f"the sampler gave {[len(a) for a in answers]} answers for {len(chunk)} questions x {k}")
+        counts += [sum(bool(task.verify(x, t).valid) for t in outs) for x, outs in zip(chunk, answers, strict=True)]
+    per_size: dict[int, list[int]] = {}
+    for inst, c in zip(instances, counts, strict=True):
+        per_size.setdefault(task.level(inst), []).append(c)
+    return {"mean_at_k": sum(counts) / max(1, k * len(instances)), "k": k, "temperature": temperature,
+            "n": len(instances), "by_size": {s: round(sum(v) / (k * len(v)), 4) for s, v in sorted(per_size.items())},
+            "valid_counts": counts}
