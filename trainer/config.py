@@ -87,6 +87,13 @@ class TrainConfig(BaseModel):
         "that keeps nothing takes no step and keeps the start's weights. 0: no budget, the stage runs max_steps "
         "optimiser steps (giving up after 50 rounds a step that keep nothing), or one pass over its items",
     )
+    filtered_sampler: Literal["rollout", "vllm", "generate"] = Field(
+        "rollout",
+        description="optimizer=filtered: what samples a round's answers (trainer/filtered_sampling.py): rollout (GRPO's "
+        "rollout copy of the policy, bf16 on a CPU that multiplies bf16 in hardware, re-synced after every optimiser "
+        "step), vllm (a vLLM server started for the stage, the trained weights reloaded into it after every step) or "
+        "generate (transformers' generate on the trained float32 model itself)",
+    )
     # --- GRPO
     learning_rate: float = Field(1e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
     num_generations: int = Field(16, ge=2, description="completions sampled per prompt (one GRPO group)")

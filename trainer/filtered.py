@@ -108,6 +108,19 @@ def sft_steps(model, tok, examples: list[tuple[list[int], int]], opt, batch_size
     return losses
 
 
+def level_metrics(st: dict) -> dict[str, float]:
+    """The stage's training signal per level (`train/level/<level>/...`, as GRPO's rewards record it): answers
+    sampled, their valid rate (the reward: 1 for a verified answer), and the verified answers kept."""
+    out: dict[str, float] = {}
+    for lv, (sampled, valid, kept) in sorted((st.get("levels") or {}).items(), key=lambda kv: int(kv[0])):
+        if sampled:
+            out[f"train/level/{lv}/completions"] = sampled
+            out[f"train/level/{lv}/valid_rate"] = valid / sampled
+            out[f"train/level/{lv}/reward_mean"] = valid / sampled
+            out[f"train/level/{lv}/kept"] = kept
+    return out
+
+
 def train_filtered(prep: StagePrep) -> dict:
     """Train the prepared stage by reward-filtered fine-tuning (see the module docstring); returns
     {"checkpoint", "reward_state": None, "metrics"} like `trainer.grpo_stage.train_grpo`."""
@@ -123,6 +136,9 @@ def train_filtered(prep: StagePrep) -> dict:
     set_seed(prep.seed)
     rng = random.Random(prep.seed)
     bf16 = use_autocast(cfg) and not torch.cuda.is_available()
+    from trainer.filtered_sampling import FilteredSampler
+
+    sampler = FilteredSampler(cfg.filtered_sampler, bf16=bf16, log_dir=Path(out_dir) / "logs")
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate, weight_decay=0.0)
     per_round = max(1, cfg.filtered_prompts)
     order = list(range(len(items)))
@@ -130,7 +146,8 @@ def train_filtered(prep: StagePrep) -> dict:
     # the loop's state: everything a resumed stage needs besides the weights, the optimiser and the RNGs
     st = {"rounds": 0, "steps": 0, "sampled": 0, "kept": 0, "pos": 0, "order": order,
           "pending": [],  # verified examples not yet trained on: [(ids, prompt_len)]
-          "losses": [], "valid_rates": []}
+          "losses": [], "valid_rates": [],
+          "levels": {}}  # per level: [answers sampled, valid, verified examples kept]
     metrics = prep.metrics
     if prep.resume is not None:
         st = stage_resume.load_filtered(prep.resume[0], model, opt, rng)
@@ -152,53 +169,60 @@ def train_filtered(prep: StagePrep) -> dict:
                                 f"{state['rounds']}, saved in {folder.parent.name}/{folder.name}: a resume continues "
                                 "from it")
 
-    while st["steps"] < max_steps and st["rounds"] < max_rounds:
-        room = len(order) if not budget else (budget - st["sampled"]) // cfg.num_generations
-        if room <= 0:
-            break
-        at_start = stage_resume.filtered_snapshot(st, rng)  # the round's start: what a stop during it saves
-        if stop_requested():
-            raise stopped(*at_start)
-        order = st["order"]
-        if st["pos"] >= len(order):
-            rng.shuffle(order)
-            st["pos"] = 0
-        chunk = [items[order[(st["pos"] + k) % len(order)]] for k in range(min(per_round, len(order), room))]
-        st["pos"] += len(chunk)
-        answers = sample(model, tok, [task.prompt(it, cfg.prompt_style) for it in chunk], n=cfg.num_generations,
-                         temperature=cfg.temperature, max_new_tokens=cfg.max_completion_length,
-                         enable_thinking=cfg.enable_thinking, bf16=bf16)
-        if stop_requested():  # the round is given up: its samples are drawn again on resume
-            raise stopped(*at_start)
-        examples = []
-        ok_here = 0
-        for it, outs in zip(chunk, answers, strict=True):
-            seen = set()
-            for text in outs:
-                st["sampled"] += 1
-                if task.verify(it, text).valid:
-                    ok_here += 1
-                    key = text.strip()
-                    if key not in seen:
-                        seen.add(key)
-                        examples.append(_encode(tok, task.prompt(it, cfg.prompt_style), key, cfg.enable_thinking))
-        st["valid_rates"].append(ok_here / max(1, len(chunk) * cfg.num_generations))
-        st["kept"] += len(examples)
-        st["rounds"] += 1
-        st["pending"] += examples
-        full = len(st["pending"]) // cfg.sft_batch_size  # optimiser steps on full batches only: a step on 3 examples is noise
-        if full:
-            take = int(min(full, max_steps - st["steps"])) * cfg.sft_batch_size
-            got = sft_steps(model, tok, st["pending"][:take], opt, cfg.sft_batch_size, rng)
-            st["pending"] = st["pending"][take:]
-            st["losses"] += got
-            st["steps"] += len(got)
-        if prep.progress:
-            log.info("filtered round %d: %d/%d samples valid, %d kept, step %d%s, samples %d%s", st["rounds"], ok_here,
-                     len(chunk) * cfg.num_generations, len(examples), st["steps"],
-                     "" if budget else f"/{cfg.max_steps}", st["sampled"], f"/{budget}" if budget else "")
-        if cfg.save_steps and st["rounds"] % cfg.save_steps == 0:
-            save(*stage_resume.filtered_snapshot(st, rng))
+    try:
+        while st["steps"] < max_steps and st["rounds"] < max_rounds:
+            room = len(order) if not budget else (budget - st["sampled"]) // cfg.num_generations
+            if room <= 0:
+                break
+            at_start = stage_resume.filtered_snapshot(st, rng)  # the round's start: what a stop during it saves
+            if stop_requested():
+                raise stopped(*at_start)
+            order = st["order"]
+            if st["pos"] >= len(order):
+                rng.shuffle(order)
+                st["pos"] = 0
+            chunk = [items[order[(st["pos"] + k) % len(order)]] for k in range(min(per_round, len(order), room))]
+            st["pos"] += len(chunk)
+            answers = sampler(model, tok, [task.prompt(it, cfg.prompt_style) for it in chunk], n=cfg.num_generations,
+                              temperature=cfg.temperature, max_new_tokens=cfg.max_completion_length,
+                              enable_thinking=cfg.enable_thinking, version=st["steps"])
+            if stop_requested():  # the round is given up: its samples are drawn again on resume
+                raise stopped(*at_start)
+            examples = []
+            ok_here = 0
+            for it, outs in zip(chunk, answers, strict=True):
+                seen = set()
+                per = st.setdefault("levels", {}).setdefault(str(task.level(it)), [0, 0, 0])
+                for text in outs:
+                    st["sampled"] += 1
+                    per[0] += 1
+                    if task.verify(it, text).valid:
+                        ok_here += 1
+                        per[1] += 1
+                        key = text.strip()
+                        if key not in seen:
+                            seen.add(key)
+                            per[2] += 1
+                            examples.append(_encode(tok, task.prompt(it, cfg.prompt_style), key, cfg.enable_thinking))
+            st["valid_rates"].append(ok_here / max(1, len(chunk) * cfg.num_generations))
+            st["kept"] += len(examples)
+            st["rounds"] += 1
+            st["pending"] += examples
+            full = len(st["pending"]) // cfg.sft_batch_size  # optimiser steps on full batches only: a step on 3 examples is noise
+            if full:
+                take = int(min(full, max_steps - st["steps"])) * cfg.sft_batch_size
+                got = sft_steps(model, tok, st["pending"][:take], opt, cfg.sft_batch_size, rng)
+                st["pending"] = st["pending"][take:]
+                st["losses"] += got
+                st["steps"] += len(got)
+            if prep.progress:
+                log.info("filtered round %d: %d/%d samples valid, %d kept, step %d%s, samples %d%s", st["rounds"], ok_here,
+                         len(chunk) * cfg.num_generations, len(examples), st["steps"],
+                         "" if budget else f"/{cfg.max_steps}", st["sampled"], f"/{budget}" if budget else "")
+            if cfg.save_steps and st["rounds"] % cfg.save_steps == 0:
+                save(*stage_resume.filtered_snapshot(st, rng))
+    finally:
+        sampler.close()  # a vLLM sampler's server stops with the stage, stopped or not
     steps, rounds, sampled, kept_n = st["steps"], st["rounds"], st["sampled"], st["kept"]
     losses, valid_rates = st["losses"], st["valid_rates"]
     if prep.progress and kept_n == 0:
@@ -238,6 +262,9 @@ def train_filtered(prep: StagePrep) -> dict:
         "train/seconds": seconds,
         "train/seconds_per_step": seconds / steps if steps else None,
         "train/device": "cpu",
+        "train/sampler": sampler.label,
+        "train/sampler_sync_seconds": sampler.sync_seconds,
+        **level_metrics(st),
     })
     write_text_atomic(out_dir / "metrics.json", json.dumps(metrics, indent=2, default=str) + "\n")
     return {"checkpoint": str(ckpt), "reward_state": None, "metrics": metrics}

@@ -60,6 +60,8 @@ def stage_key(*, train_path, init_checkpoint, seed: int, cfg, run_dir=None) -> s
         keep.pop("rollout_prepack", None)
     if not keep.get("stage_samples"):  # the same for the filtered stage's budget, off
         keep.pop("stage_samples", None)
+    if keep.get("filtered_sampler") == "rollout":  # likewise for the filtered stage's sampler at its default
+        keep.pop("filtered_sampler", None)
     train = Path(train_path).resolve()
     root = Path(run_dir).resolve() if run_dir is not None else train.parent.parent
     try:
@@ -147,7 +149,8 @@ def filtered_snapshot(state: dict, rng) -> tuple[dict, dict]:
     its sampling), taken at a round boundary: what `save_filtered` writes."""
     import torch
 
-    copy = {k: (list(v) if isinstance(v, list) else v) for k, v in state.items()}
+    copy = {k: (list(v) if isinstance(v, list) else json.loads(json.dumps(v)) if isinstance(v, dict) else v)
+            for k, v in state.items()}
     rngs = {"python": rng.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rngs["cuda"] = torch.cuda.get_rng_state_all()

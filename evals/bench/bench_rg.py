@@ -7,7 +7,8 @@ cached SFT warm start and after one stage from it, over seeds.
 
 1. The warm start: `trainer.sft.build_warm_start` on fresh gold answers over every level (cached, keyed by
    model, settings, task and `--warm-seed`), exactly as a run's stage 0 builds it.
-2. It answers `val` greedily (in-process, every answer scored by the dataset's own scorer).
+2. It answers `val` greedily (in-process, by `--sampler`: the bf16 rollout copy by default; every answer scored by
+   the dataset's own scorer).
 3. For each seed: one stage from the warm start on a fresh training set over `--levels` (every level unless
    given), by `--optimizer`: `grpo` (`trainer.stage.run_stage`, as a run trains) or `filtered`
    (`trainer.filtered.train_filtered`: sample, keep verified answers, fine-tune on them). Then the same
@@ -15,7 +16,7 @@ cached SFT warm start and after one stage from it, over seeds.
 
 Printed: the rate per level before and after each seed, the gain per seed, the mean gain with a 95 % interval (a
 two-way bootstrap over seeds and the `val` questions they share, `evals.intervals`), seconds per stage and per
-step. `--json` keeps every figure and every answer, rewritten after each seed; `--resume` skips finished seeds.
+step. With `--sampled K`, the same for mean@K: K answers a question sampled at the stage's temperature. `--json` keeps every figure and every answer, rewritten after each seed; `--resume` skips finished seeds.
 """
 
 from __future__ import annotations
@@ -41,13 +42,30 @@ RG_CPU = {
 }
 
 
-def evaluate(model_dir: Path, task, items, batch_size: int = 24) -> dict:
+def evaluate(model_dir: Path, task, items, batch_size: int = 24, sampler: str = "rollout", k: int = 0,
+             temperature: float = 0.7) -> dict:
+    """Greedy answers of the checkpoint in `model_dir` to `items`, verified; `sampler`: what answers
+    (`trainer.filtered_sampling`: `rollout`, the bf16 rollout copy by default; `generate`, the float32 model).
+    With `k`, also mean@k: `k` answers a question sampled at `temperature` (`trainer.greedy.sampled_valid_rate`)."""
     from llm_backends.checkpoints import load_checkpoint
-    from trainer.greedy import greedy_valid_rate
+    from trainer.filtered_sampling import FilteredSampler
+    from trainer.greedy import greedy_valid_rate, sampled_valid_rate
 
     model, tok = load_checkpoint(model_dir, dtype="float32")
-    return greedy_valid_rate(model, tok, items, max_new_tokens=16, batch_size=batch_size, prompt_style="compact",
-                             task=task)
+    with FilteredSampler(sampler) as answer:
+        r = greedy_valid_rate(model, tok, items, max_new_tokens=16, batch_size=batch_size, prompt_style="compact",
+                              task=task, sampler=answer)
+        if k:
+            r["sampled"] = sampled_valid_rate(model, tok, items, sampler=answer, k=k, temperature=temperature,
+                                              max_new_tokens=16, batch_size=batch_size, prompt_style="compact",
+                                              task=task)
+    return r
+
+
+def _sampled_line(r: dict) -> str:
+    s = r.get("sampled")
+    return "" if not s else (f" | mean@{s['k']} at T {s['temperature']:g}: {100 * s['mean_at_k']:.1f} % | by level "
+                             + " ".join(f"{k}:{100 * v:.0f}" for k, v in s["by_size"].items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--no-stage", action="store_true", help="measure the warm start only")
+    p.add_argument("--sampler", choices=("rollout", "generate", "vllm"), default="rollout",
+                   help="what answers the val questions (trainer/filtered_sampling.py): rollout (the bf16 rollout copy, "
+                        "default), generate (transformers' generate on the float32 model) or vllm")
+    p.add_argument("--sampled", type=int, default=0, metavar="K",
+                   help="also score K answers a val question sampled at --sampled-temperature (mean@K; 0: greedy only)")
+    p.add_argument("--sampled-temperature", type=float, default=None,
+                   help="temperature of those answers (default: the stage's training temperature)")
     a = p.parse_args(argv)
 
     from env.rg import RgConfig
@@ -90,9 +115,16 @@ def main(argv: list[str] | None = None) -> int:
         from graph.settings import _first_error
 
         p.error(f"--set: {_first_error(e)}")
+    temperature = cfg.temperature if a.sampled_temperature is None else a.sampled_temperature
+    if a.sampled < 0 or (a.sampled and temperature <= 0):
+        p.error(f"--sampled {a.sampled} at temperature {temperature}: allowed: K >= 0, and a temperature above 0")
     val = task.split("val")
     base = resolve_model("smollm2-135m")
     out: dict = json.loads(a.json.read_text()) if (a.resume and a.json and a.json.is_file()) else {}
+    if out.get("sampler", "generate") != a.sampler and out.get("start"):  # files written before the flag: generate
+        p.error(f"--resume with --sampler {a.sampler}: {a.json} was answered by {out.get('sampler', 'generate')}; "
+                "allowed: the same sampler")
+    out["sampler"] = a.sampler
     out.update({"task": a.task, "optimizer": a.optimizer, "settings": cfg.model_dump(mode="json"),
                 "levels": [lv.label for lv in task.levels]})
     out.setdefault("seeds", {})
@@ -103,14 +135,14 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     if "start" not in out:
         t0 = time.perf_counter()
-        start = evaluate(Path(ws["path"]), task, val)
+        start = evaluate(Path(ws["path"]), task, val, sampler=a.sampler, k=a.sampled, temperature=temperature)
         out["start"] = {"valid_rate": start["valid_rate"], "by_level": start["by_size"], "valid": start["valid"],
                         "failures": start["failures"], "answers": start.get("answers"),
-                        "seconds": time.perf_counter() - t0}
+                        "seconds": time.perf_counter() - t0, "sampled": start.get("sampled")}
         _save(a.json, out)
     start = out["start"]
     print(f"warm start on val ({len(val)}): {100 * start['valid_rate']:.1f} % | by level "
-          + " ".join(f"{k}:{100 * v:.0f}" for k, v in start["by_level"].items()), flush=True)
+          + " ".join(f"{k}:{100 * v:.0f}" for k, v in start["by_level"].items()) + _sampled_line(start), flush=True)
     if a.no_stage:
         return 0
 
@@ -130,17 +162,19 @@ def main(argv: list[str] | None = None) -> int:
             res = run_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=tmp / "stage", cfg=cfg,
                             seed=seed, reward_state=None, warm_start=False, progress=False, task=task)
             secs = time.perf_counter() - t0
-            after = evaluate(Path(res["checkpoint"]), task, val)
+            after = evaluate(Path(res["checkpoint"]), task, val, sampler=a.sampler, k=a.sampled,
+                             temperature=temperature)
         m = res["metrics"]
         steps = m.get("train/steps") or 1
         out["seeds"][str(seed)] = {"valid_rate": after["valid_rate"], "by_level": after["by_size"],
                                    "valid": after["valid"], "failures": after["failures"],
                                    "answers": after.get("answers"), "seconds": secs, "steps": steps,
-                                   "metrics": {k: v for k, v in m.items() if isinstance(v, int | float)}}
+                                   "metrics": {k: v for k, v in m.items() if isinstance(v, int | float)},
+                                   "sampled": after.get("sampled")}
         _save(a.json, out)
         print(f"seed {seed}: {100 * after['valid_rate']:.1f} % ({100 * (after['valid_rate'] - start['valid_rate']):+.1f})"
               f" in {secs:.0f} s ({secs / steps:.1f} s/step) | by level "
-              + " ".join(f"{k}:{100 * v:.0f}" for k, v in after["by_size"].items()), flush=True)
+              + " ".join(f"{k}:{100 * v:.0f}" for k, v in after["by_size"].items()) + _sampled_line(after), flush=True)
     seeds = sorted(out["seeds"], key=int)
     gains = [out["seeds"][s]["valid_rate"] - start["valid_rate"] for s in seeds]
     if gains:
@@ -148,6 +182,15 @@ def main(argv: list[str] | None = None) -> int:
                                                                      strict=True)] for s in seeds])
         print(f"mean gain over {len(gains)} seed(s): {100 * statistics.fmean(gains):+.1f} points, 95 % interval "
               f"[{100 * lo:+.1f}, {100 * hi:+.1f}] (two-way bootstrap: seeds and the val questions)", flush=True)
+    sampled = [s for s in seeds if out["seeds"][s].get("sampled")]
+    if sampled and start.get("sampled"):
+        k0, before = start["sampled"]["k"], start["sampled"]["valid_counts"]
+        rows = [[(x - y) / k0 for x, y in zip(out["seeds"][s]["sampled"]["valid_counts"], before, strict=True)]
+                for s in sampled]
+        lo, hi = crossed_interval(rows)
+        gain = statistics.fmean(statistics.fmean(r) for r in rows)
+        print(f"mean@{k0} gain over {len(rows)} seed(s): {100 * gain:+.1f} points, 95 % interval [{100 * lo:+.1f}, "
+              f"{100 * hi:+.1f}] (two-way bootstrap: seeds and the val questions; {k0} samples a question)", flush=True)
     return 0
 
 

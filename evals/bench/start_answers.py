@@ -1,7 +1,7 @@
 """A warm start's greedy answers to an evaluation split, kept in the cache so that later benches of the same start
 on the same machine do not answer again (`evals.bench.bench_learning`; each seed often runs in its own process).
 
-Kept per (weights, split and its instance ids, answer limit, prompt style, CPU, torch, thread count): float32
+Kept per (weights, split and its instance ids, answer limit, prompt style, sampler, CPU, torch, thread count): float32
 kernels that sum in another order flip near-tied greedy tokens of this marginal policy, so answers computed
 elsewhere are not reused. A kept answer is only text: it is verified again by `env.verify` on every reuse.
 """
@@ -16,12 +16,13 @@ from pathlib import Path
 from trainer.provenance import cpu_id
 
 
-def spec(weights: dict, split: str, val: list, max_new: int, prompt_style: str) -> dict:
+def spec(weights: dict, split: str, val: list, max_new: int, prompt_style: str, sampler: str = "generate") -> dict:
     """What a warm start's greedy answers to the evaluation split depend on: its weights, the instances, the answer
-    limit and prompt, and the machine that computes them (CPU, torch, threads)."""
+    limit and prompt, the sampler that answers (`trainer.filtered_sampling`: answers kept before it was named were
+    transformers' generate) and the machine that computes them (CPU, torch, threads)."""
     import torch
 
-    return {"weights": weights, "split": split, "ids": [x.id for x in val], "max_new_tokens": max_new,
+    return {**({} if sampler == "generate" else {"sampler": sampler}), "weights": weights, "split": split, "ids": [x.id for x in val], "max_new_tokens": max_new,
             "prompt_style": prompt_style, "batch_size": 16, "cpu": cpu_id(), "torch": torch.__version__,
             "threads": torch.get_num_threads()}
 
