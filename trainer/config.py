@@ -79,12 +79,13 @@ class TrainConfig(BaseModel):
         "num_generations answers a prompt, keep the verified ones, fine-tune on them at learning_rate in full batches of sft_batch_size; trainer/filtered.py)",
     )
     filtered_prompts: int = Field(16, ge=1, description="optimizer=filtered: prompts sampled per round")
-    filtered_sampler: Literal["rollout", "vllm", "generate"] = Field(
+    filtered_sampler: Literal["rollout", "vllm", "generate", "auto"] = Field(
         "rollout",
         description="optimizer=filtered: what samples a round's answers (trainer/filtered_sampling.py): rollout (GRPO's "
         "rollout copy of the policy, bf16 on a CPU that multiplies bf16 in hardware, re-synced after every optimiser "
-        "step), vllm (a vLLM server started for the stage, the trained weights reloaded into it after every step) or "
-        "generate (transformers' generate on the trained float32 model itself)",
+        "step), vllm (a vLLM server started for the stage, the trained weights reloaded into it after every step; "
+        "the fastest on 2 cores, evals/bench/bench_filtered_sampling.py), generate (transformers' generate on the "
+        "trained float32 model itself) or auto (vllm where vLLM's CPU build is installed, else rollout)",
     )
     # --- GRPO
     learning_rate: float = Field(1e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
@@ -394,7 +395,8 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # digits): a full fine-tuning warm start on gold answers (150 steps x 16, cached: 19.4 % greedy on val), then per
     # stage reward-filtered fine-tuning (trainer/filtered.py): rounds of 32 prompts x 8 samples at temperature 0.7,
     # 16 steps on full batches of 16 verified answers at lr 2e-5. The least harmful stage measured (-1.4 points,
-    # one seed); no stage measured gained (evals/results/rg_candidates).
+    # one seed); no stage measured gained (evals/results/rg_candidates). Its rounds are sampled by a vLLM server
+    # where vLLM's CPU build is installed (trainer/filtered_sampling.py), the trained weights reloaded every step.
     "rg-cpu": {
         "prompt_style": "compact",
         "instances_per_stage": 512,
@@ -403,6 +405,7 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "max_completion_length": 16,
         "optimizer": "filtered",
         "filtered_prompts": 32,
+        "filtered_sampler": "auto",
         "num_generations": 8,
         "temperature": 0.7,
         "learning_rate": 2e-5,
