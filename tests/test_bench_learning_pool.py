@@ -170,8 +170,11 @@ def test_resume_needs_its_file_and_refuses_another_experiment(tmp_path, capsys):
     old = json.loads(_file(tmp_path, "old.json", [0], grpo_sizes=[3, 4, 5]).read_text())
     del old["seeds"][0]["diffs"]  # no per-instance answers: the interval could not be recomputed after a new seed
     (tmp_path / "old.json").write_text(json.dumps({**old, "train_config": other_cfg}))
+    with pytest.raises(SystemExit):  # answered by transformers' generate, as every file before --sampler
+        main(["--json", str(tmp_path / "old.json"), "--resume", "--sampler", "vllm"])
+    assert "--resume: " in (err := capsys.readouterr().err) and "sampler differs" in err
     with pytest.raises(SystemExit):
-        main(["--json", str(tmp_path / "old.json"), "--resume"])
+        main(["--json", str(tmp_path / "old.json"), "--resume", "--sampler", "generate"])
     assert "--resume: " in (err := capsys.readouterr().err) and "seeds [0] have no per-instance answers" in err
     broken = tmp_path / "broken.json"
     broken.write_text('{"preset": ')  # half-written by hand: the writer itself never leaves one

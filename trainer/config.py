@@ -87,12 +87,13 @@ class TrainConfig(BaseModel):
         "that keeps nothing takes no step and keeps the start's weights. 0: no budget, the stage runs max_steps "
         "optimiser steps (giving up after 50 rounds a step that keep nothing), or one pass over its items",
     )
-    filtered_sampler: Literal["rollout", "vllm", "generate"] = Field(
+    filtered_sampler: Literal["rollout", "vllm", "generate", "auto"] = Field(
         "rollout",
         description="optimizer=filtered: what samples a round's answers (trainer/filtered_sampling.py): rollout (GRPO's "
         "rollout copy of the policy, bf16 on a CPU that multiplies bf16 in hardware, re-synced after every optimiser "
-        "step), vllm (a vLLM server started for the stage, the trained weights reloaded into it after every step) or "
-        "generate (transformers' generate on the trained float32 model itself)",
+        "step), vllm (a vLLM server started for the stage, the trained weights reloaded into it after every step; "
+        "the fastest on 2 cores, evals/bench/bench_filtered_sampling.py), generate (transformers' generate on the "
+        "trained float32 model itself) or auto (vllm where vLLM's CPU build is installed, else rollout)",
     )
     # --- GRPO
     learning_rate: float = Field(1e-5, gt=0, description="GRPO optimiser learning rate (AdamW)")
@@ -416,6 +417,8 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # spent (30 rounds: what the 16-step stage measured in evals/results/rg_candidates sampled, the least harmful
     # stage there, -1.4 points, one seed; no stage measured gained), the same on easy levels and on levels where
     # nothing is right. An in-stage checkpoint every 5 rounds (a resume redoes at most 5).
+    # Its rounds are sampled by a vLLM server where vLLM's CPU build is installed (trainer/filtered_sampling.py),
+    # the trained weights reloaded every step.
     "rg-cpu": {
         "prompt_style": "compact",
         "instances_per_stage": 512,
@@ -424,6 +427,7 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         "max_completion_length": 16,
         "optimizer": "filtered",
         "filtered_prompts": 32,
+        "filtered_sampler": "auto",
         "num_generations": 8,
         "temperature": 0.7,
         "learning_rate": 2e-5,

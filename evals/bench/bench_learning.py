@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
                    help="train only on instances whose optimal makespan is at least K (0: every instance; the "
                    "start is valid on 50 %% of val-small's makespan-1 maps and on none of makespan 5 or more)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="greedy answer limit (default: the preset's)")
-    p.add_argument("--sampler", choices=("rollout", "generate", "vllm"), default="rollout", help="what answers "
-                   "greedily (trainer/filtered_sampling.py; default rollout: the bf16 rollout copy)")
+    p.add_argument("--sampler", choices=("auto", "rollout", "generate", "vllm"), default="rollout", help="what answers "
+                   "greedily (trainer/filtered_sampling.py; default: the bf16 rollout copy; auto: vllm where installed)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override any TrainConfig field (JSON value), e.g. --set learning_rate=1e-4")
     p.add_argument("--json", type=Path, default=None,
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
     from llm_backends.checkpoints import load_checkpoint
     from llm_backends.models import resolve_model
     from trainer.config import TrainConfig
-    from trainer.filtered_sampling import FilteredSampler
+    from trainer.filtered_sampling import FilteredSampler, resolve_sampler
     from trainer.greedy import greedy_valid_rate
     from trainer.sft import build_warm_start, warm_start_levels
     from trainer.stage import run_stage
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
     if a.grpo_min_makespan < 0:
         p.error(f"--grpo-min-makespan {a.grpo_min_makespan}: allowed: 0 (off) or a makespan of at least 1")
     head = {"preset": a.preset, "split": a.split, "instances": len(val), "grpo_sizes": sorted(sizes),
-            "grpo_holes": list(holes), "grpo_min_makespan": a.grpo_min_makespan, "sampler": a.sampler,
+            "grpo_holes": list(holes), "grpo_min_makespan": a.grpo_min_makespan, "sampler": resolve_sampler(a.sampler),
             "train_config": cfg.model_dump(mode="json")}
     if (holes_of_val := eval_holes(val)) is not None:
         head["eval_holes"] = holes_of_val
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
     where = f", built on {built['machine'].get('cpu')} at {built.get('started_at')}" if built.get("machine") else ""
     print(f"warm start: {'reused' if ws['hit'] else 'built'} {ws['path']} ({time.perf_counter() - t0:.0f} s{where})",
           flush=True)
-    spec = start_answers.spec(ws["weights"], a.split, val, max_new, cfg.prompt_style, a.sampler)
+    spec = start_answers.spec(ws["weights"], a.split, val, max_new, cfg.prompt_style, resolve_sampler(a.sampler))
     if (before := None if a.no_start_cache else start_answers.cached(spec, val)) is not None:
         print(f"warm start: greedy answers reused from {start_answers.path(spec)}, re-verified", flush=True)
     else:
@@ -377,8 +377,8 @@ def summarize(head: dict, runs: list[dict]) -> dict:
 
 # Not the preset's name: the whole train_config is compared, so `--preset cpu-long` pools with `--preset cpu` and the
 # same values set by hand (`--set sft_steps=300 ...`), which is how the preset's own figures were measured.
-POOL_SAME = ("split", "instances", "grpo_sizes", "grpo_holes", "grpo_min_makespan", "train_config")
-POOL_DEFAULTS = {"grpo_holes": [0.2], "grpo_min_makespan": 0}  # what a file from before the field existed ran with
+POOL_SAME = ("split", "instances", "grpo_sizes", "grpo_holes", "grpo_min_makespan", "train_config", "sampler")
+POOL_DEFAULTS = {"grpo_holes": [0.2], "grpo_min_makespan": 0, "sampler": "generate"}  # what a file from before the field existed ran with
 
 
 def _short(weights: dict[str, str]) -> str:

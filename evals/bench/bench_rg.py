@@ -42,23 +42,24 @@ RG_CPU = {
 }
 
 
-def evaluate(model_dir: Path, task, items, batch_size: int = 24, sampler: str = "rollout", k: int = 0,
+def evaluate(model_dir: Path, task, items, sampler, version: int, batch_size: int = 24, k: int = 0,
              temperature: float = 0.7) -> dict:
-    """Greedy answers of the checkpoint in `model_dir` to `items`, verified; `sampler`: what answers
-    (`trainer.filtered_sampling`: `rollout`, the bf16 rollout copy by default; `generate`, the float32 model).
-    With `k`, also mean@k: `k` answers a question sampled at `temperature` (`trainer.greedy.sampled_valid_rate`)."""
+    """Greedy answers of the checkpoint in `model_dir` to `items`, verified, by `sampler` (a
+    `trainer.filtered_sampling.FilteredSampler`, kept over the evaluations: a vLLM server reloads the checkpoint's
+    weights, `version` telling it they are new). With `k`, also mean@k: `k` answers a question sampled at
+    `temperature` (`trainer.greedy.sampled_valid_rate`)."""
+    import functools
+
     from llm_backends.checkpoints import load_checkpoint
-    from trainer.filtered_sampling import FilteredSampler
     from trainer.greedy import greedy_valid_rate, sampled_valid_rate
 
     model, tok = load_checkpoint(model_dir, dtype="float32")
-    with FilteredSampler(sampler) as answer:
-        r = greedy_valid_rate(model, tok, items, max_new_tokens=16, batch_size=batch_size, prompt_style="compact",
-                              task=task, sampler=answer)
-        if k:
-            r["sampled"] = sampled_valid_rate(model, tok, items, sampler=answer, k=k, temperature=temperature,
-                                              max_new_tokens=16, batch_size=batch_size, prompt_style="compact",
-                                              task=task)
+    answer = functools.partial(sampler, version=version)
+    r = greedy_valid_rate(model, tok, items, max_new_tokens=16, batch_size=batch_size, prompt_style="compact",
+                          task=task, sampler=answer)
+    if k:
+        r["sampled"] = sampled_valid_rate(model, tok, items, sampler=answer, k=k, temperature=temperature,
+                                          max_new_tokens=16, batch_size=batch_size, prompt_style="compact", task=task)
     return r
 
 
@@ -80,20 +81,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--no-stage", action="store_true", help="measure the warm start only")
-    p.add_argument("--sampler", choices=("rollout", "generate", "vllm"), default="rollout",
-                   help="what answers the val questions (trainer/filtered_sampling.py): rollout (the bf16 rollout copy, "
-                        "default), generate (transformers' generate on the float32 model) or vllm")
+    p.add_argument("--sampler", choices=("auto", "rollout", "generate", "vllm"), default="auto",
+                   help="what answers the val questions (trainer/filtered_sampling.py): vllm (a server, each checkpoint "
+                        "reloaded into it), rollout (the bf16 rollout copy), generate (transformers' generate on the "
+                        "float32 model) or auto (default: vllm where its CPU build is installed, else rollout)")
     p.add_argument("--sampled", type=int, default=0, metavar="K",
                    help="also score K answers a val question sampled at --sampled-temperature (mean@K; 0: greedy only)")
     p.add_argument("--sampled-temperature", type=float, default=None,
                    help="temperature of those answers (default: the stage's training temperature)")
     a = p.parse_args(argv)
 
-    from env.rg import RgConfig
-    from evals.intervals import crossed_interval
-    from llm_backends.models import resolve_model
     from trainer.config import TrainConfig
-    from trainer.sft import build_warm_start, warm_start_levels
+    from trainer.filtered_sampling import FilteredSampler, resolve_sampler
     from trainer.task import load_task
 
     try:
@@ -118,13 +117,27 @@ def main(argv: list[str] | None = None) -> int:
     temperature = cfg.temperature if a.sampled_temperature is None else a.sampled_temperature
     if a.sampled < 0 or (a.sampled and temperature <= 0):
         p.error(f"--sampled {a.sampled} at temperature {temperature}: allowed: K >= 0, and a temperature above 0")
+    out: dict = json.loads(a.json.read_text()) if (a.resume and a.json and a.json.is_file()) else {}
+    how = resolve_sampler(a.sampler)
+    if out.get("sampler", "generate") != how and out.get("start"):  # files written before the flag: generate
+        p.error(f"--resume with --sampler {a.sampler} ({how}): {a.json} was answered by "
+                f"{out.get('sampler', 'generate')}; allowed: the same sampler")
+    out["sampler"] = how
+    sampler = FilteredSampler(how)
+    try:
+        return _run(a, task, cfg, out, sampler, temperature)
+    finally:
+        sampler.close()
+
+
+def _run(a, task, cfg, out: dict, sampler, temperature: float) -> int:
+    from env.rg import RgConfig
+    from evals.intervals import crossed_interval
+    from llm_backends.models import resolve_model
+    from trainer.sft import build_warm_start, warm_start_levels
+
     val = task.split("val")
     base = resolve_model("smollm2-135m")
-    out: dict = json.loads(a.json.read_text()) if (a.resume and a.json and a.json.is_file()) else {}
-    if out.get("sampler", "generate") != a.sampler and out.get("start"):  # files written before the flag: generate
-        p.error(f"--resume with --sampler {a.sampler}: {a.json} was answered by {out.get('sampler', 'generate')}; "
-                "allowed: the same sampler")
-    out["sampler"] = a.sampler
     out.update({"task": a.task, "optimizer": a.optimizer, "settings": cfg.model_dump(mode="json"),
                 "levels": [lv.label for lv in task.levels]})
     out.setdefault("seeds", {})
@@ -135,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     if "start" not in out:
         t0 = time.perf_counter()
-        start = evaluate(Path(ws["path"]), task, val, sampler=a.sampler, k=a.sampled, temperature=temperature)
+        start = evaluate(Path(ws["path"]), task, val, sampler, -1, k=a.sampled, temperature=temperature)
         out["start"] = {"valid_rate": start["valid_rate"], "by_level": start["by_size"], "valid": start["valid"],
                         "failures": start["failures"], "answers": start.get("answers"),
                         "seconds": time.perf_counter() - t0, "sampled": start.get("sampled")}
@@ -162,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             res = run_stage(train_path=train, init_checkpoint=Path(ws["path"]), out_dir=tmp / "stage", cfg=cfg,
                             seed=seed, reward_state=None, warm_start=False, progress=False, task=task)
             secs = time.perf_counter() - t0
-            after = evaluate(Path(res["checkpoint"]), task, val, sampler=a.sampler, k=a.sampled,
-                             temperature=temperature)
+            after = evaluate(Path(res["checkpoint"]), task, val, sampler, seed, k=a.sampled, temperature=temperature)
         m = res["metrics"]
         steps = m.get("train/steps") or 1
         out["seeds"][str(seed)] = {"valid_rate": after["valid_rate"], "by_level": after["by_size"],
