@@ -110,19 +110,19 @@ def test_a_stop_request_ends_a_filtered_stage_at_a_round_boundary_and_resume_giv
     """A stop arrives while round 3 samples: the round is given up, rounds 1-2 are saved as an in-stage checkpoint
     (no save_steps needed), StageInterrupted says where; the resume continues from round 2 and ends where a stage
     that was never stopped ends: the same weights and figures."""
-    import trainer.filtered as filtered
+    from trainer.filtered_sampling import FilteredSampler
 
     settings = {"stage_samples": 24, "max_steps": 1}
     ref = _stage(tmp_path / "ref", tiny_base, AnyAnswer(), **settings)["metrics"]
-    real, calls = filtered.sample, []
+    real, calls = FilteredSampler.__call__, []
 
-    def stop_in_round_3(*a, **kw):
+    def stop_in_round_3(self, *a, **kw):
         calls.append(1)
         if len(calls) == 3:
             stop.request_stop("SIGTERM")
-        return real(*a, **kw)
+        return real(self, *a, **kw)
 
-    monkeypatch.setattr(filtered, "sample", stop_in_round_3)
+    monkeypatch.setattr(FilteredSampler, "__call__", stop_in_round_3)
     stop.reset()
     try:
         with pytest.raises(stop.StageInterrupted, match=r"after round 2, saved in trl/checkpoint-2: a resume continues"):
@@ -130,7 +130,7 @@ def test_a_stop_request_ends_a_filtered_stage_at_a_round_boundary_and_resume_giv
     finally:
         stop.reset()
     assert not (tmp_path / "run" / "stage_0" / "checkpoint").exists()
-    monkeypatch.setattr(filtered, "sample", real)
+    monkeypatch.setattr(FilteredSampler, "__call__", real)
     m = _stage(tmp_path / "run", tiny_base, AnyAnswer(), **settings)["metrics"]
     assert m["train/resumed_from_round"] == 2
     assert {k: m[k] for k in SAME} == {k: ref[k] for k in SAME}
