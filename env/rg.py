@@ -319,9 +319,15 @@ class RgTask:
         return [a for a, _ in self.levels[0].attr_values]
 
     def describe_attributes(self) -> str:
+        """Each attribute of the task's levels, with the values its levels use (a narrowed task shows only its own
+        range, never the dataset's whole curriculum)."""
+        used: dict[str, set[int]] = {}
+        for level in self.levels:
+            for a, lv in level.attr_levels:
+                used.setdefault(a, set()).add(lv)
         return "\n".join(f"- `{a}`: {desc or 'a difficulty attribute'} (levels "
-                         f"{', '.join(value_text(v) for v in levels)})" for a, (levels, desc) in self.attributes.items()
-                         if a in self.attributes_in_grid())
+                         f"{', '.join(value_text(levels[i]) for i in sorted(used.get(a, ())))})"
+                         for a, (levels, desc) in self.attributes.items() if a in self.attributes_in_grid())
 
     def parse_config(self, raw: Any, num_instances: int | None = None) -> RgConfig:
         """A config from the engineer's JSON (`{"levels": {...}}`), strictly: an unknown level, a share outside

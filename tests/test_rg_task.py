@@ -226,3 +226,10 @@ def test_the_committed_reasoning_gym_answers_rescore_to_their_recorded_rates_and
             verdicts = [task.verify(by_id[a["id"]], a["answer"]) for a in part["answers"]]
             assert [v.label for v in verdicts] == [a["failure"] for a in part["answers"]], arm
             assert sum(v.valid for v in verdicts) / len(verdicts) == pytest.approx(part["valid_rate"]), arm
+
+
+def test_a_narrowed_task_describes_only_its_own_range_to_the_engineer():
+    narrowed = load_task("rg:basic_arithmetic:num_terms=2-4,num_digits=1-2")
+    text = narrowed.describe_attributes()
+    assert "(levels 2, 3, 4)" in text and "(levels 1, 2)" in text
+    assert "5" not in text and "6" not in text  # the dataset's curriculum goes on to 6 terms: not this task's
