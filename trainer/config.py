@@ -166,7 +166,9 @@ class TrainConfig(BaseModel):
         description="reward an invalid answer with this times the share of agents whose own path is sound alone "
         "(right start, on the map, no hole, legal moves, on its goal; conflicts aside), below the 0.3 of the worst "
         "valid answer. Not in the paper (0: its gated reward). Gives GRPO a gradient where no sample is valid "
-        "(env.reward.partial_credit)",
+        "(env.reward.partial_credit). Any other task (reasoning-gym, your own): an invalid answer earns this times its "
+        "scorer's partial score; 0, the default, rewards validity alone, so that no answer that is never valid earns "
+        "anything (trainer.task.TaskReward)",
     )
     partial_credit_kind: Literal["goal", "progress"] = Field(
         "goal",
