@@ -200,9 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
     from trainer.sft import build_warm_start, warm_start_levels
     from trainer.stage import run_stage
 
-    task = MapfTask()
-
-    raw = dict(TRAIN_PRESETS[a.preset])
+    task, raw = MapfTask(), dict(TRAIN_PRESETS[a.preset])
     if a.quick:
         raw.update(QUICK)
     if a.grpo_steps is not None:
