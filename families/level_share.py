@@ -24,6 +24,7 @@ and its projection, under the one policy of `families/policy.py`. `env/rg.py` (r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -34,6 +35,7 @@ from families.evidence import build_context
 from families.metrics import compute_metrics
 from families.policy import Checked, rounded_shares
 from families.reply import Extracted, Shape, read_reply
+from families.rlve_rule import rlve_step
 from families.views import LevelShareView
 from trainer.files import write_text_atomic
 
@@ -126,7 +128,7 @@ def system_prompt(task) -> str:
 def classic(name: str, task, config: dict, by_level: dict, memory: dict, rng) -> tuple[dict, str, dict]:
     """A classic curriculum's next config over the level shares: fixed (stage 0's forever), random (a fresh random
     config), learnability (shares in proportion to p(1-p), mixed 20 % uniform), threshold (once a trained level's
-    valid rate passes 0.7, half its share moves to the next level)."""
+    valid rate passes 0.7, half its share moves to the next level), rlve (RLVE's rule, families/rlve_rule.py)."""
     memory = dict(memory or {})
     cur = shares_of(config)
     p = {int(k): float(v.get("valid_rate", 0.0)) for k, v in (by_level or {}).items()}
@@ -159,7 +161,10 @@ def classic(name: str, task, config: dict, by_level: dict, memory: dict, rng) ->
         why = (f"levels {raised} passed p>={THRESHOLD_BAR}: half their share moved up" if raised
                else f"no trained level passed p>={THRESHOLD_BAR}: unchanged")
         return {"levels": {str(k): v for k, v in sorted(new.items()) if v > 0}}, f"threshold: {why}", memory
-    raise ValueError(f"classic engineer {name!r}: allowed: fixed, random, learnability, threshold")
+    if name == "rlve":
+        window, why, memory = rlve_step(levels, by_level, memory)
+        return {"levels": {str(k): 1 / len(window) for k in window}}, why, memory
+    raise ValueError(f"classic engineer {name!r}: allowed: fixed, random, learnability, threshold, rlve")
 
 
 # ----------------------------------------------------------------------------- validate
