@@ -20,8 +20,8 @@ from a config, fixed evaluation splits and a description for the engineer's prom
 listed in `families/level_share.py` is served by its `LevelShareFamily`.
 
 `load_task(name)` gives a task by name: `mapf` (the default), `rg:<dataset>` for a reasoning-gym dataset
-(`env.rg`), `rlve:<environment>` for an RLVE-Gym environment (`env.rlve`), or `package.module:Attribute` for a
-task defined anywhere importable (a class is instantiated with no arguments). The stage's child process gets the same
+(`env.rg`), `rlve:<environment>` for an RLVE-Gym environment (`env.rlve`), `pool:<task>,<task>,...` for several
+of them as one (`trainer.pool`), or `package.module:Attribute` for a task defined anywhere importable (a class is instantiated with no arguments). The stage's child process gets the same
 name, so a task outside the project trains in a child process exactly as MAPF does (docs/tasks.md).
 """
 
@@ -85,9 +85,14 @@ def _load_named(name: str) -> Task:
         from env.rlve import RlveTask
 
         return RlveTask(name)
+    if name.startswith("pool:"):  # several level-share tasks as one (trainer/pool.py)
+        from trainer.pool import PoolTask
+
+        return PoolTask(name, load_task)
     target = BUILT_IN.get(name, name)
     allowed = (f"allowed: {', '.join(sorted(BUILT_IN))}, rg:<dataset> (a reasoning-gym dataset), rlve:<environment> "
-               "(an RLVE-Gym environment), or package.module:Attribute naming a task object or class")
+               "(an RLVE-Gym environment), pool:<task>,<task>,... (a pool of them), or package.module:Attribute "
+               "naming a task object or class")
     if ":" not in target:
         raise ValueError(f"task {name!r}: {allowed}")
     module, _, attr = target.partition(":")
