@@ -24,6 +24,7 @@ and its projection, under the one policy of `families/policy.py`. `env/rg.py` (r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -34,12 +35,15 @@ from families.evidence import build_context
 from families.metrics import compute_metrics
 from families.policy import Checked, rounded_shares
 from families.reply import Extracted, Shape, read_reply
+from families.rlve_rule import MEMORY_KEY as RLVE_REACHED
+from families.rlve_rule import rlve_step
 from families.views import LevelShareView
 from trainer.files import write_text_atomic
 
 LEARNABILITY_UNIFORM_MIX = 0.2
 THRESHOLD_BAR = 0.7
 THRESHOLD_SHIFT = 0.5
+POOL_REACHED = "rlve_reached_by_task"  # the rlve rule's memory in a pool: task name -> its level reached
 # What a level-share task has beside the trainer's `Task` methods (the module docstring's table)
 LEVEL_SHARE_MEMBERS = ("levels", "level_word", "failure_labels", "parse_config", "project", "random_config",
                        "generate", "split_names", "split", "describe_levels")
@@ -69,6 +73,11 @@ def level_table_md(task: Any, final: dict[str, Any]) -> str:
     for lv in task.levels:
         row = (final.get("by_size") or {}).get(str(lv.index)) or {}
         lines.append(f"| {lv.index} | {lv.label} | {row.get('n', 0)} | {100 * row.get('valid_rate', 0.0):.1f}% |")
+    for name, group in zip(getattr(task, "group_names", list)(), getattr(task, "level_groups", []), strict=False):
+        rows = [(final.get("by_size") or {}).get(str(g)) or {} for g in group]  # a pool: a row per task
+        n = sum(r.get("n", 0) for r in rows)
+        valid = sum(r.get("n", 0) * r.get("valid_rate", 0.0) for r in rows) / n if n else 0.0
+        lines.append(f"| {name} | all its levels | {n} | {100 * valid:.1f}% |")
     lines.append(f"| all | | {final.get('final/n', 0)} | {100 * final.get('final/valid_rate', 0.0):.1f}% |")
     return "\n".join(lines) + "\n"
 
@@ -126,7 +135,7 @@ def system_prompt(task) -> str:
 def classic(name: str, task, config: dict, by_level: dict, memory: dict, rng) -> tuple[dict, str, dict]:
     """A classic curriculum's next config over the level shares: fixed (stage 0's forever), random (a fresh random
     config), learnability (shares in proportion to p(1-p), mixed 20 % uniform), threshold (once a trained level's
-    valid rate passes 0.7, half its share moves to the next level)."""
+    valid rate passes 0.7, half its share moves to the next level), rlve (RLVE's rule, families/rlve_rule.py)."""
     memory = dict(memory or {})
     cur = shares_of(config)
     p = {int(k): float(v.get("valid_rate", 0.0)) for k, v in (by_level or {}).items()}
@@ -146,10 +155,11 @@ def classic(name: str, task, config: dict, by_level: dict, memory: dict, rng) ->
         best = max(levels, key=lambda lv: score[lv])
         why = f"most data to level {best} (p={p.get(best, 0.0):.2f})" if total > 0 else "no level has 0 < p < 1"
         return {"levels": {str(k): v for k, v in new.items()}}, f"learnability p(1-p): {why}", memory
+    groups = getattr(task, "level_groups", None) or [levels]  # a pool: each task's levels, in its own order
     if name == "threshold":
         new = dict(cur)
         raised = []
-        following = dict(pairwise(levels))  # each level's next one, in the task's own order
+        following = {a: b for g in groups for a, b in pairwise(g)}  # each level's next one, in its task's order
         for lv in [lv for lv in levels if lv in cur]:
             if p.get(lv, -1.0) >= THRESHOLD_BAR and lv in following:
                 moved = cur[lv] * THRESHOLD_SHIFT
@@ -159,7 +169,19 @@ def classic(name: str, task, config: dict, by_level: dict, memory: dict, rng) ->
         why = (f"levels {raised} passed p>={THRESHOLD_BAR}: half their share moved up" if raised
                else f"no trained level passed p>={THRESHOLD_BAR}: unchanged")
         return {"levels": {str(k): v for k, v in sorted(new.items()) if v > 0}}, f"threshold: {why}", memory
-    raise ValueError(f"classic engineer {name!r}: allowed: fixed, random, learnability, threshold")
+    if name == "rlve" and len(groups) == 1:
+        window, why, memory = rlve_step(levels, by_level, memory)
+        return {"levels": {str(k): 1 / len(window) for k in window}}, why, memory
+    if name == "rlve":  # a pool: the rule per task, each task an equal part, its level reached kept by name
+        shares, whys, reached = {}, [], dict(memory.get(POOL_REACHED) or {})
+        for task_name, group in zip(task.group_names(), groups, strict=True):
+            own = {RLVE_REACHED: reached[task_name]} if task_name in reached else {}
+            window, why, own = rlve_step(group, by_level, own)
+            reached[task_name] = own[RLVE_REACHED]
+            shares.update({str(k): 1 / len(groups) / len(window) for k in window})
+            whys.append(f"{task_name}: {why.removeprefix('rlve: ')}")
+        return {"levels": shares}, "rlve: " + "; ".join(whys), {**memory, POOL_REACHED: reached}
+    raise ValueError(f"classic engineer {name!r}: allowed: fixed, random, learnability, threshold, rlve")
 
 
 # ----------------------------------------------------------------------------- validate

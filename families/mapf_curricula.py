@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from env import max_hole_ratio, random_config
+from families.rlve_rule import rlve_step
 from llm_backends.engineers import CLASSIC_ENGINEERS
 
 KNOBS = ("data_ratio", "hole_ratio", "wait_ratio")
@@ -157,9 +158,17 @@ def threshold(config, metrics_by_size, memory, rng):
     return as_raw(new), f"threshold: {why}", memory
 
 
+def rlve(config, metrics_by_size, memory, rng):
+    """RLVE's rule (families/rlve_rule.py) over the grid sizes, smallest first: the data in equal shares over the
+    last 4 sizes reached, each size's hole and wait ratios as they are."""
+    cur = sizes_of(config)
+    window, why, memory = rlve_step(sorted(cur), metrics_by_size, memory)
+    return as_raw({s: {**k, "data_ratio": 1 / len(window) if s in window else 0.0} for s, k in cur.items()}), why, memory
+
+
 # name -> engineer, the names in llm_backends.engineers.CLASSIC_ENGINEERS' order (their one home)
 CLASSIC: dict[str, Engineer] = dict(
-    zip(CLASSIC_ENGINEERS, (fixed, random_engineer, learnability, threshold), strict=True)
+    zip(CLASSIC_ENGINEERS, (fixed, random_engineer, learnability, threshold, rlve), strict=True)
 )
 
 __all__ = [
@@ -169,6 +178,7 @@ __all__ = [
     "fixed",
     "learnability",
     "random_engineer",
+    "rlve",
     "sizes_of",
     "success_rates",
     "threshold",

@@ -116,7 +116,7 @@ class Settings(BaseModel):
     engineer: str = Field(
         "self",
         description="who designs the next stage: self | base | openai | gemini | fixed | random | "
-        "learnability | threshold | the name of any OpenAI-compatible endpoint (with ENGINEER_BASE_URL)",
+        "learnability | threshold | rlve | the name of any OpenAI-compatible endpoint (with ENGINEER_BASE_URL)",
     )
     engineer_model: str | None = Field(None, description="model id for an API engineer (default per backend)")
     engineer_base_url: str | None = Field(None, description="base URL of a custom OpenAI-compatible engineer")

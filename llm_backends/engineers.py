@@ -14,7 +14,7 @@ gemini    Gemini's OpenAI-compatible endpoint (no extra SDK), model ``ENGINEER_M
           key ``ENGINEER_API_KEY``, else ``OPENAI_API_KEY``, else ``GEMINI_API_KEY``, else none (local servers)
 ========  ======================================================================================
 
-``fixed``, ``random``, ``learnability`` and ``threshold`` are engineers without a model (nodes/ runs them):
+``fixed``, ``random``, ``learnability``, ``threshold`` and ``rlve`` (RLVE's rule) are engineers without a model (nodes/ runs them):
 :func:`check_engineer_env` accepts them and returns None; :func:`open_engineer` refuses them.
 
 Reply limits (:func:`reply_tokens`). The self and base engineers answer with the embedded model's JSON and
@@ -46,7 +46,7 @@ from llm_backends.redact import mask_url
 log = logging.getLogger(__name__)
 
 MODEL_ENGINEERS = ("self", "base", "openai", "gemini")
-CLASSIC_ENGINEERS = ("fixed", "random", "learnability", "threshold")
+CLASSIC_ENGINEERS = ("fixed", "random", "learnability", "threshold", "rlve")
 
 # kind -> (base URL, default model, key variables tried after ENGINEER_API_KEY)
 DEFAULTS: dict[str, tuple[str, str, tuple[str, ...]]] = {

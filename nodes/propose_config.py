@@ -7,7 +7,7 @@ family one generated from its levels) and, as the user message, the context from
 retry, the validation errors of the previous attempt. Structured output (`json_schema`) is asked for unless
 `settings.engineer_structured` is False; backends that cannot enforce it put the schema in the prompt.
 
-Classic engineers (fixed | random | learnability | threshold: the family's `classic`, e.g.
+Classic engineers (fixed | random | learnability | threshold | rlve: the family's `classic`, e.g.
 `families/mapf_curricula.py` over MAPF's per-size knobs, `families/level_share.py` over level shares) answer
 through the same node with the same answer shape, and their answers go through the same validation.
 

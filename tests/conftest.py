@@ -82,6 +82,9 @@ QUICK = {
     "test_family_shape.py::test_approve_with_an_edit",
     "test_family_shape.py::test_docs_tasks_md_walks_through_both_worked_examples_the_tests_run",
     "test_rg_task.py",  # reasoning-gym as a task family
+    "test_rlve_task.py",  # RLVE-Gym as a task family, every environment of the package checked
+    "test_rlve_rule.py",  # RLVE's rule as a classic curriculum, resumed at the level reached
+    "test_pool_task.py",  # a pool of tasks from two families as one
     # llm_backends: engineer names and keys, base URLs
     "test_llm_engineers.py",
     "test_llm_url_query.py",

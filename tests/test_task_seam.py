@@ -20,7 +20,7 @@ def test_tasks_load_by_name_and_a_bad_name_says_what_is_allowed():
     assert load_task("mapf").name == "mapf" and isinstance(load_task("mapf"), Task)
     assert load_task(TOY).name == "toy-add"
     for bad in ("mapff", "tests.support.toy_task:Nope"):
-        with pytest.raises(ValueError, match=rf"task {bad!r}: .*allowed: mapf, rg:<dataset> \(a reasoning-gym dataset\), or package.module:Attribute"):
+        with pytest.raises(ValueError, match=rf"task {bad!r}: .*allowed: mapf, rg:<dataset> \(a reasoning-gym dataset\), rlve:<environment> \(an RLVE-Gym environment\), pool:<task>,<task>,... \(a pool of them\), or package.module:Attribute"):
             load_task(bad)
     with pytest.raises(ValueError, match=r"lacks .*verify"):
         load_task("tests.support.toy_task:json")

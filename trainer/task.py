@@ -20,8 +20,8 @@ from a config, fixed evaluation splits and a description for the engineer's prom
 listed in `families/level_share.py` is served by its `LevelShareFamily`.
 
 `load_task(name)` gives a task by name: `mapf` (the default), `rg:<dataset>` for a reasoning-gym dataset
-(`env.rg`), or `package.module:Attribute` for a task defined
-anywhere importable (a class is instantiated with no arguments). The stage's child process gets the same
+(`env.rg`), `rlve:<environment>` for an RLVE-Gym environment (`env.rlve`), `pool:<task>,<task>,...` for several
+of them as one (`trainer.pool`), or `package.module:Attribute` for a task defined anywhere importable (a class is instantiated with no arguments). The stage's child process gets the same
 name, so a task outside the project trains in a child process exactly as MAPF does (docs/tasks.md).
 """
 
@@ -81,17 +81,25 @@ def _load_named(name: str) -> Task:
         from env.rg import RgTask
 
         return RgTask(name)
+    if name.startswith("rlve:"):  # an RLVE-Gym environment (env/rlve/)
+        from env.rlve import RlveTask
+
+        return RlveTask(name)
+    if name.startswith("pool:"):  # several level-share tasks as one (trainer/pool.py)
+        from trainer.pool import PoolTask
+
+        return PoolTask(name, load_task)
     target = BUILT_IN.get(name, name)
+    allowed = (f"allowed: {', '.join(sorted(BUILT_IN))}, rg:<dataset> (a reasoning-gym dataset), rlve:<environment> "
+               "(an RLVE-Gym environment), pool:<task>,<task>,... (a pool of them), or package.module:Attribute "
+               "naming a task object or class")
     if ":" not in target:
-        raise ValueError(f"task {name!r}: allowed: {', '.join(sorted(BUILT_IN))}, rg:<dataset> (a reasoning-gym "
-                         "dataset), or package.module:Attribute naming a task object or class")
+        raise ValueError(f"task {name!r}: {allowed}")
     module, _, attr = target.partition(":")
     try:
         obj = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"task {name!r}: cannot import {target} ({e}); allowed: {', '.join(sorted(BUILT_IN))}, "
-                         "rg:<dataset> (a reasoning-gym dataset), or package.module:Attribute naming a task object or "
-                         "class") from e
+        raise ValueError(f"task {name!r}: cannot import {target} ({e}); {allowed}") from e
     task = obj() if isinstance(obj, type) else obj
     missing = [m for m in ("item_to_json", "item_from_json", "item_id", "level", "prompt", "gold",
                            "warm_start_items", "verify") if not callable(getattr(task, m, None))]
