@@ -15,8 +15,8 @@ chat prompt (`temperature` 0: one greedy answer each). Three ways to compute the
   stage's sampler before the other two.
 
 `evals.bench.bench_filtered_sampling` measures the three side by side. On the `rg-cpu` round (32 prompts x 8
-answers of at most 16 tokens, 2 cores) the vLLM server, weight reload included, was 7x transformers' generate and
-the rollout copy 1.6-2.6x: `auto` (the `rg-cpu` preset's) takes the server where vLLM's CPU build is installed, the
+answers of at most 16 tokens, 2 shared cores) the vLLM server, weight reload included, was 9.9x transformers'
+generate and the rollout copy 2.0x (docs/learning-log.md): `auto` (the `rg-cpu` preset's) takes the server where vLLM's CPU build is installed, the
 rollout copy elsewhere. `rollout` is the setting's default (`DEFAULT_SAMPLER`): it needs no server, so it also
 serves models vLLM cannot (a head size its CPU attention lacks). The samples are only verified and filtered, never differentiated: a bf16 sampler's rounding
 makes them slightly off-policy, and the filtered stage, unlike GRPO, weighs nothing by their probability.
@@ -38,8 +38,8 @@ DEFAULT_SAMPLER = "rollout"
 
 
 def resolve_sampler(how: str) -> str:
-    """`auto`: `vllm` where the CPU build of vLLM is installed (the fastest measured on the `rg-cpu` round: 7x
-    transformers' generate, against 1.6-2.6x for the rollout copy), else `rollout`; any other name as it is."""
+    """`auto`: `vllm` where the CPU build of vLLM is installed (the fastest measured on the `rg-cpu` round: 9.9x
+    transformers' generate, against 2.0x for the rollout copy), else `rollout`; any other name as it is."""
     if how != "auto":
         return how
     from llm_backends.vllm_server import is_cpu_build, vllm_available
