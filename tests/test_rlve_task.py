@@ -5,6 +5,7 @@ the failure labels, fixed splits, levels dropped when the generator times out, a
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -105,16 +106,25 @@ def test_an_environment_without_a_reference_answer_has_no_gold_and_no_warm_start
 
 
 def test_a_level_whose_generator_times_out_is_dropped_with_a_note_and_none_left_is_refused(monkeypatch):
-    # CountdownClose's generator takes ~5 ms at levels 0-1 (once warm) and ~0.4 s at level 2 (and more above)
-    RlveTask("rlve:CountdownClose:levels=2")
-    monkeypatch.setattr(rlve, "GENERATE_TIMEOUT_S", 0.1)
+    # The package's generator gives up after its timeout (a thread it cannot stop) and returns False: here levels
+    # from 2 up take longer than the timeout, deterministically, whatever the machine's load.
+    monkeypatch.setattr(rlve, "GENERATE_TIMEOUT_S", 0.05)
+    real = RlveTask.problem
+
+    def slow_from_level_2(self, level, seed):
+        index = level if isinstance(level, int) else level.index
+        if index >= 2:
+            time.sleep(0.06)
+            return None
+        return real(self, level, seed)
+
+    monkeypatch.setattr(RlveTask, "problem", slow_from_level_2)
     task = RlveTask("rlve:CountdownClose:levels=4")
     assert [lv.index for lv in task.levels] == [0, 1]
     assert task.notes[0].startswith("level 2 (") and "the generator timed out" in task.notes[0]
     assert task.notes[1] == "level 3 dropped: harder than level 2, which timed out"
     assert "Note: level 2" in task.describe_levels()
-    # this one takes ~0.2 s at level 0
-    monkeypatch.setattr(rlve, "GENERATE_TIMEOUT_S", 0.01)
+    monkeypatch.setattr(RlveTask, "problem", lambda self, level, seed: time.sleep(0.06))  # every level times out
     name = "FractionalProgramming_BipartiteGraphMatching"
     with pytest.raises(RlveTaskError, match=rf"^task 'rlve:{name}:levels=2': RLVE environment {name} generates no "
                                             r"problem at any of its first 2 levels \(level 0 \(.*timed out"):
