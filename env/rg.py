@@ -276,9 +276,10 @@ class RgTask:
         return item.answer
 
     def warm_start_items(self, levels: list[int] | None, n: int, seed: int) -> list[RgItem]:
-        """`n` fresh questions spread evenly over every level, none in a fixed split. (`levels` is the trainer's
-        `sft_sizes`, MAPF's grid sizes: an rg warm start always covers every level.)"""
-        share = {lv: 1 / len(self.levels) for lv in range(len(self.levels))}
+        """`n` fresh questions spread evenly over `levels` (None: every level; the trainer checks them against the
+        task's levels, `trainer.sft.check_levels`), none in a fixed split."""
+        chosen = sorted(set(levels)) if levels else list(range(len(self.levels)))
+        share = {lv: 1 / len(chosen) for lv in chosen}
         items, _ = self.generate(RgConfig(levels=share, num_instances=n), n, seed=mix(seed, 104_729))
         return items
 

@@ -233,3 +233,10 @@ def test_a_narrowed_task_describes_only_its_own_range_to_the_engineer():
     text = narrowed.describe_attributes()
     assert "(levels 2, 3, 4)" in text and "(levels 1, 2)" in text
     assert "5" not in text and "6" not in text  # the dataset's curriculum goes on to 6 terms: not this task's
+
+
+def test_the_warm_start_draws_from_the_levels_it_is_given():
+    task = load_task(BA)
+    every = task.warm_start_items(None, 40, 3)
+    assert [i.id for i in every] == [i.id for i in task.warm_start_items(list(range(len(task.levels))), 40, 3)]
+    assert {i.level for i in task.warm_start_items([0, 2], 20, 3)} == {0, 2}
