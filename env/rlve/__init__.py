@@ -206,7 +206,9 @@ def _kept_rng():
     import numpy as np
     import torch
 
-    state = (random.getstate(), np.random.get_state(), torch.get_rng_state(), os.environ.get("PYTHONHASHSEED"))
+    # not a setting of this project: the variable the package's generator overwrites, put back as it was
+    hashseed = "PYTHONHASHSEED"
+    state = (random.getstate(), np.random.get_state(), torch.get_rng_state(), os.environ.get(hashseed))
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     try:
         yield
@@ -217,9 +219,9 @@ def _kept_rng():
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
         if state[3] is None:
-            os.environ.pop("PYTHONHASHSEED", None)
+            os.environ.pop(hashseed, None)
         else:
-            os.environ["PYTHONHASHSEED"] = state[3]
+            os.environ[hashseed] = state[3]
 
 
 def controller_steps(ident: str, n: int) -> list[tuple[dict, ...]]:
