@@ -209,6 +209,7 @@ class ScalarTask:
     name = "toy-scalar"
     failure_labels = ("no_answer", "wrong")
     split_names = ("val", "test")
+    level_order = (1, 2, 3)  # its levels, the digits of a term: what a warm start draws from (trainer.task.task_levels)
     loop_family = ScalarFamily  # the one line that registers the family
 
     def item(self, item_id: str, digits: int, rng: random.Random) -> dict:
