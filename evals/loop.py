@@ -31,6 +31,7 @@ from evals.stats import (
     summarize_rows,
 )
 from evals.tables import write_tables
+from families import DEFAULT_TASK
 
 PLAN_FILE = "plan.json"  # the confirmed plan of a grid, beside its tables (evals.plan)
 
@@ -161,7 +162,7 @@ def show_published(verdicts: Mapping[tuple[str, int], Path], setting: bool | Non
     if setting is not None:
         return setting
     settings = [read_json(folder / "settings.json") or {} for folder in verdicts.values()]
-    if any(s.get("task", "mapf") != "mapf" for s in settings):  # the paper's rows are MAPF-FrozenLake's
+    if any(s.get("task", DEFAULT_TASK) != DEFAULT_TASK for s in settings):  # the paper's rows are MAPF-FrozenLake's
         return False
     return {s.get("final_split") for s in settings} == {"test"}
 

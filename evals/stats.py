@@ -26,6 +26,7 @@ from typing import Any
 
 from evals.intervals import gap_interval, rate_interval, wilson  # noqa: F401 - wilson: for evals.bench
 from evals.results import read_json, read_jsonl
+from families.metrics import row_level
 
 METRICS = ("valid", "optimal")
 # The paper's columns, always shown (an empty one as "–" with n=0, never dropped silently).
@@ -79,6 +80,10 @@ def mean_ci(values: Sequence[float]) -> dict[str, Any]:
 
 def subset_key_agents(row: dict) -> str:
     return f"agents_{int((row.get('tags') or {}).get('agents') or row.get('num_agents') or 2)}"
+
+
+def _has_level(row: dict) -> bool:
+    return row.get("level", row.get("size")) is not None
 
 
 def subset_key_wait(row: dict) -> str | None:
@@ -195,7 +200,7 @@ def summarize_rows(data: Mapping[tuple[str, int], list[dict]], arm_order: Sequen
     arms = [a for a in arm_order if a in labels] + sorted(a for a in labels if a not in arm_order)
     subsets = subset_order((k for r in all_rows for k in _subsets_of(r)), paper=True)
     agents = [s for s in subsets if s.startswith("agents_") and "/" not in s]
-    sizes = {a: sorted({int(r["size"]) for r in all_rows if subset_key_agents(r) == a and r.get("size") is not None})
+    sizes = {a: sorted({row_level(r) for r in all_rows if subset_key_agents(r) == a and _has_level(r)})
              for a in agents}
     # (arm, metric, layout) -> seed -> group -> [(id, success)]
     grouped: dict[tuple[str, str, str], dict[int, dict[Any, list[tuple[str, bool]]]]] = {}
@@ -203,7 +208,7 @@ def summarize_rows(data: Mapping[tuple[str, int], list[dict]], arm_order: Sequen
         for metric in METRICS:
             grouped.setdefault((label, metric, "pooled"), {})[seed] = _cells(rows, metric, criterion, _subsets_of)
             grouped.setdefault((label, metric, "size"), {})[seed] = _cells(
-                rows, metric, criterion, lambda r: [(subset_key_agents(r), int(r["size"]))] if r.get("size") is not None else [])
+                rows, metric, criterion, lambda r: [(subset_key_agents(r), row_level(r))] if _has_level(r) else [])
     base_ok = bool(baseline) and baseline in labels
 
     def stat(label: str, metric: str, layout: str, pick) -> dict[str, Any]:

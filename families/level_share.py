@@ -58,10 +58,9 @@ def _pct(x: Any) -> str:
 
 def verdict_row(task, item: Any, text: str, completion_tokens: int | None = None,
                 finish_reason: str | None = None) -> dict[str, Any]:
-    """One `eval.jsonl` row of a non-MAPF task: the item's id and level (in `size`, the column every table
-    reads), the answer and its verdict."""
+    """One `eval.jsonl` row of a non-MAPF task: the item's id and level, the answer and its verdict."""
     v = task.verify(item, text)
-    return {"id": task.item_id(item), "size": int(task.level(item)), "num_agents": None, "tags": {}, "text": text,
+    return {"id": task.item_id(item), "level": int(task.level(item)), "tags": {}, "text": text,
             "completion_tokens": completion_tokens, "finish_reason": finish_reason, "valid": bool(v.valid),
             "optimal": bool(v.optimal), "failure": v.label, "score": float(v.score),
             "gold": task.gold(item)}
@@ -71,10 +70,10 @@ def level_table_md(task: Any, final: dict[str, Any]) -> str:
     """The final table of a non-MAPF task: valid % per level, and overall."""
     lines = [f"| {task.level_word} | what | n | valid |", "|---|---|---|---|"]
     for lv in task.levels:
-        row = (final.get("by_size") or {}).get(str(lv.index)) or {}
+        row = (final.get("by_level") or {}).get(str(lv.index)) or {}
         lines.append(f"| {lv.index} | {lv.label} | {row.get('n', 0)} | {100 * row.get('valid_rate', 0.0):.1f}% |")
     for name, group in zip(getattr(task, "group_names", list)(), getattr(task, "level_groups", []), strict=False):
-        rows = [(final.get("by_size") or {}).get(str(g)) or {} for g in group]  # a pool: a row per task
+        rows = [(final.get("by_level") or {}).get(str(g)) or {} for g in group]  # a pool: a row per task
         n = sum(r.get("n", 0) for r in rows)
         valid = sum(r.get("n", 0) * r.get("valid_rate", 0.0) for r in rows) / n if n else 0.0
         lines.append(f"| {name} | all its levels | {n} | {100 * valid:.1f}% |")

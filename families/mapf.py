@@ -88,7 +88,7 @@ def verdict_row(inst: Any, text: str, completion_tokens: int | None = None, fini
     verdict = verify(inst, text, criterion)
     return {
         "id": inst.id,
-        "size": inst.size,
+        "level": inst.size,
         "num_agents": inst.num_agents,
         "tags": instance_tags(inst),
         "text": text,

@@ -2,10 +2,10 @@
 
 Each engineer is a pure function
 
-    engineer(config, metrics_by_size, memory, rng) -> (raw_config, rationale, memory)
+    engineer(config, by_level, memory, rng) -> (raw_config, rationale, memory)
 
 - `config`: the current stage's EnvConfig as a dict (`model_dump()`; size keys may be int or str);
-- `metrics_by_size`: the evaluation's per-size table (`metrics["by_size"]`): `{size: {"n", "valid_rate",
+- `by_level`: the evaluation's per-level table (MAPF: per grid size) (`metrics["by_level"]`): `{size: {"n", "valid_rate",
   "optimal_rate", ...}}`; sizes the validation split does not cover are simply absent;
 - `memory`: the engineer's own state carried between stages (`state["engineer_memory"]`), never mutated;
 - `rng`: a `random.Random` the caller seeds from (settings.seed, stage).
@@ -67,10 +67,10 @@ def as_raw(sizes: Mapping[int, Mapping[str, float]]) -> dict[str, Any]:
     return {"sizes": out}
 
 
-def success_rates(metrics_by_size: Mapping[Any, Mapping[str, Any]]) -> dict[int, float]:
+def success_rates(by_level: Mapping[Any, Mapping[str, Any]]) -> dict[int, float]:
     """`{size: valid_rate}` for the sizes the evaluation covered (n > 0)."""
     out: dict[int, float] = {}
-    for key, row in (metrics_by_size or {}).items():
+    for key, row in (by_level or {}).items():
         if row.get("n", 0) and row.get("valid_rate") is not None:
             out[int(key)] = float(row["valid_rate"])
     return out
@@ -85,26 +85,26 @@ def _hole(config: Mapping[str, Any], size: int, x: float) -> float:
     return min(max_hole_ratio(size, int(config.get("num_agents") or 2)), max(0.0, x))
 
 
-def fixed(config, metrics_by_size, memory, rng):
+def fixed(config, by_level, memory, rng):
     """The paper's baseline: the first config it is shown (stage 0's random config) forever."""
     memory = dict(memory or {})
     memory.setdefault("fixed_config", as_raw(sizes_of(config)))
     return memory["fixed_config"], "fixed: keep the stage-0 configuration", memory
 
 
-def random_engineer(config, metrics_by_size, memory, rng):
+def random_engineer(config, by_level, memory, rng):
     """Domain randomisation: a fresh random config every stage (seeded by the caller's rng)."""
     seed = rng.randrange(2**31)
     raw = as_raw(sizes_of(random_config(seed).model_dump()))
     return raw, f"random: fresh random configuration (seed {seed})", dict(memory or {})
 
 
-def learnability(config, metrics_by_size, memory, rng):
+def learnability(config, by_level, memory, rng):
     """Data toward sizes whose success p is near 0.5, in proportion to p(1-p); hole and wait nudged toward
     that target (harder where p > 0.5, easier where p < 0.5). Sizes the evaluation does not cover get the
     mean learnability of the covered ones and keep their hole/wait."""
     cur = sizes_of(config)
-    p = success_rates(metrics_by_size)
+    p = success_rates(by_level)
     score = {s: p[s] * (1 - p[s]) for s in p}
     prior = sum(score.values()) / len(score) if score else 0.25
     raw_scores = {s: score.get(s, prior) for s in cur}
@@ -128,11 +128,11 @@ def learnability(config, metrics_by_size, memory, rng):
     return as_raw(new), f"learnability p(1-p): {why}; hole/wait moved toward p=0.5", dict(memory or {})
 
 
-def threshold(config, metrics_by_size, memory, rng):
+def threshold(config, by_level, memory, rng):
     """Raise a size's difficulty once its success passes the bar: +step hole and wait ratio, and a share of
     its data handed to the next larger size. Sizes below the bar are left as they are."""
     cur = sizes_of(config)
-    p = success_rates(metrics_by_size)
+    p = success_rates(by_level)
     memory = dict(memory or {})
     levels = {int(k): int(v) for k, v in (memory.get("levels") or {}).items()}
     new = {s: dict(k) for s, k in cur.items()}
@@ -158,11 +158,11 @@ def threshold(config, metrics_by_size, memory, rng):
     return as_raw(new), f"threshold: {why}", memory
 
 
-def rlve(config, metrics_by_size, memory, rng):
+def rlve(config, by_level, memory, rng):
     """RLVE's rule (families/rlve_rule.py) over the grid sizes, smallest first: the data in equal shares over the
     last 4 sizes reached, each size's hole and wait ratios as they are."""
     cur = sizes_of(config)
-    window, why, memory = rlve_step(sorted(cur), metrics_by_size, memory)
+    window, why, memory = rlve_step(sorted(cur), by_level, memory)
     return as_raw({s: {**k, "data_ratio": 1 / len(window) if s in window else 0.0} for s, k in cur.items()}), why, memory
 
 

@@ -3,11 +3,16 @@
 `compute_metrics(rows)` / `compute_final_metrics(rows)` are pure functions of the rows of an `eval.jsonl`
 (`nodes.evaluate`), so any table can be recomputed from the saved answers; `final_table_md` writes the paper's
 tables. `nodes.evaluate` re-exports all three.
+
+A row names its level in `level` (MAPF's level is the grid size); the metrics hold a `by_level` table and flat
+`<prefix>/valid_rate/level_<k>` figures. Files written before these names (rows with `size`, metrics with `by_size`
+and `.../size_<k>`) still load: `row_level` and `upgrade_metrics` read both.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -23,6 +28,35 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
     return (0.0 if k == 0 else max(0.0, centre - half), 1.0 if k == n else min(1.0, centre + half))
+
+
+def row_level(row: dict) -> int:
+    """A verdict row's level: `level`, or `size` in a row written before that name."""
+    return int(row["level"] if "level" in row else row["size"])
+
+
+_OLD_FLAT = re.compile(r"^(.*/(?:valid|optimal)_rate)/size_(-?\d+)$")
+
+
+def upgrade_metrics(metrics: Any) -> Any:
+    """Metrics as this version writes them, from a file or state of either age: `by_size` tables (nested ones
+    too) become `by_level`, flat `.../size_<k>` figures become `.../level_<k>`; current metrics come back unchanged.
+
+    >>> upgrade_metrics({"eval/valid_rate/size_3": 0.5, "by_size": {"3": {"n": 2}}})
+    {'eval/valid_rate/level_3': 0.5, 'by_level': {'3': {'n': 2}}}
+    """
+    if isinstance(metrics, list):
+        return [upgrade_metrics(v) for v in metrics]
+    if not isinstance(metrics, dict):
+        return metrics
+    out: dict[Any, Any] = {}
+    for k, v in metrics.items():
+        if k == "by_size" and "by_level" not in metrics:
+            k = "by_level"
+        elif isinstance(k, str) and (m := _OLD_FLAT.match(k)):
+            k = f"{m.group(1)}/level_{m.group(2)}"
+        out[k] = upgrade_metrics(v)
+    return out
 
 
 def _rate(num: int, den: int) -> float:
@@ -49,26 +83,26 @@ def _aggregate(rows: Iterable[dict], labels: Sequence[str] = FAILURES) -> dict[s
 
 
 def compute_metrics(rows: Sequence[dict], prefix: str = "eval", labels: Sequence[str] = FAILURES) -> dict[str, Any]:
-    """Flat metrics plus a per-size table from verdict rows (the rows of an `eval.jsonl`). `labels`: the task's
-    failure labels (MAPF's `env.FAILURES`); a non-MAPF task's rows hold its level in `size`.
+    """Flat metrics plus a per-level table (`by_level`) from verdict rows (the rows of an `eval.jsonl`). `labels`:
+    the task's failure labels (MAPF's `env.FAILURES`).
 
-    >>> m = compute_metrics([{"size": 3, "valid": True, "optimal": False, "failure": None},
-    ...                      {"size": 3, "valid": False, "optimal": False, "failure": "conflict"}])
-    >>> m["eval/valid_rate"], m["eval/valid_rate/size_3"], m["eval/failure/conflict"]
+    >>> m = compute_metrics([{"level": 3, "valid": True, "optimal": False, "failure": None},
+    ...                      {"level": 3, "valid": False, "optimal": False, "failure": "conflict"}])
+    >>> m["eval/valid_rate"], m["eval/valid_rate/level_3"], m["eval/failure/conflict"]
     (0.5, 0.5, 1)
     """
     total = _aggregate(rows, labels)
-    by_size: dict[str, dict] = {}
-    for size in sorted({int(r["size"]) for r in rows}):
-        by_size[str(size)] = _aggregate((r for r in rows if int(r["size"]) == size), labels)
+    by_level: dict[str, dict] = {}
+    for level in sorted({row_level(r) for r in rows}):
+        by_level[str(level)] = _aggregate((r for r in rows if row_level(r) == level), labels)
     out: dict[str, Any] = {
         f"{prefix}/n": total["n"],
         f"{prefix}/valid_rate": total["valid_rate"],
         f"{prefix}/optimal_rate": total["optimal_rate"],
     }
-    for size, agg in by_size.items():
-        out[f"{prefix}/valid_rate/size_{size}"] = agg["valid_rate"]
-        out[f"{prefix}/optimal_rate/size_{size}"] = agg["optimal_rate"]
+    for level, agg in by_level.items():
+        out[f"{prefix}/valid_rate/level_{level}"] = agg["valid_rate"]
+        out[f"{prefix}/optimal_rate/level_{level}"] = agg["optimal_rate"]
     for name, count in total["failures"].items():
         out[f"{prefix}/failure/{name}"] = count
     tokens = [r["completion_tokens"] for r in rows if r.get("completion_tokens") is not None]
@@ -78,7 +112,7 @@ def compute_metrics(rows: Sequence[dict], prefix: str = "eval", labels: Sequence
         out[f"{prefix}/truncated_rate"] = _rate(
             sum(1 for r in rows if r.get("finish_reason") == "length"), len(rows)
         )
-    out["by_size"] = by_size
+    out["by_level"] = by_level
     return out
 
 
@@ -93,9 +127,9 @@ def _agents_key(row: dict) -> int:
 
 def compute_final_metrics(rows: Sequence[dict], prefix: str = "final") -> dict[str, Any]:
     """The benchmark's tables: overall, per agent count, per wait subset and per (agents, wait), each with
-    its per-size breakdown; flat names `final/valid_rate/agents_3`, `final/optimal_rate/wait_0.25`, ...
+    its per-level breakdown; flat names `final/valid_rate/agents_3`, `final/optimal_rate/wait_0.25`, ...
 
-    >>> rows = [{"size": 3, "num_agents": 3, "tags": {"agents": 3, "wait": 0.25}, "valid": True,
+    >>> rows = [{"level": 3, "num_agents": 3, "tags": {"agents": 3, "wait": 0.25}, "valid": True,
     ...          "optimal": True, "failure": None}]
     >>> compute_final_metrics(rows)["final/valid_rate/agents_3"]
     1.0
@@ -104,24 +138,24 @@ def compute_final_metrics(rows: Sequence[dict], prefix: str = "final") -> dict[s
     tables: dict[str, dict[str, Any]] = {"by_agents": {}, "by_wait": {}, "by_agents_wait": {}}
     for a in sorted({_agents_key(r) for r in rows}):
         sub = [r for r in rows if _agents_key(r) == a]
-        tables["by_agents"][str(a)] = _with_sizes(sub)
+        tables["by_agents"][str(a)] = _with_levels(sub)
         out[f"{prefix}/valid_rate/agents_{a}"] = tables["by_agents"][str(a)]["valid_rate"]
         out[f"{prefix}/optimal_rate/agents_{a}"] = tables["by_agents"][str(a)]["optimal_rate"]
         for w in sorted({k for r in sub if (k := _wait_key(r)) is not None}):
-            tables["by_agents_wait"][f"{a}/{w}"] = _with_sizes([r for r in sub if _wait_key(r) == w])
+            tables["by_agents_wait"][f"{a}/{w}"] = _with_levels([r for r in sub if _wait_key(r) == w])
     for w in sorted({k for r in rows if (k := _wait_key(r)) is not None}):
-        tables["by_wait"][w] = _with_sizes([r for r in rows if _wait_key(r) == w])
+        tables["by_wait"][w] = _with_levels([r for r in rows if _wait_key(r) == w])
         out[f"{prefix}/valid_rate/wait_{w}"] = tables["by_wait"][w]["valid_rate"]
         out[f"{prefix}/optimal_rate/wait_{w}"] = tables["by_wait"][w]["optimal_rate"]
     out.update(tables)
     return out
 
 
-def _with_sizes(rows: list[dict]) -> dict[str, Any]:
+def _with_levels(rows: list[dict]) -> dict[str, Any]:
     agg = _aggregate(rows)
-    agg["by_size"] = {
-        str(s): _aggregate(r for r in rows if int(r["size"]) == s)
-        for s in sorted({int(r["size"]) for r in rows})
+    agg["by_level"] = {
+        str(s): _aggregate(r for r in rows if row_level(r) == s)
+        for s in sorted({row_level(r) for r in rows})
     }
     return agg
 

@@ -18,6 +18,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from families.metrics import upgrade_metrics
+
 Z95 = 1.959964  # two-sided 95 % normal quantile
 
 
@@ -60,8 +62,7 @@ class EvidenceView(Protocol):
 
 
 def _by_level(metrics: dict | None) -> dict[str, dict]:
-    m = metrics or {}
-    return m.get("by_level") or m.get("by_size") or {}
+    return upgrade_metrics(metrics or {}).get("by_level") or {}
 
 
 def rates_table(view: EvidenceView, metrics: dict | None) -> str:
@@ -278,7 +279,8 @@ class MapfView:
         return env_stats_table(stats)
 
     def label(self, row: dict) -> str:
-        return f"size {row.get('size')}x{row.get('size')}, {row.get('num_agents') or '?'} agents"
+        size = row.get("level", row.get("size"))
+        return f"size {size}x{size}, {row.get('num_agents') or '?'} agents"
 
     def example(self, row: dict) -> tuple[str, str] | None:
         """The failing answer's map (as text, with its legend) and an optimal plan."""

@@ -29,7 +29,7 @@ def dummy_metrics(family) -> dict[str, Any]:
     for rank, level in enumerate(levels, start=1):
         for i in range(4):
             valid = i < max(0, 4 - rank)
-            rows.append({"size": level, "valid": valid, "optimal": valid and i == 0,
+            rows.append({"level": level, "valid": valid, "optimal": valid and i == 0,
                          "failure": None if valid else labels[(level + i) % len(labels)]})
     return family.metrics(rows)
 

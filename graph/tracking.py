@@ -93,7 +93,7 @@ def config_rows(config: dict[str, Any], settings: Settings) -> tuple[list[str], 
     """A stage's config as W&B table columns and rows, from the run's family (`LoopFamily.report_levels`):
     MAPF-FrozenLake's knobs per grid size (size, data, hole, wait), or another task's share per level, one row for
     each of the family's levels (level, what, share; a level the config leaves out has share 0), keyed by the level
-    as the per-level scalars are (`eval/valid_rate/size_<level>`)."""
+    as the per-level scalars are (`eval/valid_rate/level_<level>`)."""
     from families import family_of
 
     family = family_of(settings)

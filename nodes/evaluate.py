@@ -14,8 +14,8 @@ version, beside `warm_start/`) and verified again on every reuse, so a start is 
 
 Metrics come from `compute_metrics(rows)` / `compute_final_metrics(rows)` (`families.metrics`), pure functions of the
 rows of an `eval.jsonl`, so any table can be recomputed from the saved answers. Stable names:
-`eval/valid_rate`, `eval/optimal_rate`, `eval/valid_rate/size_<s>`, `eval/optimal_rate/size_<s>`,
-`eval/failure/<name>` (counts, in `env.FAILURES` order), `eval/n`, plus a `by_size` table
+`eval/valid_rate`, `eval/optimal_rate`, `eval/valid_rate/level_<k>`, `eval/optimal_rate/level_<k>`,
+`eval/failure/<name>` (counts, in `env.FAILURES` order), `eval/n`, plus a `by_level` table
 `{"<s>": {n, valid, optimal, valid_rate, optimal_rate, failures: {name: count}}}`.
 """
 
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from families import DEFAULT_TASK, LoopFamily, family_of
+from families.metrics import upgrade_metrics
 from trainer import stop
 from trainer.files import stage_dir, weights_sha256, write_text_atomic
 
@@ -354,7 +355,7 @@ def _finished_start(out_dir: Path) -> dict[str, Any] | None:
         return None
     numbers = ("eval/n", "eval/valid_rate", "eval/optimal_rate")
     ok = isinstance(done, dict) and all(type(done.get(k)) in (int, float) for k in numbers)
-    return done if ok else None
+    return upgrade_metrics(done) if ok else None
 
 
 def evaluate_start(run_dir: Path, stage_metrics: dict[str, Any], settings: Settings,

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from families import family_of
+from families.metrics import upgrade_metrics
 from families.reply import MAX_REPLY_CHARS, Extracted
 from llm_backends.engineers import CLASSIC_ENGINEERS, reply_tokens
 from llm_backends.replies import Heard, ask
@@ -112,11 +113,11 @@ def propose_config(
     if engineer in CLASSIC_ENGINEERS:
         rng = random.Random(f"{settings.seed}:{stage}:{attempt}")
         memory = dict(state.get("engineer_memory") or {})
-        by_size = (state.get("metrics") or {}).get("by_size") or {}
-        raw, rationale, memory = family.classic(engineer, state.get("config") or {}, by_size, memory, rng)
+        by_level = upgrade_metrics(state.get("metrics") or {}).get("by_level") or {}
+        raw, rationale, memory = family.classic(engineer, state.get("config") or {}, by_level, memory, rng)
         inputs = {
             "config": state.get("config"),
-            "metrics_by_size": by_size,
+            "metrics_by_level": by_level,
             "memory": state.get("engineer_memory") or {},
         }
         _write(

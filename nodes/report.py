@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from families import DEFAULT_TASK, family_of
-from families.metrics import final_table_md
+from families.metrics import final_table_md, upgrade_metrics
 from nodes.inert import for_markdown, md_inline
+from nodes.report_plots import level_rate as _level_rate
 from nodes.report_plots import num as _num
 from nodes.report_plots import plot  # noqa: F401 - the report's plots, also for tests
-from nodes.report_plots import size_rate as _size_rate
 from nodes.report_plots import sizes as _sizes
 from trainer.files import stage_dir, write_text_atomic
 
@@ -71,7 +71,7 @@ def collect(run_dir: Path) -> dict[str, Any]:
             {
                 "stage": k,
                 "config": _read_json(d / "config.json", bad),
-                "metrics": _read_json(d / "metrics.json", bad) or {},
+                "metrics": upgrade_metrics(_read_json(d / "metrics.json", bad) or {}),
                 "validation": _read_json(d / "validation.json", bad),
                 "env_stats": _read_json(d / "env_stats.json", bad),
             }
@@ -79,9 +79,9 @@ def collect(run_dir: Path) -> dict[str, Any]:
     return {
         "stages": stages,
         "unreadable": bad,
-        "start": _read_json(stage_dir(run_dir, 0) / "start" / "metrics.json"),
-        "final": _read_json(run_dir / "final" / "metrics.json"),
-        "final_cpu": _read_json(run_dir / "final_cpu" / "metrics.json"),
+        "start": upgrade_metrics(_read_json(stage_dir(run_dir, 0) / "start" / "metrics.json")),
+        "final": upgrade_metrics(_read_json(run_dir / "final" / "metrics.json")),
+        "final_cpu": upgrade_metrics(_read_json(run_dir / "final_cpu" / "metrics.json")),
         "settings": _read_json(run_dir / "settings.json") or {},
         "stage0_from": _read_json(run_dir / "stage0_from.json"),
         "final_mtime": _mtime(run_dir / "final" / "metrics.json"),
@@ -115,7 +115,7 @@ def axis(data: dict[str, Any]) -> tuple[list[int], Any]:
         columns = {lv["index"]: lv["column"] for lv in levels}
         return list(columns), columns.__getitem__
     found = {int(k.rsplit("_", 1)[1]) for s in data.get("stages") or [] for k in (s.get("metrics") or {})
-             if k.startswith("eval/valid_rate/size_") and k.rsplit("_", 1)[1].isdigit()}
+             if k.startswith("eval/valid_rate/level_") and k.rsplit("_", 1)[1].isdigit()}
     return sorted(found), str
 
 
@@ -292,7 +292,7 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
     rows = [("start", start)] if start else []
     rows += [(str(s["stage"]), s["metrics"]) for s in data["stages"] if s["metrics"]]
     for name, m in rows:
-        cells = [f"{_pct(_size_rate(m, 'valid_rate', n))}" for n in keys]
+        cells = [f"{_pct(_level_rate(m, 'valid_rate', n))}" for n in keys]
         lines.append(
             f"| {name} | {_pct(m.get('eval/valid_rate'))} | {_pct(m.get('eval/optimal_rate'))} | "
             + " | ".join(cells)
@@ -399,7 +399,7 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
             lines += [f"{final.get('final/n', '?')} questions: valid {_pct(final.get('final/valid_rate'))} %.", "",
                       "| level | what | n | valid % |", "|---|---|---|---|"]
             for lv in levels:
-                row = (final.get("by_size") or {}).get(str(lv["index"])) or {}
+                row = (final.get("by_level") or {}).get(str(lv["index"])) or {}
                 lines.append(f"| L{lv['index']} | {md_inline(lv['label'])} | {row.get('n', 0)} | "
                              f"{_pct(row.get('valid_rate'))} |")
         else:

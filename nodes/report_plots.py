@@ -29,14 +29,14 @@ def sizes(config: Any) -> dict[int, dict[str, float]]:
     return out
 
 
-def size_rate(metrics: dict[str, Any], kind: str, size: int) -> float | None:
-    return num(metrics.get(f"eval/{kind}/size_{size}"))
+def level_rate(metrics: dict[str, Any], kind: str, level: int) -> float | None:
+    return num(metrics.get(f"eval/{kind}/level_{level}"))
 
 
-def evaluated_sizes(measured: list[dict], keys: list[int]) -> list[int]:
+def evaluated_levels(measured: list[dict], keys: list[int]) -> list[int]:
     """The family's levels (MAPF's grid sizes, a task's levels: `keys`) that any of these evaluations answered (the
     per-level chart's axis)."""
-    return [n for n in keys if any(size_rate(m, "valid_rate", n) is not None for m in measured)]
+    return [n for n in keys if any(level_rate(m, "valid_rate", n) is not None for m in measured)]
 
 
 def stage_points(stages: list[dict], start: dict | None, kind: str = "valid_rate") -> list[dict[str, Any]]:
@@ -95,7 +95,7 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
         measured = [start, *(s["metrics"] for s in stages)] if start else [s["metrics"] for s in stages]
         levels = data.get("levels") if data.get("lever") == "levels" else None
         axis = [lv["index"] for lv in data.get("levels") or []] or _measured_levels(measured)
-        evaluated = evaluated_sizes(measured, axis)
+        evaluated = evaluated_levels(measured, axis)
         word = "level" if levels else "size"
         fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
         for ax, kind, title in (
@@ -105,7 +105,7 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
             lines = [(start, "warm start", {"color": "0.5", "linestyle": "--"})] if start else []
             lines += [(s["metrics"], f"stage {s['stage']}", {}) for s in stages]
             for metrics, label, style in lines:
-                ys = [size_rate(metrics, kind, n) for n in evaluated]
+                ys = [level_rate(metrics, kind, n) for n in evaluated]
                 xs = [n for n, y in zip(evaluated, ys, strict=True) if y is not None]
                 ax.plot(xs, [100 * y for y in ys if y is not None], marker="o", label=label, **style)
             ax.set_title(f"validation {title} per {word}")
@@ -165,9 +165,9 @@ def plot(data: dict[str, Any], run_dir: Path) -> list[str]:
 
 
 def _measured_levels(measured: list[dict]) -> list[int]:
-    """The levels the metrics name (`eval/valid_rate/size_<level>`), when the family gives none."""
+    """The levels the metrics name (`eval/valid_rate/level_<level>`), when the family gives none."""
     return sorted({int(k.rsplit("_", 1)[1]) for m in measured for k in m
-                   if k.startswith("eval/valid_rate/size_") and k.rsplit("_", 1)[1].isdigit()})
+                   if k.startswith("eval/valid_rate/level_") and k.rsplit("_", 1)[1].isdigit()})
 
 
 def save_png(fig, path: Path) -> None:

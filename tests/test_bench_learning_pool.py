@@ -21,13 +21,13 @@ PACKED = RESULTS / "answers.tar.xz"  # the folder's benchmark files, packed (eva
 def _run(seed: int, gain_bias: float) -> dict:
     rng = random.Random(seed)
     diffs = [1 if rng.random() < 0.1 + gain_bias else (-1 if rng.random() < 0.1 else 0) for _ in range(150)]
-    return {"seed": seed, "gain": sum(diffs) / 150, "diffs": diffs, "valid_rate": 0.2, "by_size": {"3": 0.2},
+    return {"seed": seed, "gain": sum(diffs) / 150, "diffs": diffs, "valid_rate": 0.2, "by_level": {"3": 0.2},
             "train/zero_std_groups_trained": 0.5}
 
 
 def _file(tmp_path, name, seeds, **over):
     head = {"preset": "cpu", "split": "val-small", "instances": 150, "grpo_sizes": [3, 4],
-            "train_config": {"max_steps": 48}, "warm_start": {"key": "abc", "valid_rate": 0.16, "by_size": {"3": 0.26}}}
+            "train_config": {"max_steps": 48}, "warm_start": {"key": "abc", "valid_rate": 0.16, "by_level": {"3": 0.26}}}
     head.update(over)
     path = tmp_path / name
     path.write_text(json.dumps(summarize(head, [_run(s, 0.05) for s in seeds])))
@@ -61,9 +61,9 @@ def test_the_table_gives_the_gain_within_each_hole_ratio_of_the_evaluation_maps(
     from evals.bench.bench_learning import table
 
     head = {"split": "val-small", "instances": 4, "eval_holes": [0.1, 0.2, 0.1, 0.2],
-            "warm_start": {"by_size": {"3": 0.5}, "valid_rate": 0.5}}
-    runs = [{"seed": 0, "gain": 0.0, "diffs": [1, 0, 1, -1], "by_size": {"3": 0.5}, "valid_rate": 0.5},
-            {"seed": 1, "gain": 0.0, "diffs": [0, -1, 1, 0], "by_size": {"3": 0.5}, "valid_rate": 0.5}]
+            "warm_start": {"by_level": {"3": 0.5}, "valid_rate": 0.5}}
+    runs = [{"seed": 0, "gain": 0.0, "diffs": [1, 0, 1, -1], "by_level": {"3": 0.5}, "valid_rate": 0.5},
+            {"seed": 1, "gain": 0.0, "diffs": [0, -1, 1, 0], "by_level": {"3": 0.5}, "valid_rate": 0.5}]
     text = table(summarize(head, runs))
     # 0.1: diffs 1, 1, 0, 1 over both seeds -> +75.0; 0.2: 0, -1, -1, 0 -> -50.0
     assert "mean gain by the evaluation maps' hole ratio: 0.1: +75.0 (2), 0.2: -50.0 (2)" in text
@@ -140,7 +140,7 @@ def test_old_files_and_repeated_seeds_are_refused(tmp_path, capsys):
 
 def test_one_key_with_other_weights_or_other_start_scores_is_refused(tmp_path):
     # one warm-start key with other weights (built elsewhere, or with other code): not one experiment
-    ws = {"key": "abc", "valid_rate": 0.16, "by_size": {"3": 0.26}}
+    ws = {"key": "abc", "valid_rate": 0.16, "by_level": {"3": 0.26}}
     intel = {**ws, "weights": {"model.safetensors": "e5f0614f" + "0" * 56}, "built_on": "Intel(R) Xeon(R) Processor"}
     amd = {**ws, "weights": {"model.safetensors": "98aa0000" + "0" * 56}, "built_on": "AMD EPYC"}
     a, b = _file(tmp_path, "a.json", [0], warm_start=intel), _file(tmp_path, "b.json", [1], warm_start=amd)
@@ -149,7 +149,7 @@ def test_one_key_with_other_weights_or_other_start_scores_is_refused(tmp_path):
         pool([a, b])
     assert [r["seed"] for r in pool([a, _file(tmp_path, "c.json", [2], warm_start=intel)])["seeds"]] == [0, 2]
     # files that do not record the weights: the start's own greedy answers before training must agree
-    old = _file(tmp_path, "old.json", [3], warm_start={"key": "abc", "valid_rate": 0.1267, "by_size": {"3": 0.2}})
+    old = _file(tmp_path, "old.json", [3], warm_start={"key": "abc", "valid_rate": 0.1267, "by_level": {"3": 0.2}})
     with pytest.raises(ValueError, match=r"scored 12.7 % \{'3': 0.2\} before training, against 16.0 %"):
         pool([a, old])
     assert len(pool([a, _file(tmp_path, "d.json", [4], warm_start=ws)])["seeds"]) == 2
@@ -330,8 +330,8 @@ def test_a_kept_start_answer_set_is_reused_only_for_its_spec_and_always_verified
     assert first["valid"] == [True, True, True, False] and first["valid_rate"] == 0.75
     start_answers.keep(spec, first)
     again = start_answers.cached(spec, val)
-    assert {k: again[k] for k in ("valid", "by_size", "failures", "answers")} == \
-        {k: first[k] for k in ("valid", "by_size", "failures", "answers")}
+    assert {k: again[k] for k in ("valid", "by_level", "failures", "answers")} == \
+        {k: first[k] for k in ("valid", "by_level", "failures", "answers")}
     assert start_answers.path(spec).parent == tmp_path / "start_answers" and not list(tmp_path.rglob("*.tmp"))
     for other in ({**spec, "weights": {"model.safetensors": "cd" * 32}}, {**spec, "max_new_tokens": 128},
                   {**spec, "threads": spec["threads"] + 1}, {**spec, "cpu": {"model name": "another CPU"}}):

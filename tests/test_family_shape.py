@@ -73,7 +73,7 @@ class ScalarFamily:
     # the engineer
     def context(self, state: dict, settings: Any, eval_rows: list[dict], env_stats: dict | None) -> str:
         m = state.get("metrics") or {}
-        rows = "\n".join(f"| {d} | {(m.get('by_size') or {}).get(str(d), {}).get('valid_rate', '-')} |"
+        rows = "\n".join(f"| {d} | {(m.get('by_level') or {}).get(str(d), {}).get('valid_rate', '-')} |"
                          for d in DIGITS)
         knobs = (state.get("config") or {}).get("knobs") or {}
         return (f"# Evidence after training stage {state.get('stage', 0)} ({self.name})\n\n"
@@ -174,7 +174,7 @@ class ScalarFamily:
     def verdict_row(self, item: Any, text: str, completion_tokens: int | None, finish_reason: str | None,
                     criterion: str) -> dict[str, Any]:
         v = self.task.verify(item, text)
-        return {"id": item["id"], "size": item["digits"], "num_agents": None, "tags": {}, "text": text,
+        return {"id": item["id"], "level": item["digits"], "tags": {}, "text": text,
                 "completion_tokens": completion_tokens, "finish_reason": finish_reason, "valid": v.valid,
                 "optimal": v.optimal, "failure": v.label, "score": v.score}
 
@@ -352,7 +352,7 @@ def test_a_scalar_family_runs_apply_train_evaluate_summarize_propose_validate(em
 
     state.update(evaluate(state, rt))
     rows = [json.loads(x) for x in (run / "stage_0" / "eval.jsonl").read_text().splitlines()]
-    assert len(rows) == 6 == state["metrics"]["eval/n"] and {r["size"] for r in rows} == set(DIGITS)
+    assert len(rows) == 6 == state["metrics"]["eval/n"] and {r["level"] for r in rows} == set(DIGITS)
 
     state.update(summarize_failures(state, rt))
     assert "| digits | valid rate |" in state["context"] and '"stage_size": 6' in state["context"]

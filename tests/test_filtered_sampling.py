@@ -127,5 +127,5 @@ def test_mean_at_k_scores_every_sampled_answer_of_a_scripted_policy():
     assert r["mean_at_k"] == sum(right.values()) / (3 * len(items))
     for level in {task.level(it) for it in items}:
         mine = [right[task.item_id(it)] for it in items if task.level(it) == level]
-        assert r["by_size"][level] == round(sum(mine) / (3 * len(mine)), 4)
+        assert r["by_level"][level] == round(sum(mine) / (3 * len(mine)), 4)
     assert asked == [(3, 3, 0.7), (3, 3, 0.7), (2, 3, 0.7)]  # batches of 3 questions, 3 samples each

@@ -27,7 +27,7 @@ DRAFT = {"sizes": sizes({3: 1.0}, hole=0.2), "rationale": "draft: everything on 
 
 def _state(stage: int = 1) -> dict:
     return {"stage": stage, "config": random_config(11).model_dump(mode="json"),
-            "metrics": {"eval/valid_rate": 0.2, "by_size": {}}, "context": "# Evidence\nvalid 20%", "checkpoint": None}
+            "metrics": {"eval/valid_rate": 0.2, "by_level": {}}, "context": "# Evidence\nvalid 20%", "checkpoint": None}
 
 
 def _engineer(srv: FakeOpenAI, **over):

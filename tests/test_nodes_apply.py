@@ -38,7 +38,7 @@ def test_next_apply_uses_accepted_and_appends_history(tmp_path):
     settings = make_settings(seed=5, train={"max_train_size": None})
     state = dict(apply({}, runtime(settings, tmp_path)))
     state.update(
-        metrics={"eval/valid_rate": 0.25, "by_size": {}},
+        metrics={"eval/valid_rate": 0.25, "by_level": {}},
         rationale="more 4x4",
         decision="projected",
         accepted=uniform_config(0.3).model_dump(mode="json"),

@@ -33,8 +33,8 @@ def test_evaluate_on_val_mini_with_real_verdicts(tmp_path):
     assert sum(m[f"eval/failure/{f}"] for f in FAILURES) == 6  # every invalid answer has one failure
     assert m["eval/failure/wrong_start"] + m["eval/failure/agent_count"] + m["eval/failure/conflict"] >= 1
     sizes = {str(i.size) for i in instances}
-    assert set(m["by_size"]) == sizes and all(f"eval/valid_rate/size_{s}" in m for s in sizes)
-    assert sum(r["n"] for r in m["by_size"].values()) == 9
+    assert set(m["by_level"]) == sizes and all(f"eval/valid_rate/level_{s}" in m for s in sizes)
+    assert sum(r["n"] for r in m["by_level"].values()) == 9
     # the files: every raw answer with its verdict, and metrics that can be recomputed from them
     sdir = tmp_path / "stage_1"
     rows = read_rows(sdir / "eval.jsonl")
@@ -106,7 +106,7 @@ def test_small_limit_spreads_over_agents_waits_and_sizes():
 
 def test_metrics_of_no_rows_are_zero():
     m = compute_metrics([])
-    assert m["eval/n"] == 0 and m["eval/valid_rate"] == 0.0 and m["by_size"] == {}
+    assert m["eval/n"] == 0 and m["eval/valid_rate"] == 0.0 and m["by_level"] == {}
 
 
 @pytest.mark.slow
@@ -330,9 +330,9 @@ def test_the_report_has_a_start_row_and_a_start_line(tmp_path):
     d0 = tmp_path / "stage_0"
     (d0 / "start").mkdir(parents=True)
     (d0 / "metrics.json").write_text(json.dumps({"eval/valid_rate": 0.253, "eval/optimal_rate": 0.1, "eval/n": 150,
-                                                 "eval/valid_rate/size_3": 0.32}))
+                                                 "eval/valid_rate/level_3": 0.32}))
     (d0 / "start" / "metrics.json").write_text(json.dumps(
-        {"eval/valid_rate": 0.167, "eval/optimal_rate": 0.08, "eval/n": 150, "eval/valid_rate/size_3": 0.26}))
+        {"eval/valid_rate": 0.167, "eval/optimal_rate": 0.08, "eval/n": 150, "eval/valid_rate/level_3": 0.26}))
     data = collect(tmp_path)
     text = render(data, plot(data, tmp_path), "t")
     table = text.split("## Validation per stage")[1]

@@ -52,7 +52,7 @@ def test_loop_with_a_classic_engineer_on_real_data(tmp_path):
     # every size trained, so that the rule's uniform data spread reaches config.json unchanged
     settings = make_settings(engineer="learnability", eval_limit=9, train={"max_train_size": None})
     state, rt = _evaluated_state(settings, tmp_path)
-    assert state["metrics"]["by_size"]["3"]["valid_rate"] == 1.0
+    assert state["metrics"]["by_level"]["3"]["valid_rate"] == 1.0
     state = _run_engineer_nodes(state, rt)
     assert state["decision"] == "accepted" and state["attempts"] == 1
     state.update(apply(state, rt))
@@ -61,7 +61,7 @@ def test_loop_with_a_classic_engineer_on_real_data(tmp_path):
     # the learnability rule: p = 1 on 3x3 (mastered) moves hole and wait up by a full step; p = 0 on the
     # other evaluated sizes moves them down by a full step (clipped at 0); p(1-p) = 0 everywhere, so the
     # data is spread uniformly. "accepted" means no projection changed these values.
-    p = {int(s): r["valid_rate"] for s, r in state["metrics"]["by_size"].items()}
+    p = {int(s): r["valid_rate"] for s, r in state["metrics"]["by_level"].items()}
     assert p[3] == 1.0 and len(p) > 1 and all(v == 0.0 for s, v in p.items() if s != 3)
     assert new["3"]["hole_ratio"] == pytest.approx(old["3"]["hole_ratio"] + LEARNABILITY_STEP)
     assert new["3"]["wait_ratio"] == pytest.approx(min(1.0, old["3"]["wait_ratio"] + LEARNABILITY_STEP))
@@ -125,7 +125,7 @@ def test_infeasible_proposals_are_sent_back_then_the_config_is_kept(tmp_path, mo
 
     monkeypatch.setattr("families.mapf.generate", broken)
     settings = make_settings(engineer="random", engineer_max_attempts=2)
-    state = {"stage": 1, "config": uniform_config().model_dump(mode="json"), "metrics": {"by_size": {}}}
+    state = {"stage": 1, "config": uniform_config().model_dump(mode="json"), "metrics": {"by_level": {}}}
     out = engineer_round(state, settings, tmp_path)
     assert out["decision"] == "kept_previous" and out["attempts"] == 2
     assert any("infeasible" in e and "solver budget" in e for e in out["feedback"])

@@ -39,7 +39,7 @@ def _state(stage=1):
     return {
         "stage": stage,
         "config": random_config(11).model_dump(mode="json"),
-        "metrics": {"eval/valid_rate": 0.2, "by_size": {}},
+        "metrics": {"eval/valid_rate": 0.2, "by_level": {}},
         "context": "# Evidence\nvalid 20%",
         "checkpoint": None,
     }
@@ -374,7 +374,7 @@ def test_classic_engineer_goes_through_the_same_node(tmp_path):
     settings = make_settings(engineer="threshold")
     state = _state()
     state["config"] = uniform_config().model_dump(mode="json")
-    state["metrics"]["by_size"] = {"3": {"n": 10, "valid_rate": 0.9, "optimal_rate": 0.5}}
+    state["metrics"]["by_level"] = {"3": {"n": 10, "valid_rate": 0.9, "optimal_rate": 0.5}}
     out = engineer_round(state, settings, tmp_path)
     assert out["decision"] == "accepted"
     assert out["accepted"]["sizes"]["3"]["hole_ratio"] > state["config"]["sizes"]["3"]["hole_ratio"]

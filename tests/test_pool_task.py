@@ -113,7 +113,7 @@ def test_a_pool_runs_apply_train_evaluate_summarize_propose_validate(embedded_mo
     state.update(train_stage(state, rt))
     assert state["train_metrics"]["train/steps"] == 1
     state.update(evaluate(state, rt))
-    assert set(state["metrics"]["by_size"]) == {"0", "1", "2", "3"}  # every (task, level) pair evaluated
+    assert set(state["metrics"]["by_level"]) == {"0", "1", "2", "3"}  # every (task, level) pair evaluated
     state.update(summarize_failures(state, rt))
     assert f"{RLVE} L1: digit_num=3" in state["context"] and f"{RG} L0" in state["context"]
     engineer = ScriptedChat(['{"levels": {"9": 1.0}}', '{"levels": {"1": 0.25, "3": 0.75}, "rationale": "mix"}'])

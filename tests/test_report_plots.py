@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from nodes.report_plots import evaluated_sizes, plot, stage_points
+from nodes.report_plots import evaluated_levels, plot, stage_points
 
 
 def _metrics(valid: float, optimal: float, n: int = 150, sizes=(3, 4, 5)) -> dict:
     m = {"eval/valid_rate": valid, "eval/optimal_rate": optimal, "eval/n": n}
-    m.update({f"eval/valid_rate/size_{s}": valid for s in sizes})
-    m.update({f"eval/optimal_rate/size_{s}": optimal for s in sizes})
+    m.update({f"eval/valid_rate/level_{s}": valid for s in sizes})
+    m.update({f"eval/optimal_rate/level_{s}": optimal for s in sizes})
     return m
 
 
@@ -29,8 +29,8 @@ def test_stage_points_put_the_start_first_with_wilson_intervals():
 def test_the_per_size_chart_shows_only_the_sizes_evaluated_and_every_plot_is_written(tmp_path):
     start, m0 = _metrics(0.16, 0.1), _metrics(0.2, 0.1, sizes=(3, 4))
     grid = list(range(3, 11))  # the family's levels: MAPF's grid sizes
-    assert evaluated_sizes([start, m0], grid) == [3, 4, 5]
-    assert evaluated_sizes([m0], grid) == [3, 4]
+    assert evaluated_levels([start, m0], grid) == [3, 4, 5]
+    assert evaluated_levels([m0], grid) == [3, 4]
     data = {"start": start, "stages": [{"stage": 0, "metrics": m0, "config": None}]}
     files = plot(data, tmp_path)
     assert files[:2] == ["stages.png", "rates.png"]

@@ -133,14 +133,14 @@ def test_tensorboard_holds_per_level_rg_metrics_from_both_processes(rg_run):
     for k in (0, 1):
         m = json.loads((run / f"stage_{k}" / "metrics.json").read_text())
         for lv in ("0", "1"):  # the level is in `size`, the column every table reads
-            tag = f"eval/valid_rate/size_{lv}"
+            tag = f"eval/valid_rate/level_{lv}"
             assert tags[tag][k] == (ends[k], round(m[tag], 6)), (tag, tags[tag])
     start = json.loads((run / "stage_0" / "start" / "metrics.json").read_text())  # the warm start's evaluation
     for lv in ("0", "1"):  # one point per stage: the resumed process did not log stage 0 again
-        assert [s for s, _ in tags[f"eval/valid_rate/size_{lv}"]] == ends
-        assert tags[f"start/eval/valid_rate/size_{lv}"] == [(ends[0], round(start[f"eval/valid_rate/size_{lv}"], 6))]
-        assert [s for s, _ in tags[f"by_stage/eval/valid_rate/size_{lv}"]] == [-1, 0, 1]  # -1: the warm start
-        assert f"final/valid_rate/size_{lv}" in tags
+        assert [s for s, _ in tags[f"eval/valid_rate/level_{lv}"]] == ends
+        assert tags[f"start/eval/valid_rate/level_{lv}"] == [(ends[0], round(start[f"eval/valid_rate/level_{lv}"], 6))]
+        assert [s for s, _ in tags[f"by_stage/eval/valid_rate/level_{lv}"]] == [-1, 0, 1]  # -1: the warm start
+        assert f"final/valid_rate/level_{lv}" in tags
     assert {"eval/failure/wrong", "eval/failure/no_answer", "eval/failure/partial"} <= set(tags)  # rg's labels
     assert [s for s, _ in tags["eval/valid_rate"]] == ends and tags["final/valid_rate"][0][0] == ends[1]
     assert any(t.startswith("train/") for t in tags)

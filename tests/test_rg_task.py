@@ -113,7 +113,7 @@ def test_a_smoke_loop_on_a_reasoning_gym_task_runs_end_to_end(tmp_path):
     assert settings["task"].startswith("rg:basic_arithmetic") and settings["eval_split"] == "val"
     for k in (0, 1):
         rows = [json.loads(x) for x in (run / f"stage_{k}" / "eval.jsonl").read_text().splitlines()]
-        assert len(rows) == 4 and {r["size"] for r in rows} == {0, 1}  # both levels, the cap spread over them
+        assert len(rows) == 4 and {r["level"] for r in rows} == {0, 1}  # both levels, the cap spread over them
         assert (run / f"stage_{k}" / "checkpoint" / "trainer_meta.json").is_file()
     assert "## F. Results on the validation set" in (run / "stage_0" / "summary.md").read_text()
     validation = json.loads((run / "stage_0" / "validation.json").read_text())

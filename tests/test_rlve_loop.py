@@ -61,7 +61,7 @@ def test_an_rlve_task_runs_end_to_end_with_the_rlve_rule_and_resumes_with_its_me
     table = log.split("Proposed config for stage 1", 1)[1].split(APPROVE_PROMPT, 1)[0]
     assert all(label in table for label in LABELS)  # --approve shows the controller's parameters per level
     m0 = json.loads((run / "stage_0" / "metrics.json").read_text())
-    reached = 1 if m0["by_size"]["0"]["n"] >= 8 and m0["by_size"]["0"]["valid_rate"] >= 0.9 else 0
+    reached = 1 if m0["by_level"]["0"]["n"] >= 8 and m0["by_level"]["0"]["valid_rate"] >= 0.9 else 0
     stage1 = json.loads((run / "stage_1" / "config.json").read_text())["levels"]
     assert {int(k) for k in stage1} == set(range(reached + 1))
     assert '"rlve_reached": ' not in (run / "stage_0" / "engineer_prompt.md").read_text()  # asked with no memory
@@ -73,5 +73,5 @@ def test_an_rlve_task_runs_end_to_end_with_the_rlve_rule_and_resumes_with_its_me
     final = (run / "final" / "table.md").read_text()
     assert all(f"| {lv} | {label} |" in final for lv, label in enumerate(LABELS))
     tags = scalars(run / "tb")
-    assert {f"eval/valid_rate/size_{lv}" for lv in range(3)} <= set(tags)
+    assert {f"eval/valid_rate/level_{lv}" for lv in range(3)} <= set(tags)
     assert {"eval/failure/wrong_format", "eval/failure/wrong"} <= set(tags)

@@ -99,8 +99,8 @@ def test_a_run_killed_at_the_approve_prompt_resumes_at_the_level_it_reached(tmp_
                 "train_metrics": {"train/reward_mean": 0.1}, "log": ["trained"]}
 
     def evaluate(state, runtime):
-        by_size = {str(lv): {"n": 16, "valid_rate": 0.95} for lv in range(5)}
-        return {"metrics": {"eval/valid_rate": 0.95, "by_size": by_size}}
+        by_level = {str(lv): {"n": 16, "valid_rate": 0.95} for lv in range(5)}
+        return {"metrics": {"eval/valid_rate": 0.95, "by_level": by_level}}
 
     for name, fn in dict(train_stage=train_stage, evaluate=evaluate,
                          summarize_failures=lambda s, r: {"context": "evidence"},

@@ -184,8 +184,8 @@ def test_a_toy_task_runs_apply_train_evaluate_summarize_propose_validate(embedde
     state.update(evaluate(state, rt))
     rows = [json.loads(x) for x in (run / "stage_0" / "eval.jsonl").read_text().splitlines()]
     assert len(rows) == len(ToyTask().split("val")) == state["metrics"]["eval/n"]
-    assert {r["size"] for r in rows} <= {1, 2, 3} and set(state["metrics"]["by_size"]) == {str(r["size"]) for r in rows}
-    assert set(state["metrics"]["by_size"]["1"]["failures"]) == {"no_answer", "wrong"}  # the task's own labels
+    assert {r["level"] for r in rows} <= {1, 2, 3} and set(state["metrics"]["by_level"]) == {str(r["level"]) for r in rows}
+    assert set(state["metrics"]["by_level"]["1"]["failures"]) == {"no_answer", "wrong"}  # the task's own labels
 
     state.update(summarize_failures(state, rt))
     assert "| digits |" in state["context"] and "1-digit terms" in state["context"]

@@ -56,7 +56,7 @@ def test_sft_and_greedy_scoring_go_through_the_task(embedded_model_path):
     assert set(golds[:2]) == {task.gold(i) for i in items if i["digits"] == 1}  # easy levels first
     assert set(golds[4:]) == {task.gold(i) for i in items if i["digits"] == 3}
     r = score_texts(items, [task.gold(items[0]), "nothing", "12"] + [task.gold(i) for i in items[3:]], task)
-    assert r["by_size"] == {1: 1.0, 2: 0.5, 3: 0.5} and r["failures"] == {"no_answer": 1, "wrong": 1}
+    assert r["by_level"] == {1: 1.0, 2: 0.5, 3: 0.5} and r["failures"] == {"no_answer": 1, "wrong": 1}
 
 
 @pytest.mark.slow

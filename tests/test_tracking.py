@@ -40,7 +40,7 @@ def training_stub(monkeypatch, stub_nodes):  # noqa: F811
         start = {"start_metrics": {"eval/valid_rate": 0.05, "eval/n": 6, "start/cache_path": "/c/ws",
                                    "start/answers_reused": True}} if k == 0 else {}
         return {**start, "metrics": {"eval/valid_rate": 0.1 * (k + 1), "eval/optimal_rate": 0.05, "eval/n": 6,
-                                     "eval/by_size": {"3": 1}}}
+                                     "eval/by_level": {"3": 1}}}
 
     def final_evaluate(state, runtime):
         return {"final_metrics": {"final/valid_rate": 0.42, "final/n": 9, "by_agents": {"3": {}}}}
@@ -81,7 +81,7 @@ def test_one_tensorboard_run_per_loop_on_a_global_step(tmp_path, training_stub):
     assert tags["by_stage/eval/valid_rate"] == [(-1, 0.05), (0, 0.1), (1, 0.2), (2, 0.3)]
     assert not any(t.startswith("start/start/") for t in tags)  # its bookkeeping (a path, a flag) is no scalar
     assert tags["final/valid_rate"] == [(9, 0.42)] and tags["final/n"] == [(9, 9.0)]
-    assert not any("by_size" in t or "by_agents" in t for t in tags)  # numbers only
+    assert not any("by_level" in t or "by_agents" in t for t in tags)  # numbers only
     # one run: one events file in run_dir/tb (per process), the stages' own runs stay in stage_k/tb
     assert len(list((run_dir / "tb").glob("events.out.tfevents.*"))) == 1
     assert json.loads((run_dir / "tb" / "logged.json").read_text())["logged"] == [

@@ -13,7 +13,7 @@ def greedy_valid_rate(
     prompt_style: str = "full", sampler=None, **generate_kwargs,
 ) -> dict:
     """Greedy answers of `model` to `instances`, verified by the task: {valid_rate, optimal_rate, n, failures,
-    by_size, sample, valid, answers} (`by_size`: valid rate per level, MAPF: per grid size; `sample`: the first answer, for a look at what
+    by_level, sample, valid, answers} (`by_level`: valid rate per level, MAPF: per grid size; `sample`: the first answer, for a look at what
     fails; `valid`: each instance's verdict, in order, for paired comparisons; `answers`: each instance's
     {id, answer, failure}, in order). `generate_kwargs` go to `model.generate` (e.g. a `logits_processor`).
     `sampler`: a `trainer.filtered_sampling.FilteredSampler` that answers instead of `model.generate` (the benches'
@@ -68,7 +68,7 @@ def score_texts(instances: list, texts: list[str], task: str | Task) -> dict:
     n = max(1, len(instances))
     return {"valid_rate": sum(each) / n, "optimal_rate": sum(bool(v.optimal) for v in verdicts) / n,
             "n": len(instances), "failures": dict(Counter(v.label for v in verdicts if v.label)),
-            "by_size": {s: round(sum(v) / len(v), 4) for s, v in sorted(per_size.items())},
+            "by_level": {s: round(sum(v) / len(v), 4) for s, v in sorted(per_size.items())},
             "sample": texts[0] if texts else None, "valid": each,
             "answers": [{"id": task.item_id(i), "answer": t, "failure": v.label}
                         for i, t, v in zip(instances, texts, verdicts, strict=True)]}
@@ -76,12 +76,12 @@ def score_texts(instances: list, texts: list[str], task: str | Task) -> dict:
 
 def sampled_valid_rate(
     model, tokenizer, instances: list, *, sampler, k: int, temperature: float, max_new_tokens: int = 128,
-    batch_size: int = 8, prompt_style: str = "full", task: str | Task = "mapf",
+    batch_size: int = 8, prompt_style: str = "full", task: str | Task,
 ) -> dict:
     """mean@k: `k` answers of `model` to each of `instances` sampled at `temperature` by `sampler` (a
     `trainer.filtered_sampling.FilteredSampler`, or any callable of its signature), each verified by the task.
 
-    Returns {mean_at_k, k, temperature, n, by_size, valid_counts}: the share of the n x k answers that are valid, the
+    Returns {mean_at_k, k, temperature, n, by_level, valid_counts}: the share of the n x k answers that are valid, the
     same per level, and each instance's count of valid answers (0..k, in order: for intervals over questions)."""
     if k < 1 or temperature <= 0:
         raise ValueError(f"mean@k with k={k}, temperature={temperature}: allowed: k >= 1 and a temperature above 0")
@@ -98,5 +98,5 @@ def sampled_valid_rate(
     for inst, c in zip(instances, counts, strict=True):
         per_size.setdefault(task.level(inst), []).append(c)
     return {"mean_at_k": sum(counts) / max(1, k * len(instances)), "k": k, "temperature": temperature,
-            "n": len(instances), "by_size": {s: round(sum(v) / (k * len(v)), 4) for s, v in sorted(per_size.items())},
+            "n": len(instances), "by_level": {s: round(sum(v) / (k * len(v)), 4) for s, v in sorted(per_size.items())},
             "valid_counts": counts}

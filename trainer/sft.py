@@ -65,7 +65,7 @@ def warm_start(
     and TRL's fused LM head projects only them (`trainer.trl_cpu`).
 
     `curve_every=N` with `curve_instances`: every N steps (and at the end) the model answers those instances
-    greedily; the result holds `curve`, a list of {step, examples, seconds, valid_rate, by_size, failures}.
+    greedily; the result holds `curve`, a list of {step, examples, seconds, valid_rate, by_level, failures}.
     """
     import torch
     from trl import SFTConfig, SFTTrainer
@@ -157,7 +157,7 @@ def _curve_callback(tokenizer, instances: list, every: int, cfg, curve: list, ta
                                   batch_size=16, prompt_style=cfg.prompt_style, task=task)
             point = {"step": state.global_step, "examples": state.global_step * cfg.sft_batch_size,
                      "seconds": round(t - t0 - sum(c["eval_seconds"] for c in curve), 1),
-                     "valid_rate": r["valid_rate"], "by_size": r["by_size"], "failures": r["failures"],
+                     "valid_rate": r["valid_rate"], "by_level": r["by_level"], "failures": r["failures"],
                      "eval_seconds": round(time.perf_counter() - t, 1)}
             curve.append(point)
             log.info("SFT curve: %s", json.dumps(point))
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> None:
         model, tok = load_checkpoint(res["path"])
         r = greedy_valid_rate(model, tok, val, max_new_tokens=cfg.max_completion_length, prompt_style=cfg.prompt_style,
                               task=task)
-        figures["val-small"] = {k: r[k] for k in ("valid_rate", "by_size", "failures", "n")}
+        figures["val-small"] = {k: r[k] for k in ("valid_rate", "by_level", "failures", "n")}
     print(json.dumps(figures, indent=2, default=str))
 
 

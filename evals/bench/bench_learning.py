@@ -44,6 +44,7 @@ from pathlib import Path
 
 from evals.bench import start_answers
 from evals.intervals import crossed_interval, t_interval
+from families.metrics import upgrade_metrics
 
 GRPO_SIZES = {"cpu-long": "3,4"}  # the bench's default GRPO sizes per preset (--grpo-sizes)
 INTERVAL = ("95 % two-way bootstrap: each draw takes the seeds with replacement and, once for all of them, the "
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
     done = None
     if a.resume and a.json.exists():
         try:
-            done = json.loads(a.json.read_text())
+            done = upgrade_metrics(json.loads(a.json.read_text()))  # files of either age
             same_setup(a.json, done, Path("this run"), head)
             finished_seeds(a.json, done)
         except (ValueError, KeyError) as e:  # JSONDecodeError is a ValueError
@@ -290,12 +291,12 @@ def main(argv: list[str] | None = None) -> dict:
         del model
         start_answers.keep(spec, before)
     keep_answers("warm start", before)
-    print("after warm start", json.dumps({k: before[k] for k in ("valid_rate", "by_size", "failures", "eval_seconds")}),
+    print("after warm start", json.dumps({k: before[k] for k in ("valid_rate", "by_level", "failures", "eval_seconds")}),
           flush=True)
 
     head["warm_start"] = {"key": ws["key"], "reused": ws["hit"], "weights": ws["weights"],
                           "built_on": (ws["built"].get("machine") or {}).get("cpu"), "valid_rate": before["valid_rate"],
-                          "by_size": before["by_size"], "failures": before["failures"]}
+                          "by_level": before["by_level"], "failures": before["failures"]}
     head = json.loads(json.dumps(head))  # as the file holds it: JSON keys are strings
     runs = []
     if done is not None:
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> dict:
         run = {
             "seed": seed,
             "valid_rate": after["valid_rate"],
-            "by_size": after["by_size"],
+            "by_level": after["by_level"],
             "failures": after["failures"],
             "gain": after["valid_rate"] - before["valid_rate"],
             "diffs": [int(x) - int(y) for x, y in zip(after["valid"], before["valid"], strict=True)],
@@ -424,9 +425,9 @@ def same_start(path: Path, f: dict, ref_path: Path, ref: dict, key_only: bool = 
         raise ValueError(f"{path}: warm start {a['key']} has other weights than in {ref_path} "
                          f"({_short(a['weights'])} built on {a.get('built_on')}, against {_short(b['weights'])} "
                          f"built on {b.get('built_on')}); only runs from the same weights can be pooled or resumed")
-    if (a["valid_rate"], a["by_size"]) != (b["valid_rate"], b["by_size"]):
-        raise ValueError(f"{path}: the warm start scored {100 * a['valid_rate']:.1f} % {a['by_size']} before "
-                         f"training, against {100 * b['valid_rate']:.1f} % {b['by_size']} in {ref_path}: another "
+    if (a["valid_rate"], a["by_level"]) != (b["valid_rate"], b["by_level"]):
+        raise ValueError(f"{path}: the warm start scored {100 * a['valid_rate']:.1f} % {a['by_level']} before "
+                         f"training, against {100 * b['valid_rate']:.1f} % {b['by_level']} in {ref_path}: another "
                          "start, the same start scored on another CPU, or another evaluation; only runs from "
                          "the same start can be pooled or resumed")
 
@@ -445,8 +446,7 @@ def finished_seeds(path: Path, f: dict) -> list[dict]:
 def pool(paths: list[Path]) -> dict:
     """One summary over the seeds of several `--json` files of the same experiment (ValueError otherwise)."""
     from evals.packed import read_text
-
-    files = [json.loads(read_text(p)) for p in paths]
+    files = [upgrade_metrics(json.loads(read_text(p))) for p in paths]  # files of either age
     first = files[0]
     for path, f in zip(paths, files, strict=True):
         same_start(path, f, paths[0], first, key_only=True)
@@ -484,9 +484,9 @@ def table(s: dict) -> str:
         return label.ljust(22) + "".join(f"{by.get(str(n), by.get(n, float('nan'))):8.3f}" for n in (3, 4, 5)) \
             + f"{all_:8.3f}"
 
-    lines.append(row("warm start", s["warm_start"]["by_size"], s["warm_start"]["valid_rate"]))
+    lines.append(row("warm start", s["warm_start"]["by_level"], s["warm_start"]["valid_rate"]))
     for r in s["seeds"]:
-        lines.append(row(f"GRPO seed {r['seed']}", r["by_size"], r["valid_rate"]))
+        lines.append(row(f"GRPO seed {r['seed']}", r["by_level"], r["valid_rate"]))
     lo, hi = s["gain_interval_bootstrap_95"]
     tlo, thi = s["gain_interval_t_95"]
     lines.append(f"mean gain {100 * s['mean_gain']:+.1f} points; 95% interval (two-way bootstrap over seeds and instances) "

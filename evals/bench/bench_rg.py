@@ -66,7 +66,7 @@ def evaluate(model_dir: Path, task, items, sampler, version: int, batch_size: in
 def _sampled_line(r: dict) -> str:
     s = r.get("sampled")
     return "" if not s else (f" | mean@{s['k']} at T {s['temperature']:g}: {100 * s['mean_at_k']:.1f} % | by level "
-                             + " ".join(f"{k}:{100 * v:.0f}" for k, v in s["by_size"].items()))
+                             + " ".join(f"{k}:{100 * v:.0f}" for k, v in s["by_level"].items()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,7 +149,7 @@ def _run(a, task, cfg, out: dict, sampler, temperature: float) -> int:
     if "start" not in out:
         t0 = time.perf_counter()
         start = evaluate(Path(ws["path"]), task, val, sampler, -1, k=a.sampled, temperature=temperature)
-        out["start"] = {"valid_rate": start["valid_rate"], "by_level": start["by_size"], "valid": start["valid"],
+        out["start"] = {"valid_rate": start["valid_rate"], "by_level": start["by_level"], "valid": start["valid"],
                         "failures": start["failures"], "answers": start.get("answers"),
                         "seconds": time.perf_counter() - t0, "sampled": start.get("sampled")}
         _save(a.json, out)
@@ -178,7 +178,7 @@ def _run(a, task, cfg, out: dict, sampler, temperature: float) -> int:
             after = evaluate(Path(res["checkpoint"]), task, val, sampler, seed, k=a.sampled, temperature=temperature)
         m = res["metrics"]
         steps = m.get("train/steps") or 1
-        out["seeds"][str(seed)] = {"valid_rate": after["valid_rate"], "by_level": after["by_size"],
+        out["seeds"][str(seed)] = {"valid_rate": after["valid_rate"], "by_level": after["by_level"],
                                    "valid": after["valid"], "failures": after["failures"],
                                    "answers": after.get("answers"), "seconds": secs, "steps": steps,
                                    "metrics": {k: v for k, v in m.items() if isinstance(v, int | float)},
@@ -186,7 +186,7 @@ def _run(a, task, cfg, out: dict, sampler, temperature: float) -> int:
         _save(a.json, out)
         print(f"seed {seed}: {100 * after['valid_rate']:.1f} % ({100 * (after['valid_rate'] - start['valid_rate']):+.1f})"
               f" in {secs:.0f} s ({secs / steps:.1f} s/step) | by level "
-              + " ".join(f"{k}:{100 * v:.0f}" for k, v in after["by_size"].items()) + _sampled_line(after), flush=True)
+              + " ".join(f"{k}:{100 * v:.0f}" for k, v in after["by_level"].items()) + _sampled_line(after), flush=True)
     seeds = sorted(out["seeds"], key=int)
     gains = [out["seeds"][s]["valid_rate"] - start["valid_rate"] for s in seeds]
     if gains:
