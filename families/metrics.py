@@ -182,3 +182,83 @@ def final_table_md(final: dict[str, Any]) -> str:
                  for w in waits]
         lines.append("| all | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- mean@k of sampled answers
+
+
+def mean_at_k_interval(counts: Sequence[int], k: int, z: float = 1.959964) -> tuple[float, float]:
+    """95 % interval of mean@k from each question's count of valid answers among its `k` samples (0..k).
+
+    The samples of one question are not independent (an easy question is right in most of them), so a Wilson
+    interval over the n x k answers is too narrow. This one counts both: the variance of the mean comes from the
+    spread of the per-question rates (the between-question variance), turned into an effective number of trials
+    (the n x k answers over the design effect, kept between n, every sample of a question alike, and n x k,
+    independent samples), and that goes into Wilson's interval, which stays inside [0, 1]. Where the spread says
+    nothing (every question 0 of k, or every one k of k), the n questions are the trials.
+
+    >>> [round(x, 3) for x in mean_at_k_interval([4, 0, 2, 2], 4)]  # rate 0.5, 6 effective trials
+    [0.188, 0.812]
+    >>> mean_at_k_interval([], 4)
+    (0.0, 1.0)
+    """
+    n = len(counts)
+    if n == 0 or k < 1:
+        return (0.0, 1.0)
+    rates = [c / k for c in counts]
+    mean = sum(rates) / n
+    spread = sum((r - mean) ** 2 for r in rates) / (n - 1) if n > 1 else 0.0
+    if mean in (0.0, 1.0):
+        trials = float(n)
+    elif spread == 0.0:
+        trials = float(n * k)
+    else:
+        trials = min(float(n * k), max(float(n), mean * (1 - mean) / (spread / n)))
+    return _wilson_rate(mean, trials, z)
+
+
+def _wilson_rate(p: float, n: float, z: float) -> tuple[float, float]:
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def sampled_metrics(metrics: dict[str, Any], rows: Sequence[dict], k: int, temperature: float,
+                    prefix: str = "eval") -> dict[str, Any]:
+    """`metrics` (`compute_metrics`) with the mean@k of sampled answers beside the greedy figures: `rows` are the
+    verdict rows of an `eval_sampled.jsonl`, `k` per question (each with its question's `id` and `sample` index).
+
+    Adds `<prefix>/sampled_valid_rate` (valid share of all questions x samples), its 95 % interval
+    (`.../sampled_valid_rate_low`, `_high`: `mean_at_k_interval`), `<prefix>/sampled_valid_rate/level_<l>`,
+    `<prefix>/samples_k`, `<prefix>/sample_temperature`, `<prefix>/sampled_n` (answers), and to each `by_level` row
+    `sampled_valid_rate`, `sampled_n`, `sampled_low`, `sampled_high`. A pure function of the saved rows.
+
+    >>> rows = [{"id": q, "sample": s, "level": 1, "valid": s < c} for q, c in (("a", 2), ("b", 1)) for s in range(2)]
+    >>> m = sampled_metrics({"by_level": {"1": {"n": 2}}}, rows, 2, 0.7)
+    >>> m["eval/sampled_valid_rate"], m["by_level"]["1"]["sampled_valid_rate"], m["eval/samples_k"]
+    (0.75, 0.75, 2)
+    """
+    counts: dict[Any, int] = {}
+    level_of: dict[Any, int] = {}
+    for r in rows:
+        counts[r["id"]] = counts.get(r["id"], 0) + (1 if r.get("valid") else 0)
+        level_of[r["id"]] = row_level(r)
+
+    def figures(ids: list[Any]) -> tuple[float, float, float]:
+        c = [counts[i] for i in ids]
+        lo, hi = mean_at_k_interval(c, k)
+        return _rate(sum(c), k * len(c)), lo, hi
+
+    out = {**metrics, "by_level": {lv: dict(agg) for lv, agg in (metrics.get("by_level") or {}).items()}}
+    rate, lo, hi = figures(list(counts))
+    out.update({f"{prefix}/sampled_valid_rate": rate, f"{prefix}/sampled_valid_rate_low": lo,
+                f"{prefix}/sampled_valid_rate_high": hi, f"{prefix}/samples_k": k,
+                f"{prefix}/sample_temperature": temperature, f"{prefix}/sampled_n": len(rows)})
+    for level in sorted(set(level_of.values())):
+        ids = [i for i, lv in level_of.items() if lv == level]
+        rate, lo, hi = figures(ids)
+        out[f"{prefix}/sampled_valid_rate/level_{level}"] = rate
+        out["by_level"].setdefault(str(level), {}).update(
+            {"sampled_valid_rate": rate, "sampled_n": k * len(ids), "sampled_low": lo, "sampled_high": hi})
+    return out

@@ -4,7 +4,8 @@
 A family hands `build_context` an `EvidenceView`: its levels (MAPF-FrozenLake: the grid sizes; a level-share task:
 its difficulty levels), the knobs of a config per level, its failure labels, its guideline and the generator's
 figures. Everything else is the same for every family:
-- rates per level with their 95 % interval (Wilson), and the sampled rate where the evaluation measured one;
+- rates per level with their 95 % interval (Wilson), and the sampled rate (mean@k, its interval over questions and
+  samples) where the evaluation measured one;
 - the training signal per level of the stage just trained (its reward, the share of GRPO groups whose answers all
   scored alike, the verified answers a filtered stage kept, the sampled valid rate on its own questions);
 - the config being edited, and what the last change did;
@@ -38,11 +39,13 @@ def pct(x: Any) -> str:
     return "-" if not isinstance(x, int | float) or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
 
 
-def rate_ci(rate: Any, n: Any) -> str:
-    """`37.5% [22-54]`: a rate with its 95 % interval in points, or `-`."""
+def rate_ci(rate: Any, n: Any, interval: tuple[Any, Any] = (None, None)) -> str:
+    """`37.5% [22-54]`: a rate with its 95 % interval in points (Wilson's over `n`, or the given one: a sampled
+    rate's, over questions and samples), or `-`."""
     if not isinstance(rate, int | float) or not isinstance(n, int) or n <= 0:
         return "-"
-    lo, hi = wilson(rate * n, n)
+    given = all(isinstance(x, int | float) for x in interval)
+    lo, hi = interval if given else wilson(rate * n, n)
     return f"{100 * rate:.1f}% [{100 * lo:.0f}-{100 * hi:.0f}]"
 
 
@@ -80,7 +83,8 @@ def rates_table(view: EvidenceView, metrics: dict | None) -> str:
         if view.has_optimal:
             cells.append(pct(row.get("optimal_rate")))
         if sampled:
-            cells.append(rate_ci(row.get("sampled_valid_rate"), int(row.get("sampled_n") or 0)))
+            cells.append(rate_ci(row.get("sampled_valid_rate"), int(row.get("sampled_n") or 0),
+                                 (row.get("sampled_low"), row.get("sampled_high"))))
         cells += [str((row.get("failures") or {}).get(f, 0)) for f in view.failure_labels]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -58,7 +58,7 @@ MAY_DIFFER = frozenset({
 # nor server logs (a kept vLLM server goes on writing stage_0/policy-vllm.log in later stages) or leftovers of a
 # crash (checkpoint.tmp, sft/).
 STAGE0_FILES = ("config.json", "train.jsonl", "env_stats.json", "checkpoint", "eval.jsonl", "metrics.json", "tb",
-                "start")
+                "start", "eval_sampled.jsonl", "eval_sampled.key.json")
 REQUIRED = ("config.json", "train.jsonl", "env_stats.json", "checkpoint", "eval.jsonl", "metrics.json")
 AFTER_EVALUATE = ("summarize_failures",)
 

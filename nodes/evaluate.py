@@ -16,7 +16,9 @@ Metrics come from `compute_metrics(rows)` / `compute_final_metrics(rows)` (`fami
 rows of an `eval.jsonl`, so any table can be recomputed from the saved answers. Stable names:
 `eval/valid_rate`, `eval/optimal_rate`, `eval/valid_rate/level_<k>`, `eval/optimal_rate/level_<k>`,
 `eval/failure/<name>` (counts, in `env.FAILURES` order), `eval/n`, plus a `by_level` table
-`{"<s>": {n, valid, optimal, valid_rate, optimal_rate, failures: {name: count}}}`.
+`{"<s>": {n, valid, optimal, valid_rate, optimal_rate, failures: {name: count}}}`. With `eval_samples` k, each
+question is also answered k times at a temperature (`families/sampled.py`, `stage_<k>/eval_sampled.jsonl`), and the
+metrics gain `eval/sampled_valid_rate` (mean@k), its interval, per level, `eval/samples_k`, `eval/sample_temperature`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from families import DEFAULT_TASK, LoopFamily, family_of
-from families.metrics import upgrade_metrics
+from families.metrics import sampled_metrics, upgrade_metrics
+from families.sampled import run_sampled, sample_key
 from trainer import stop
 from trainer.files import stage_dir, weights_sha256, write_text_atomic
 
@@ -280,18 +283,7 @@ def run_eval(
             if model is not None:
                 new = answer(model)
             else:
-                from llm_backends.policy import open_policy
-
-                with open_policy(
-                    checkpoint or settings.policy_model,
-                    settings.policy_backend,
-                    log_dir or out_dir,
-                    base_model=settings.policy_model,  # the base of a LoRA checkpoint
-                    batch_size=settings.eval_batch_size,
-                    max_concurrency=settings.eval_batch_size,  # one batch in flight at once on a vLLM server
-                    keep_server=settings.keep_server,
-                    dtype=settings.policy_dtype,
-                ) as policy:
+                with policy_opener(checkpoint, settings, log_dir or out_dir)() as policy:
                     new = answer(policy)
         done.update((r["id"], r) for r in new)
     rows = [done[item_id(inst)] for inst in instances]
@@ -299,6 +291,32 @@ def run_eval(
     write_json(out_dir / KEY_FILE, key)
     (out_dir / JOURNAL).unlink(missing_ok=True)
     return rows
+
+
+def policy_opener(checkpoint: str | None, settings: Settings, log_dir: Path) -> Callable[[], Any]:
+    """What opens the policy that answers an evaluation (`llm_backends.policy.open_policy`, a context manager)."""
+    from llm_backends.policy import open_policy
+
+    return partial(open_policy, checkpoint or settings.policy_model, settings.policy_backend, log_dir,
+                   base_model=settings.policy_model,  # the base of a LoRA checkpoint
+                   batch_size=settings.eval_batch_size,
+                   max_concurrency=settings.eval_batch_size,  # one batch in flight at once on a vLLM server
+                   keep_server=settings.keep_server, dtype=settings.policy_dtype)
+
+
+def with_sampled(metrics: dict[str, Any], out_dir: Path, checkpoint: str | None, settings: Settings,
+                 model: ChatModel | None = None) -> dict[str, Any]:
+    """`metrics` with the mean@k of `settings.eval_samples` answers per question sampled at the run's sample
+    temperature (`families/sampled.py`: `out_dir/eval_sampled.jsonl`, resumable; `families.metrics.sampled_metrics`)."""
+    family, k, temperature = family_of(settings), settings.eval_samples, settings.sample_temperature
+    instances = limit_instances(family.split(settings.eval_split), settings.eval_limit)
+    key = sample_key(eval_key(settings.eval_split, instances, checkpoint=checkpoint, settings=settings, model=model),
+                     k, temperature)
+    rows = run_sampled(instances, out_dir, key, model=model or policy_opener(checkpoint, settings, out_dir),
+                       family=family, k=k, temperature=temperature, max_tokens=settings.eval_max_tokens,
+                       batch_size=settings.eval_batch_size, prompt_style=settings.train.prompt_style,
+                       criterion=settings.train.optimality)
+    return sampled_metrics(metrics, rows, k, temperature)
 
 
 START_DIR = "start"  # stage_0/start/: the warm start's own evaluation (eval.jsonl, eval.key.json, metrics.json)
@@ -434,9 +452,13 @@ def evaluate(
     rows = run_eval(settings.eval_split, out_dir, checkpoint=state.get("checkpoint"), settings=settings,
                     limit=settings.eval_limit, model=model)
     metrics = family_of(settings).metrics(rows)
+    if settings.eval_samples:  # mean@k beside the greedy figures
+        metrics = with_sampled(metrics, out_dir, state.get("checkpoint"), settings, model)
     write_json(on_disk, {**kept, **metrics})
     line = (f"stage {stage}: eval on {settings.eval_split} (n={metrics['eval/n']}): "
             f"valid {metrics['eval/valid_rate']:.3f}, optimal {metrics['eval/optimal_rate']:.3f}")
+    if settings.eval_samples:
+        line += f", sampled valid {metrics['eval/sampled_valid_rate']:.3f} (mean@{settings.eval_samples})"
     return {**update, "metrics": metrics, "log": [*update["log"], line]}
 
 

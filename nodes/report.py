@@ -261,6 +261,13 @@ def _criterion_name(data: dict[str, Any]) -> str:
             if crit == "makespan" else "the sum of costs equals the instance's optimal sum of costs")
 
 
+def _sampled_cell(m: dict[str, Any]) -> str:
+    """`41.2 [35-48]`: the sampled valid % (mean@k) with its interval, or a dash where it was not measured."""
+    lo, hi = _num(m.get("eval/sampled_valid_rate_low")), _num(m.get("eval/sampled_valid_rate_high"))
+    rate = _pct(m.get("eval/sampled_valid_rate"))
+    return rate if lo is None or hi is None or rate == "–" else f"{rate} [{100 * lo:.0f}-{100 * hi:.0f}]"
+
+
 def render(data: dict[str, Any], plots: list[str], title: str) -> str:
     lines = [f"# Run report: {md_inline(title)}", ""]
     for bad in data.get("unreadable") or []:
@@ -285,16 +292,18 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
         "",
         f"Optimal means {criterion}.",
         "",
-        "| stage | valid % | optimal % | " + " | ".join(head(n) for n in keys) + " |",
-        "|---|---|---|" + "---|" * len(keys),
     ]
     start = data.get("start")
     rows = [("start", start)] if start else []
     rows += [(str(s["stage"]), s["metrics"]) for s in data["stages"] if s["metrics"]]
+    sampled = [m for _, m in rows if _num(m.get("eval/sampled_valid_rate")) is not None]
+    lines += ["| stage | valid % | " + ("sampled valid % | " if sampled else "") + "optimal % | "
+              + " | ".join(head(n) for n in keys) + " |", "|---|---|---|" + "---|" * (len(keys) + bool(sampled))]
     for name, m in rows:
         cells = [f"{_pct(_level_rate(m, 'valid_rate', n))}" for n in keys]
         lines.append(
-            f"| {name} | {_pct(m.get('eval/valid_rate'))} | {_pct(m.get('eval/optimal_rate'))} | "
+            f"| {name} | {_pct(m.get('eval/valid_rate'))} | "
+            + (f"{_sampled_cell(m)} | " if sampled else "") + f"{_pct(m.get('eval/optimal_rate'))} | "
             + " | ".join(cells)
             + " |"
         )
@@ -302,7 +311,10 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
         lines += ["", "Levels: " + "; ".join(f"L{lv['index']} {md_inline(lv['label'])}" for lv in levels) + "."]
     lines += ["", "Per-size cells: valid %."
               + (" Start: the cached SFT warm start stage 0 began from, before any GRPO step, evaluated the same way."
-                 if start else ""), ""]
+                 if start else "")
+              + (f" Sampled valid: the mean@{sampled[-1].get('eval/samples_k')} of answers sampled at temperature "
+                 f"{sampled[-1].get('eval/sample_temperature')}, with its 95 % interval over questions and samples."
+                 if sampled else ""), ""]
     settings = data.get("settings") or {}
     counts = sorted({int(m["eval/n"]) for _, m in rows if isinstance(m.get("eval/n"), int | float)})
     if counts:

@@ -41,7 +41,8 @@ def evaluated_levels(measured: list[dict], keys: list[int]) -> list[int]:
 
 def stage_points(stages: list[dict], start: dict | None, kind: str = "valid_rate") -> list[dict[str, Any]]:
     """One point per evaluation, the warm start first: {label, rate, low, high, n} in %, with the 95 % Wilson
-    interval of the rate over the evaluation's answers (a run is one seed: its noise is the answers')."""
+    interval of the rate over the evaluation's answers (a run is one seed: its noise is the answers'), or the
+    interval the metrics hold (`eval/<kind>_low`, `_high`: the sampled rate's, over questions and samples)."""
     rows = [("start", start)] if start else []
     rows += [(str(s["stage"]), s["metrics"]) for s in stages]
     points = []
@@ -50,23 +51,28 @@ def stage_points(stages: list[dict], start: dict | None, kind: str = "valid_rate
         if rate is None:
             continue
         lo, hi = wilson(round(rate * n), int(n)) if n else (rate, rate)
+        given = num(m.get(f"eval/{kind}_low")), num(m.get(f"eval/{kind}_high"))
+        lo, hi = given if None not in given else (lo, hi)
         points.append({"label": label, "rate": 100 * rate, "low": 100 * lo, "high": 100 * hi, "n": n})
     return points
 
 
 def _plot_stages(plt, stages: list[dict], start: dict | None, run_dir: Path) -> str:
     """`stages.png`: the validation valid and optimal rates against stage (the warm start first), with 95 %
-    intervals, on an axis from 0."""
+    intervals, on an axis from 0; where the evaluation sampled answers, their mean@k as a third line."""
     fig, ax = plt.subplots(figsize=(6.5, 4))
     top = 0.0
-    for kind, name, shift in (("valid_rate", "valid", -0.06), ("optimal_rate", "optimal", 0.06)):
+    labels = [p["label"] for p in stage_points(stages, start)]
+    for kind, name, shift in (("valid_rate", "valid", -0.06), ("optimal_rate", "optimal", 0.06),
+                              ("sampled_valid_rate", "sampled valid (mean@k)", 0.0)):
         pts = stage_points(stages, start, kind)
-        xs = [i + shift for i in range(len(pts))]
+        if not pts:
+            continue
+        xs = [labels.index(p["label"]) + shift for p in pts]
         ax.errorbar(xs, [p["rate"] for p in pts], yerr=[[p["rate"] - p["low"] for p in pts],
                                                        [p["high"] - p["rate"] for p in pts]],
                     marker="o", capsize=3, label=f"{name} %")
         top = max([top, *(p["high"] for p in pts)])
-        labels = [p["label"] for p in pts]
     ax.set_xticks(range(len(labels)), labels)
     ax.set_xlabel("stage (start: the warm start, before any GRPO step)")
     ax.set_ylabel("% of validation answers (95 % interval)")

@@ -57,6 +57,7 @@ QUICK = {
     # nodes, each of them, and the loop with classic and scripted (HTTP) engineers
     "test_nodes_apply.py",
     "test_nodes_evaluate.py",
+    "test_eval_sampled.py",
     "test_nodes_summarize.py",
     "test_nodes_propose.py",
     "test_nodes_curricula.py",
