@@ -101,7 +101,8 @@ def describe_start(node: str, state: dict[str, Any], settings: Settings) -> str 
                 f", {t.max_steps} steps" if t.max_steps > 0 else "") + " ..."
         return f"[stage {stage}] train_stage" + (f": {t.max_steps} GRPO steps" if t.max_steps > 0 else "") + " ..."
     if node == "evaluate":
-        return f"[stage {stage}] evaluate on {settings.eval_split} ..."
+        return f"[stage {stage}] evaluate on {settings.eval_split}" + (
+            f", and {settings.eval_samples} sampled answers a question" if settings.eval_samples else "") + " ..."
     if node == "summarize_failures":
         return f"[stage {stage}] summarize_failures: context {settings.context} ..."
     if node == "propose_config":

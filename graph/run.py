@@ -66,7 +66,10 @@ def preset_help() -> str:
                 f"and {budget}, answers capped at "
                 f"{train(name, 'max_completion_length')} tokens in training and {run.get('eval_max_tokens')} at "
                 f"evaluation, validation on {run.get('eval_split')}"
-                + (f" (first {run['eval_limit']})" if run.get("eval_limit") else "") + ".")
+                + (f" (first {run['eval_limit']})" if run.get("eval_limit") else "")
+                + (f", beside {run['eval_samples']} answers a question sampled at "
+                   f"{run.get('eval_sample_temperature') or train(name, 'temperature')} (mean@{run['eval_samples']})"
+                   if run.get("eval_samples") else "") + ".")
         if name == "smoke":
             line += (" Its training cap makes a valid plan impossible (the shortest plan of the validation splits, "
                      "3x3 with two agents, takes about 39 tokens of the embedded model), so every GRPO reward is 0 "

@@ -205,7 +205,34 @@ def test_bad_sampling_settings_are_one_line(given, allowed):
 
 
 def test_presets_rg_cpu_samples_at_its_training_temperature():
+    from graph.progress import describe_start
+    from graph.run import preset_help
+
     s = build_settings({"preset": "rg-cpu"}, env={})
     assert s.eval_samples == 4 and s.sample_temperature == s.train.temperature == 0.7
+    assert "4 sampled answers a question" in describe_start("evaluate", {"stage": 1}, s)
+    assert "sampled at 0.7 (mean@4)" in " ".join(preset_help().split())
     assert build_settings({"preset": "cpu"}, env={}).eval_samples == 0
     assert build_settings({"preset": "rg-cpu", "eval_samples": "none"}, env={}).eval_samples == 0
+
+
+@pytest.mark.slow
+def test_the_real_policy_samples_through_the_same_model_and_a_resume_opens_nothing(embedded_model_path, tmp_path,
+                                                                                   monkeypatch):
+    """The embedded model, in-process: the greedy and the sampled answers come from the policy the evaluation opens
+    (`policy_opener`), K per question, verified; evaluating again reuses both files and opens no policy."""
+    import llm_backends.policy as lp
+
+    settings = make_settings(eval_limit=3, eval_samples=2, eval_max_tokens=8, policy_backend="transformers",
+                             policy_model=str(embedded_model_path))
+    m = evaluate({"stage": 1, "checkpoint": None}, runtime(settings, tmp_path))["metrics"]
+    saved = read_rows(tmp_path / "stage_1" / "eval_sampled.jsonl")
+    assert len(saved) == 6 == m["eval/sampled_n"] and {r["sample"] for r in saved} == {0, 1}
+    assert all(isinstance(r["text"], str) and r["completion_tokens"] <= 8 for r in saved)
+    assert m["eval/sample_temperature"] == settings.train.temperature and 0.0 <= m["eval/sampled_valid_rate"] <= 1.0
+
+    def refuse(*a, **kw):
+        raise AssertionError("a resumed evaluation opened the policy")
+
+    monkeypatch.setattr(lp, "open_policy", refuse)
+    assert evaluate({"stage": 1, "checkpoint": None}, runtime(settings, tmp_path))["metrics"] == m
