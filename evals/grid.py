@@ -31,8 +31,8 @@ from evals.pairs import (
     short_command,
     stage0_donor,
 )
-from evals.results import read_json, stage_numbers
-from trainer.files import stage_dir, weights_sha256
+from evals.results import read_json
+from trainer.files import stage_dir, stage_numbers, weights_sha256
 
 EXIT_BAD_SETTINGS = 2  # graph.run's status for a refused setting (and argparse's for an unknown flag)
 EXIT_INTERRUPTED = 130  # graph.run's status when a signal stopped it (graph.interrupt): the grid stops too

@@ -11,8 +11,8 @@ from typing import Any
 
 from env.config import SIZES
 from evals.intervals import rate_interval
-from evals.results import read_json, read_jsonl, stage_numbers
-from trainer.files import stage_dir
+from evals.results import read_json, read_jsonl
+from trainer.files import stage_dir, stage_numbers
 
 
 def stage_answers(folder: Path) -> dict[int, list[tuple[str, bool]]]:

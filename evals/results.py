@@ -116,16 +116,6 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def stage_numbers(folder: Path) -> list[int]:
-    out = []
-    for d in folder.glob("stage_*"):
-        try:
-            out.append(int(d.name.split("_", 1)[1]))
-        except ValueError:
-            continue
-    return sorted(out)
-
-
 def verdict_folders(out: Path) -> dict[tuple[str, int], Path]:
     """`(arm label, seed) -> <out>/verdicts/<label>-s<seed>` for every collected pair with a final eval."""
     found = {}

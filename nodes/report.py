@@ -25,7 +25,7 @@ from nodes.report_plots import level_rate as _level_rate
 from nodes.report_plots import num as _num
 from nodes.report_plots import plot  # noqa: F401 - the report's plots, also for tests
 from nodes.report_plots import sizes as _sizes
-from trainer.files import stage_dir, write_text_atomic
+from trainer.files import stage_dir, stage_numbers, write_text_atomic
 
 
 def _read_json(path: Path, unreadable: list[str] | None = None) -> dict | None:
@@ -50,13 +50,7 @@ def _decisions(validation: Any) -> list[dict]:
 
 
 def _stage_dirs(run_dir: Path) -> list[tuple[int, Path]]:
-    out = []
-    for d in run_dir.glob("stage_*"):
-        try:
-            out.append((int(d.name.split("_", 1)[1]), d))
-        except ValueError:
-            continue
-    return sorted(out)
+    return [(k, stage_dir(run_dir, k)) for k in stage_numbers(run_dir)]
 
 
 def _pct(x: Any) -> str:

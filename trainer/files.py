@@ -21,11 +21,20 @@ class RunFileError(RuntimeError):
     (graph.run prints it with the resume command)."""
 
 
+STAGE_PREFIX = "stage_"
+
+
 def stage_dir(run_dir: str | os.PathLike, stage: int) -> Path:
     """`<run_dir>/stage_<stage>`, the folder of one stage's files (its config and data, checkpoint,
     evaluation, the engineer's prompt and reply): the one place that names it. Not created here; the
     writers below create their file's folder."""
-    return Path(run_dir) / f"stage_{stage}"
+    return Path(run_dir) / f"{STAGE_PREFIX}{stage}"
+
+
+def stage_numbers(run_dir: str | os.PathLike) -> list[int]:
+    """The stages that have a folder in `run_dir` (as `stage_dir` names it), in order."""
+    found = (d.name.removeprefix(STAGE_PREFIX) for d in Path(run_dir).glob(f"{STAGE_PREFIX}*"))
+    return sorted(int(k) for k in found if k.isdigit())
 
 
 def weights_sha256(folder: str | os.PathLike) -> dict[str, str]:

@@ -47,11 +47,12 @@ def training_plan(settings, run_dir: Path | None = None, *, stage: int = 0) -> d
 
     from llm_backends.policy import lora_rank
     from llm_backends.vllm_server import VLLMServer, is_cpu_build
+    from trainer.files import stage_dir
     from trainer.trl_setup import check_generation_backend, grpo_config, lora_config
 
     cfg = settings.train
     run_dir = Path(run_dir or settings.run_dir or "runs/<run-id>")
-    out_dir = run_dir / f"stage_{stage}"
+    out_dir = stage_dir(run_dir, stage)
     cuda_here = torch.cuda.is_available()
     mocked = bool(cfg.use_vllm) and not cuda_here
     warnings: list[str] = []
