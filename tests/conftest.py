@@ -115,13 +115,43 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+# Parallel runs (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml): a module's tests run on one worker, in
+# order (its module fixtures are built once); the tests that share the session's vLLM server run on one worker
+# (one server start); the tests of SPLIT, independent end-to-end runs, each go where a worker is free. The groups
+# start longest first, so that no long run is left to start at the end while the other worker idles: FIRST (the
+# smoke grid's own test builds it, while the other worker runs the cpu preset), then the other slow groups, then
+# the groups that read the smoke grid (built by then), then the rest.
+SPLIT = {"test_graph_e2e.py", "test_graph_sigterm_e2e.py", "test_rg_datasets.py", "test_evals_e2e.py"}
+FIRST = ["test_evals_e2e.py::test_compare_engineers_smoke",
+         "test_graph_e2e.py::test_cpu_preset_end_to_end_through_the_stage_child_with_a_ctrl_c_in_stage_1"]
+
+
+def _group(item) -> str:
+    module, _, name = item.nodeid.removeprefix("tests/").partition("::")
+    if "vllm_server" in getattr(item, "fixturenames", ()):
+        return "vllm_server"
+    return f"{module}::{name}" if module in SPLIT else module
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Mark the quick tier (``QUICK`` above)."""
+    """Mark the quick tier (``QUICK`` above), and group and order the tests for parallel workers."""
     for item in items:
         module, _, name = item.nodeid.removeprefix("tests/").partition("::")
         if (module in QUICK and not item.get_closest_marker("slow")) or f"{module}::{name}" in QUICK \
                 or f"{module}::{name.split('[')[0]}" in QUICK:
             item.add_marker(pytest.mark.quick)
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank: dict[str, tuple[int, int]] = {}
+    for item in items:
+        group = _group(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+        key = ((0, FIRST.index(group)) if group in FIRST else (2, 0) if "smoke_grid" in item.fixturenames
+               else (1, 0) if item.get_closest_marker("slow") else (3, 0))
+        rank[group] = min(rank.get(group, key), key)
+    order = {id(it): i for i, it in enumerate(items)}
+    items.sort(key=lambda it: (rank[_group(it)], order[id(it)]))  # a group's own tests keep their order
 
 
 @pytest.fixture(scope="session")
@@ -162,8 +192,10 @@ def vllm_server(vllm_installed, embedded_model_path, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smoke_grid(tmp_path_factory):
-    from tests.support.smoke_grid import run_grid
+    from tests.support.smoke_grid import run_grid, shared_grid
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one grid for every worker of the session
+        return shared_grid(tmp_path_factory.getbasetemp().parent)
     return run_grid(tmp_path_factory.mktemp("compare"))
 
 

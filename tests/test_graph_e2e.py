@@ -77,7 +77,7 @@ def test_sigkill_in_stage_1_then_resume(tmp_path, smoke_grid):
     a SIGKILL while stage 1 trains, then --resume: stage 1 is redone, stage 0 (linked) is never written."""
     run_dir, donor = tmp_path / "run", smoke_grid[0] / "runs" / "fixed-s1"
     env = {"PRESET": "smoke", "ENGINEER": "self", "SEED": "1"}
-    args = ["--run-dir", str(run_dir), "--stage0-from", str(donor), *set_args(engineer_max_attempts=1)]
+    args = ["--run-dir", str(run_dir), "--stage0-from", str(donor), *set_args(engineer_max_attempts=1, engineer_max_tokens=32)]
     donor_before = stat_snapshot(donor / "stage_0")
     proc = start_run(args, env, tmp_path / "first.log")
     try:
@@ -143,7 +143,8 @@ def test_cpu_preset_end_to_end_through_the_stage_child_with_a_ctrl_c_in_stage_1(
     """The cpu preset (compact prompt, cached SFT warm start, dynamic sampling, vLLM evaluation and
     self-engineer) runs end to end with every stage trained in its own child process, shrunk in
     length only: 2 stages, 1 GRPO step each of completions of at most 48 tokens, a 2-step warm start in a cache of
-    its own, 12 answers of at most 64 tokens per evaluation.
+    its own, 12 answers of at most 64 tokens per evaluation, one engineer reply of at most 32 tokens (asked again
+    once at 128 when it is cut).
 
     On the way, a Ctrl-C in the middle of stage 1, while the kept vLLM policy server (started by stage 0's
     evaluation) is up: the process exits with 130, the server is gone, and --resume finishes without touching
@@ -152,7 +153,7 @@ def test_cpu_preset_end_to_end_through_the_stage_child_with_a_ctrl_c_in_stage_1(
     args = ["--preset", "cpu", "--run-dir", str(run_dir), "--set", "stages=2", "--set", "eval_limit=12",
             "--set", "final_limit=6", "--set", "eval_max_tokens=64", "--set", "train.max_steps=1",
             "--set", "train.max_completion_length=48", "--set", "train.sft_steps=2",
-            "--set", "train.sft_instances=16", "--set", "engineer_max_attempts=1"]
+            "--set", "train.sft_instances=16", "--set", "engineer_max_attempts=1", "--set", "engineer_max_tokens=32"]
     log = tmp_path / "run.log"
     (tmp_path / "cache").mkdir()  # a cache of its own, but the converted model linked in: no 50 s conversion again
     (tmp_path / "cache" / embedded_model_path.name).symlink_to(embedded_model_path)

@@ -13,7 +13,11 @@ them), and that time is part of its samples/s. The vLLM server's start-up, once 
 
 With `--stage-steps N` it then runs a whole filtered stage of N optimiser steps (`trainer.filtered.run_filtered_stage`,
 the preset's settings otherwise) once with each in-process sampler, from the same start and seed, and prints the
-seconds of each and their ratio.
+seconds of each and their ratio. With `--stage-samples N` the stage is the preset's kind instead, a budget of N
+sampled answers (`rg-cpu`: 7,680), run once with every sampler (the vLLM server's start and weight reloads
+included): the whole-stage ratio.
+
+    python -m evals.bench.bench_filtered_sampling --samplers generate,vllm --rounds 1 --stage-samples 1024
 
 Printed: per sampler, samples/s over the rounds, seconds per round, weight-sync seconds per round, the share of
 samples the task verifies, and each sampler's speed-up over `generate`. Timings on a shared machine move with its
@@ -77,14 +81,15 @@ def _rounds(samplers: list[str], model, tok, task, rounds: list[list], cfg, log_
         return rows
 
 
-def _stage(how: str, start: Path, task_name: str, items: list, task, cfg, steps: int, tmp: Path) -> dict:
+def _stage(how: str, start: Path, task_name: str, items: list, task, cfg, steps: int, tmp: Path,
+           samples: int = 0) -> dict:
     from trainer.filtered import run_filtered_stage
 
     out = tmp / f"stage-{how}"
     out.mkdir()
     train = out / "train.jsonl"
     train.write_text("".join(task.item_to_json(i) + "\n" for i in items))
-    stage_cfg = cfg.model_copy(update={"max_steps": steps, "filtered_sampler": how})
+    stage_cfg = cfg.model_copy(update={"max_steps": steps, "stage_samples": samples, "filtered_sampler": how})
     t0 = time.perf_counter()
     res = run_filtered_stage(train_path=train, init_checkpoint=start, out_dir=out, cfg=stage_cfg, seed=0,
                              task=task_name, progress=False)
@@ -111,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds each sampler answers (default 3)")
     p.add_argument("--stage-steps", type=int, default=0,
                    help="also time a whole stage of this many optimiser steps with each in-process sampler (0: no)")
+    p.add_argument("--stage-samples", type=int, default=0,
+                   help="also time a whole stage of this budget of sampled answers with every sampler (0: no)")
     p.add_argument("--json", type=Path, default=None, help="also write every figure here")
     a = p.parse_args(argv)
     samplers = [s.strip() for s in a.samplers.split(",") if s.strip()]
@@ -123,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--warm-steps {a.warm_steps}: allowed: 1 or more")
     if a.stage_steps < 0:
         p.error(f"--stage-steps {a.stage_steps}: allowed: 0 (no stage) or more")
+    if a.stage_samples < 0 or (a.stage_samples and a.stage_steps):
+        p.error(f"--stage-samples {a.stage_samples}: allowed: 0 (no stage) or more, and not with --stage-steps")
 
     import torch
 
@@ -163,12 +172,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"{statistics.fmean(r['round_seconds']):>9.1f}{r['sync_seconds_per_round']:>14.2f}"
                   f"{r['start_seconds']:>9.0f}{r['valid']:>8.1%}")
         stages = []
-        if a.stage_steps:
-            in_process = [s for s in samplers if s != "vllm"]
+        if a.stage_steps or a.stage_samples:
+            staged = [s for s in samplers if s != "vllm"] if a.stage_steps else samplers
             items = _items(task, cfg.instances_per_stage, seed=1)
-            for how in in_process:
-                print(f"  a stage of {a.stage_steps} steps, {how} ...", flush=True)
-                stages.append(_stage(how, Path(start), a.task, items, task, cfg, a.stage_steps, Path(tmp)))
+            what = f"{a.stage_steps} steps" if a.stage_steps else f"{a.stage_samples} sampled answers"
+            for how in staged:
+                print(f"  a stage of {what}, {how} ...", flush=True)
+                stages.append(_stage(how, Path(start), a.task, items, task, cfg, a.stage_steps, Path(tmp),
+                                     a.stage_samples))
             print(f"\n{'stage sampler':<26}{'seconds':>9}{'steps':>7}{'rounds':>8}{'samples':>9}{'kept':>6}"
                   f"{'x first':>9}{'x first, per round':>20}")
             for s in stages:

@@ -21,9 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # What stage 0 generates, trains and evaluates: equal for the grid and for every fork of it.
 SMOKE_SET = {"eval_limit": 4, "final_limit": 6, "eval_max_tokens": 32, "train.max_steps": 1}
-# One engineer attempt: the in-process 135M engineer has no JSON-schema decoding and rarely fits a config in
-# its token limit; its retries (about a minute each on 2 cores) test nothing that tests/test_nodes_* do not.
-ENGINEER_SET = {"engineer_max_attempts": 1, "engineer_max_tokens": 128}
+# One engineer attempt of at most 32 tokens (asked again once at 128 when cut): the in-process 135M engineer has
+# no JSON-schema decoding and rarely fits a config in its token limit; its retries and long replies (about a minute
+# each on 2 cores) test nothing that tests/test_nodes_* do not.
+ENGINEER_SET = {"engineer_max_attempts": 1, "engineer_max_tokens": 32}
 # The configs' `set:` line (the same overrides for every run of a grid, as a user would write them).
 SHRINK = "set: {" + ", ".join(f"{k}: {v}" for k, v in {**SMOKE_SET, **ENGINEER_SET}.items()) + "}\n"
 
@@ -48,6 +49,24 @@ def run_config(module: str, cfg: Path, body: str) -> subprocess.CompletedProcess
     proc = evals_cmd(module, cfg)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
+
+
+def shared_grid(root: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """The grid in `root`/compare, run once for every worker of a parallel test session (pytest-xdist): the first
+    worker that asks runs it under a file lock, the others wait for it and read what it left (`done.json`)."""
+    import json
+
+    from filelock import FileLock
+
+    tmp, done = root / "compare", root / "compare.done.json"
+    with FileLock(str(root / "compare.lock")):
+        if not done.is_file():
+            tmp.mkdir(exist_ok=True)
+            _, cfg, proc = run_grid(tmp)
+            done.write_text(json.dumps({"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout,
+                                        "stderr": proc.stderr}))
+    d = json.loads(done.read_text())
+    return tmp, tmp / "compare.yaml", subprocess.CompletedProcess(d["args"], d["returncode"], d["stdout"], d["stderr"])
 
 
 def run_grid(tmp: Path, engineers: str = "fixed, self") -> tuple[Path, Path, subprocess.CompletedProcess]:
