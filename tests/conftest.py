@@ -33,6 +33,25 @@ from pathlib import Path
 
 import pytest
 
+
+def _pin_worker() -> None:
+    """Under pytest-xdist, each worker keeps its share of this process's cores (and its children inherit it):
+    torch's and vLLM's OpenMP threads then never share a core with the other worker's. Oversubscribed OpenMP
+    threads wait on each other at every operation and slow a training step by tens of times. Done before torch
+    is imported, which sizes its thread pool from the cores it may use."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and count.isdigit() and hasattr(os, "sched_setaffinity")):
+        return
+    cores, i, n = sorted(os.sched_getaffinity(0)), int(worker[2:]), int(count)
+    if len(cores) >= n > i:
+        share = cores[i * len(cores) // n:(i + 1) * len(cores) // n]
+        os.environ["TESTS_ALL_CORES"] = ",".join(map(str, cores))  # tests/support/cores.py
+        os.sched_setaffinity(0, share)
+        os.environ["OMP_NUM_THREADS"] = str(len(share))
+
+
+_pin_worker()
+
 QUICK = {
     # env: the verifier and reward, the CLI, the generator and solver on small maps, the library
     "test_env_verify_reward.py",

@@ -14,6 +14,7 @@ import pytest
 
 from evals.config import EvalConfigError
 from evals.grid import jobs_cores
+from tests.support.cores import all_cores, on_all_cores
 from tests.support.smoke_grid import SHRINK, evals_cmd
 
 
@@ -39,7 +40,7 @@ def test_bad_jobs_is_one_error_line_before_anything_runs(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 usable cores")
+@pytest.mark.skipif(len(all_cores()) < 2, reason="needs 2 usable cores")
 def test_jobs_2_runs_the_donors_at_once_pinned_and_forks_from_them(tmp_path, embedded_model_path, monkeypatch):
     """What is checked is the scheduling, never what a policy answers: the policy is a two-block random Llama
     with the embedded model's tokenizer (tests/support/tiny_llama.py), with a model cache of its own."""
@@ -52,7 +53,8 @@ def test_jobs_2_runs_the_donors_at_once_pinned_and_forks_from_them(tmp_path, emb
     cfg.write_text(f"# python -m evals.compare_engineers --config {cfg} --jobs 2\npreset: smoke\n"
                    f"engineers: [fixed, random]\nseeds: [0, 1]\nbaseline: fixed\nshare_stage0: true\n"
                    f"out: {tmp_path / 'out'}\nruns_dir: {tmp_path / 'runs'}\n{shrink}")
-    proc = evals_cmd("evals.compare_engineers", cfg, "--jobs", "2")
+    with on_all_cores():  # a parallel test worker has one core of its own: the grid pins its runs on two
+        proc = evals_cmd("evals.compare_engineers", cfg, "--jobs", "2")
     assert proc.returncode == 0, proc.stderr[-4000:]
     events = (tmp_path / "out" / "events.log").read_text().splitlines()
     starts = [(m.group(1), m.group(2)) for ln in events if (m := re.search(r"\[start\] (\S+) \(cores (\S+)\)", ln))]
