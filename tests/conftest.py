@@ -12,7 +12,7 @@
   Take one of these fixtures rather than a ``skipif(not vllm_available())`` mark, which would skip
   silently where vLLM is missing by accident.
   Do not stop it or reload other weights into it without restoring them: other tests share it.
-- ``smoke_grid`` (session): the smoke comparison grid of tests/support/smoke_grid.py (``fixed`` and ``self`` x seeds
+- ``smoke_grid`` (session): the smoke comparison grid of tests/support/smoke_grid.py (``fixed`` and ``random`` x seeds
   0 and 1, a real ``evals.compare_engineers`` run): ``(folder, config, process)``. Its ``runs/fixed-s0`` and
   ``runs/fixed-s1`` are the stage-0 donors of the loop tests that fork (pass ``smoke_grid.set_args()``) and
   the golden runs of tests/test_golden.py.
@@ -138,10 +138,11 @@ def pytest_ignore_collect(collection_path, config):
 # order (its module fixtures are built once); the tests that share the session's vLLM server run on one worker
 # (one server start); the tests of SPLIT, independent end-to-end runs, each go where a worker is free. The groups
 # start longest first, so that no long run is left to start at the end while the other worker idles: FIRST (the
-# smoke grid's own test builds it, while the other worker runs the cpu preset), then the other slow groups, then
-# the groups that read the smoke grid (built by then), then the rest.
-SPLIT = {"test_graph_e2e.py", "test_graph_sigterm_e2e.py", "test_rg_datasets.py", "test_evals_e2e.py"}
-FIRST = ["test_evals_e2e.py::test_compare_engineers_smoke",
+# smoke grid's own tests build it, while the other worker runs the cpu preset), then the other slow groups, then
+# the groups that read the smoke grid (built by then), then the rest. test_evals_e2e.py stays whole: its ablation
+# adds a run to the grid's folder, which the comparison's rerun check must not see appear.
+SPLIT = {"test_graph_e2e.py", "test_graph_sigterm_e2e.py", "test_rg_datasets.py"}
+FIRST = ["test_evals_e2e.py",
          "test_graph_e2e.py::test_cpu_preset_end_to_end_through_the_stage_child_with_a_ctrl_c_in_stage_1"]
 
 

@@ -1,6 +1,6 @@
-"""evals/ end to end on the real loop: compare_engineers and ablate_context on the smoke preset with the
-`fixed` and `self` engineers and two seeds, each `python -m graph.run` a real subprocess with the embedded
-model. Checks that the table is what the raw verdict files say, that stage 0 is trained once per seed and
+"""evals/ end to end on the real loop: compare_engineers on the smoke preset with the `fixed` and `random` engineers
+and two seeds, and ablate_context with the `self` engineer, each `python -m graph.run` a real subprocess with the
+embedded model. Checks that the table is what the raw verdict files say, that stage 0 is trained once per seed and
 shared (`graph.run --stage0-from`), and that a rerun redoes nothing.
 
 The smoke preset is shrunk further through the configs' `set:` (the same overrides for every run, as a
@@ -73,43 +73,43 @@ def compared(smoke_grid):
 def test_compare_engineers_smoke(compared):
     tmp, cfg, proc = compared
     out, runs = tmp / "out", tmp / "runs"
-    for pair in ("fixed-s0", "self-s0", "fixed-s1", "self-s1"):
+    for pair in ("fixed-s0", "random-s0", "fixed-s1", "random-s1"):
         assert f"[start] {pair}: python -m graph.run --preset smoke" in proc.stderr
         assert (runs / pair / "final" / "eval.jsonl").is_file()
         assert (out / "verdicts" / pair / "final" / "eval.jsonl").read_bytes() == (
             runs / pair / "final" / "eval.jsonl").read_bytes()
-    check_table_against_raw(out, runs, ["fixed", "self"], [0, 1], "fixed")
-    # stage 0 trained once per seed: fixed (first in seed-major order) in full, self forked from it, so the
+    check_table_against_raw(out, runs, ["fixed", "random"], [0, 1], "fixed")
+    # stage 0 trained once per seed: fixed (first in seed-major order) in full, random forked from it, so the
     # two engineers of a seed share stage 0's config and its validation verdicts byte for byte
     assert "refused --stage0-from" not in proc.stderr
     for s in (0, 1):
         start = {p: next(ln for ln in proc.stderr.splitlines() if ln.startswith(f"[start] {p}-s{s}:"))
-                 for p in ("fixed", "self")}
+                 for p in ("fixed", "random")}
         assert "--stage0-from" not in start["fixed"]
-        assert start["self"].endswith(f"--stage0-from {runs / f'fixed-s{s}'}")
+        assert start["random"].endswith(f"--stage0-from {runs / f'fixed-s{s}'}")
         for rel in ("stage_0/config.json", "stage_0/eval.jsonl"):
-            assert (runs / f"fixed-s{s}" / rel).read_bytes() == (runs / f"self-s{s}" / rel).read_bytes(), (s, rel)
-        donor = json.loads((runs / f"self-s{s}" / "stage0_from.json").read_text())["donor"]
+            assert (runs / f"fixed-s{s}" / rel).read_bytes() == (runs / f"random-s{s}" / rel).read_bytes(), (s, rel)
+        donor = json.loads((runs / f"random-s{s}" / "stage0_from.json").read_text())["donor"]
         assert Path(donor).resolve() == (runs / f"fixed-s{s}").resolve()
         # each stage's kept weights are recorded by their sha256 beside the verdicts
-        weights = {p: json.loads((out / "verdicts" / f"{p}-s{s}" / "weights.json").read_text()) for p in ("fixed", "self")}
+        weights = {p: json.loads((out / "verdicts" / f"{p}-s{s}" / "weights.json").read_text()) for p in ("fixed", "random")}
         for p, recorded in weights.items():
             kept = sorted((runs / f"{p}-s{s}").glob("stage_*/checkpoint/*.safetensors"))
             assert kept and recorded == {
                 f.parent.parent.name: {f.name: hashlib.sha256(f.read_bytes()).hexdigest()} for f in kept}
         # the donor keeps every stage's weights (the grid starts it with keep_checkpoints=all); the fork, on the
         # smoke preset's keep_checkpoints=last, deleted its links to stage 0's once its stage 1 was saved
-        assert "stage_0" in weights["fixed"] and "stage_0" not in weights["self"], weights
-        assert (runs / f"self-s{s}" / "stage_0" / "pruned.json").is_file()
+        assert "stage_0" in weights["fixed"] and "stage_0" not in weights["random"], weights
+        assert (runs / f"random-s{s}" / "stage_0" / "pruned.json").is_file()
         assert not (runs / f"fixed-s{s}" / "stage_0" / "pruned.json").exists()
     md = (out / "table.md").read_text()
-    assert "| fixed | 2 |" in md and "| self | 2 |" in md and "Gap of Sum to `fixed`" in md
+    assert "| fixed | 2 |" in md and "| random | 2 |" in md and "Gap of Sum to `fixed`" in md
     for png in ("validation_per_stage.png", "allocation.png"):
         assert (out / png).stat().st_size > 1000
     assert "Stage 0 was trained once per seed and shared (paired design)" in md
     timings = json.loads((out / "timings.json").read_text())
-    assert set(timings) == {"fixed-s0", "self-s0", "fixed-s1", "self-s1"}
-    assert [timings[p]["stage0_shared"] for p in ("fixed-s0", "self-s0", "fixed-s1", "self-s1")] == [
+    assert set(timings) == {"fixed-s0", "random-s0", "fixed-s1", "random-s1"}
+    assert [timings[p]["stage0_shared"] for p in ("fixed-s0", "random-s0", "fixed-s1", "random-s1")] == [
         False, True, False, True]
     assert all(t["machine"] and t["last_rc"] == 0 for t in timings.values())
 
@@ -118,7 +118,7 @@ def test_compare_engineers_smoke(compared):
     again = evals_cmd("evals.compare_engineers", cfg)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[start]" not in again.stderr
-    for pair in ("fixed-s0", "self-s0", "fixed-s1", "self-s1"):
+    for pair in ("fixed-s0", "random-s0", "fixed-s1", "random-s1"):
         assert f"[skip] {pair}: finished" in again.stderr
     assert snapshot(runs) == before
     assert (out / "table.csv").read_text().count("\n") > 4

@@ -141,6 +141,9 @@ def test_trainer_log_dicts_go_to_the_log_file_not_stdout(tmp_path, capsys):
     handler = logging.FileHandler(tmp_path / "train.log")
     handler.setLevel(logging.INFO)
     old = root.level
+    own = logging.getLogger("trainer.log")
+    own_level = own.level  # an in-process stage run earlier in this process may have quieted it
+    own.setLevel(logging.NOTSET)
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:
@@ -151,6 +154,7 @@ def test_trainer_log_dicts_go_to_the_log_file_not_stdout(tmp_path, capsys):
     finally:
         root.removeHandler(handler)
         root.setLevel(old)
+        own.setLevel(own_level)
         handler.close()
     assert 'step 3: {"loss": 0.25, "reward": 0.5}' in (tmp_path / "train.log").read_text()
     assert "loss" not in capsys.readouterr().out

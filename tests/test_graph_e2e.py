@@ -136,7 +136,7 @@ def test_approve_lets_a_person_replace_the_proposal(tmp_path, smoke_grid):
     stage1 = json.loads((run_dir / "stage_1" / "config.json").read_text())
     assert {n: stage1["sizes"][str(n)]["data_ratio"] for n in SIZES} == {n: float(n == 3) for n in SIZES}
     rows = [json.loads(line) for line in (run_dir / "stage_1" / "train.jsonl").read_text().splitlines()]
-    assert rows and {r["level"] for r in rows} == {3}
+    assert rows and {r["size"] for r in rows} == {3}
 
 
 def test_cpu_preset_end_to_end_through_the_stage_child_with_a_ctrl_c_in_stage_1(tmp_path, embedded_model_path):

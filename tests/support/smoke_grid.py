@@ -1,6 +1,6 @@
 """The smoke comparison grid that the slow end-to-end tests share (the ``smoke_grid`` fixture in conftest).
 
-One real `python -m evals.compare_engineers` run on the smoke preset, engineers `fixed` and `self`, seeds 0
+One real `python -m evals.compare_engineers` run on the smoke preset, engineers `fixed` and `random`, seeds 0
 and 1, stage 0 shared per seed. Its finished `fixed-s0` / `fixed-s1` runs are also the stage-0 donors
 (`graph.run --stage0-from`) of the fork, approve and SIGKILL tests, so stage 0 is trained twice in the
 suite for these five tests instead of five times; and they are the golden runs (tests/test_golden.py), pinned
@@ -69,7 +69,7 @@ def shared_grid(root: Path) -> tuple[Path, Path, subprocess.CompletedProcess]:
     return tmp, tmp / "compare.yaml", subprocess.CompletedProcess(d["args"], d["returncode"], d["stdout"], d["stderr"])
 
 
-def run_grid(tmp: Path, engineers: str = "fixed, self") -> tuple[Path, Path, subprocess.CompletedProcess]:
+def run_grid(tmp: Path, engineers: str = "fixed, random") -> tuple[Path, Path, subprocess.CompletedProcess]:
     """The grid in `tmp` (its runs in tmp/runs); `engineers="fixed"` runs the golden runs alone (tests/support/golden.py)."""
     cfg = tmp / "compare.yaml"
     proc = run_config("evals.compare_engineers", cfg,
