@@ -409,6 +409,15 @@ def probe_cell(dataset: str, lv: Level) -> str | None:
     return f"its scorer accepts any answer ({JUNK!r} scores {junk:g})" if junk >= 1.0 else None
 
 
+def _default_signals() -> None:
+    """In a forked probe: SIGTERM ends it, whatever handler the parent had (a stage's child process turns SIGTERM
+    into a stop request, which would leave the pool waiting for a probe that never ends); Ctrl-C is the parent's."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def probe_cells(dataset: str, cells: list[Level]):
     """(cell, `probe_cell`'s note) for each cell, each in a forked child given `PROBE_TIMEOUT_S` (a generator
     that searches for longer is stopped there). Without fork (not on Linux, or in a daemon process), in this
@@ -420,7 +429,8 @@ def probe_cells(dataset: str, cells: list[Level]):
         return
     pending = list(cells)
     while pending:
-        with mp.get_context("fork").Pool(1) as pool:  # leaving the block terminates a child still searching
+        # leaving the block terminates the child (SIGTERM): still searching, or idle
+        with mp.get_context("fork").Pool(1, initializer=_default_signals) as pool:
             while pending:
                 lv = pending.pop(0)
                 try:

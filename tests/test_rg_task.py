@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -240,3 +241,27 @@ def test_the_warm_start_draws_from_the_levels_it_is_given():
     every = task.warm_start_items(None, 40, 3)
     assert [i.id for i in every] == [i.id for i in task.warm_start_items(list(range(len(task.levels))), 40, 3)]
     assert {i.level for i in task.warm_start_items([0, 2], 20, 3)} == {0, 2}
+
+
+def test_a_level_check_that_runs_over_its_time_ends_even_where_sigterm_is_a_stop_request():
+    """A stage's child process handles SIGTERM itself (a stop request). A forked level check that runs over its
+    time is still ended there (the pool stops it with SIGTERM), instead of the task's load waiting for it."""
+    script = ("import signal, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: None)  # as trainer.child does: a stop request\n"
+              "import env.rg as rg\n"
+              "def searching(dataset, cell):\n"
+              "    time.sleep(60)\n"
+              "rg.probe_cell, rg.PROBE_TIMEOUT_S = searching, 0.5\n"
+              "t0 = time.monotonic()\n"
+              "(cell, why), = rg.probe_cells('any', ['a cell'])\n"
+              "print(f'{time.monotonic() - t0:.1f}', why)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=45)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # with its forked check: its SIGTERM is a stop request
+        proc.communicate()
+        pytest.fail("the load waited for a level check that ran over its time")
+    seconds, why = out.split(" ", 1)
+    assert proc.returncode == 0 and float(seconds) < 20 and "took over 0.5 s" in why, (out, err[-2000:])
