@@ -134,13 +134,12 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
-# Parallel runs (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml): a module's tests run on one worker, in
-# order (its module fixtures are built once); the tests that share the session's vLLM server run on one worker
-# (one server start); the tests of SPLIT, independent end-to-end runs, each go where a worker is free. The groups
-# start longest first, so that no long run is left to start at the end while the other worker idles: FIRST (the
-# smoke grid's own tests build it, while the other worker runs the cpu preset), then the other slow groups, then
-# the groups that read the smoke grid (built by then), then the rest. test_evals_e2e.py stays whole: its ablation
-# adds a run to the grid's folder, which the comparison's rerun check must not see appear.
+# Parallel runs (pytest-xdist, `-n 2` in pyproject.toml). The tests are ordered longest first, so that no long run
+# is left to start at the end while the other worker idles: FIRST (the smoke grid's own tests, which build it, and
+# the cpu preset), then the other slow tests, then the tests that read the smoke grid (built by then), then the rest.
+# The groups below are meant to keep a module's tests (and the users of the session's vLLM server) on one worker
+# under `--dist loadgroup`; as measured, pytest-xdist still hands the tests out one by one, so every test here must
+# (and does) pass on either worker, beside any other.
 SPLIT = {"test_graph_e2e.py", "test_graph_sigterm_e2e.py", "test_rg_datasets.py"}
 FIRST = ["test_evals_e2e.py",
          "test_graph_e2e.py::test_cpu_preset_end_to_end_through_the_stage_child_with_a_ctrl_c_in_stage_1"]

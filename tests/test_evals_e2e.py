@@ -113,14 +113,16 @@ def test_compare_engineers_smoke(compared):
         False, True, False, True]
     assert all(t["machine"] and t["last_rc"] == 0 for t in timings.values())
 
-    # A rerun redoes nothing: no graph.run is started and the run folders are untouched.
-    before = snapshot(runs)
+    # A rerun redoes nothing: no graph.run is started and the grid's run folders are untouched (the ablation
+    # below may add its own run beside them meanwhile, on the other test worker).
+    pairs = ("fixed-s0", "random-s0", "fixed-s1", "random-s1")
+    before = {pair: snapshot(runs / pair) for pair in pairs}
     again = evals_cmd("evals.compare_engineers", cfg)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "[start]" not in again.stderr
     for pair in ("fixed-s0", "random-s0", "fixed-s1", "random-s1"):
         assert f"[skip] {pair}: finished" in again.stderr
-    assert snapshot(runs) == before
+    assert {pair: snapshot(runs / pair) for pair in pairs} == before
     assert (out / "table.csv").read_text().count("\n") > 4
 
 
