@@ -23,11 +23,8 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     """95% Wilson score interval of a proportion k/n (inside [0, 1] by construction)."""
     if n == 0:
         return (0.0, 0.0)
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (0.0 if k == 0 else max(0.0, centre - half), 1.0 if k == n else min(1.0, centre + half))
+    lo, hi = _wilson_rate(k / n, n, z)
+    return (0.0 if k == 0 else lo, 1.0 if k == n else hi)
 
 
 def row_level(row: dict) -> int:
@@ -218,6 +215,7 @@ def mean_at_k_interval(counts: Sequence[int], k: int, z: float = 1.959964) -> tu
 
 
 def _wilson_rate(p: float, n: float, z: float) -> tuple[float, float]:
+    """Wilson's score interval of a rate `p` over `n` trials (`n` need not be whole: an effective number)."""
     den = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den

@@ -310,8 +310,8 @@ def with_sampled(metrics: dict[str, Any], out_dir: Path, checkpoint: str | None,
     temperature (`families/sampled.py`: `out_dir/eval_sampled.jsonl`, resumable; `families.metrics.sampled_metrics`)."""
     family, k, temperature = family_of(settings), settings.eval_samples, settings.sample_temperature
     instances = limit_instances(family.split(settings.eval_split), settings.eval_limit)
-    key = sample_key(eval_key(settings.eval_split, instances, checkpoint=checkpoint, settings=settings, model=model),
-                     k, temperature)
+    greedy = json.loads((out_dir / KEY_FILE).read_text())  # the greedy answers' key, just written (weights hashed once)
+    key = sample_key(greedy, k, temperature)
     rows = run_sampled(instances, out_dir, key, model=model or policy_opener(checkpoint, settings, out_dir),
                        family=family, k=k, temperature=temperature, max_tokens=settings.eval_max_tokens,
                        batch_size=settings.eval_batch_size, prompt_style=settings.train.prompt_style,
