@@ -134,18 +134,19 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
-# Parallel runs (pytest-xdist, `-n 2` in pyproject.toml). The tests are ordered longest first, so that no long run
-# is left to start at the end while the other worker idles: FIRST (the smoke grid's own tests, which build it, and
-# the cpu preset), then the other slow tests, then the tests that read the smoke grid (built by then), then the rest.
-# The groups below are meant to keep a module's tests (and the users of the session's vLLM server) on one worker
-# under `--dist loadgroup`; as measured, pytest-xdist still hands the tests out one by one, so every test here must
-# (and does) pass on either worker, beside any other.
+# Parallel runs (pytest-xdist, `-n 2` in pyproject.toml). Under `--dist loadgroup` a group's tests run on one worker, in
+# order: a module's tests share its module fixtures, and the users of the session's vLLM server share one server.
+# The modules in SPLIT are not grouped: their long tests spread over both workers. The groups are ordered longest first,
+# so that no long run is left to start at the end while the other worker idles: FIRST (the smoke grid's own tests,
+# which build it, and the cpu preset), then the other slow tests, then the tests that read the smoke grid (built by
+# then), then the rest. Every test still passes on either worker, beside any other, and in one process (`-n 0`).
 SPLIT = {"test_graph_e2e.py", "test_graph_sigterm_e2e.py", "test_rg_datasets.py"}
 FIRST = ["test_evals_e2e.py",
          "test_graph_e2e.py::test_cpu_preset_end_to_end_through_the_stage_child_with_a_ctrl_c_in_stage_1"]
 
 
 def _group(item) -> str:
+    """The test's group: ``vllm_server`` for the server's users, the module, or the test itself in a SPLIT module."""
     module, _, name = item.nodeid.removeprefix("tests/").partition("::")
     if "vllm_server" in getattr(item, "fixturenames", ()):
         return "vllm_server"
@@ -165,7 +166,8 @@ def pytest_collection_modifyitems(config, items):
     rank: dict[str, tuple[int, int]] = {}
     for item in items:
         group = _group(item)
-        item.add_marker(pytest.mark.xdist_group(group))
+        if "::" not in group:  # a test of a SPLIT module is a unit of its own
+            item.add_marker(pytest.mark.xdist_group(group))
         key = ((0, FIRST.index(group)) if group in FIRST else (2, 0) if "smoke_grid" in item.fixturenames
                else (1, 0) if item.get_closest_marker("slow") else (3, 0))
         rank[group] = min(rank.get(group, key), key)

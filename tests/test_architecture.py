@@ -5,8 +5,11 @@ lines."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("env", "llm_backends", "trainer", "families", "nodes", "graph", "evals")
@@ -159,3 +162,12 @@ def test_the_mapf_literal_is_written_only_by_its_family_and_the_registry_of_buil
                 if isinstance(node, ast.Constant) and node.value == "mapf" and rel not in allowed:
                     found.append(f"{rel}:{node.lineno}")
     assert not found, f"the task name 'mapf' written outside its family and the registry: {found}"
+
+
+def test_the_parallel_groups_take_effect(request):
+    """Under `--dist loadgroup`, pytest-xdist runs a group's tests on one worker only if it could suffix the test's
+    id with its group (tests/conftest.py): a pytest it does not follow (9.2 with pytest-xdist 3.8) ignores the groups
+    silently, and the session's vLLM server and every module fixture are then built on both workers."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not a parallel `--dist loadgroup` run")
+    assert request.node.nodeid.endswith("@test_architecture.py"), request.node.nodeid
