@@ -413,10 +413,11 @@ def collect_verdicts(pair: Pair, out: Path) -> Path:
     Besides the answers' verdicts and each stage's config, each stage's `validation.json` and
     `engineer_reply.md` are kept: what the engineer proposed, in its own words, and what validation did with it."""
     dest = out / "verdicts" / pair.name
-    files = ["settings.json", "final/eval.jsonl", "final_cpu/eval.jsonl", "stage0_from.json"]
+    files = ["settings.json", "final/eval.jsonl", "final/eval_sampled.jsonl", "final/metrics.json",
+             "final_cpu/eval.jsonl", "stage0_from.json"]
     for k in stage_numbers(pair.run_dir):
-        files += [str(stage_dir(Path(), k) / name)
-                  for name in ("eval.jsonl", "config.json", "validation.json", "engineer_reply.md")]
+        files += [str(stage_dir(Path(), k) / name) for name in ("eval.jsonl", "eval_sampled.jsonl", "config.json",
+                                                                "validation.json", "engineer_reply.md")]
     for rel in files:
         src = pair.run_dir / rel
         if src.is_file():

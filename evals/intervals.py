@@ -242,10 +242,11 @@ def rate_interval(per_seed: Mapping[Any, Mapping[Any, Cell]]) -> dict[str, Any]:
     out = {"n": len(seeds_data), "mean": mean, "per_seed": {str(s): v for s, v in sorted(values.items())}}
     distinct = {(str(t), i): v for st in seeds_data.values() for t, c in st.items() for i, v in c}
     every = [v for st in seeds_data.values() for c in st.values() for _, v in c]
-    if all(v == every[0] for v in every):  # 0 of N or N of N: Wilson over the distinct instances
+    binary = all(v in (0.0, 1.0) for v in every)  # else shares of right samples (mean@k): always the bootstrap
+    if binary and all(v == every[0] for v in every):  # 0 of N or N of N: Wilson over the distinct instances
         lo, hi = wilson(int(sum(distinct.values())), len(distinct))
         return {**out, "low": lo, "high": hi, "method": "wilson-pooled"}
-    if len(seeds_data) == 1 and len(next(iter(seeds_data.values()))) == 1:
+    if binary and len(seeds_data) == 1 and len(next(iter(seeds_data.values()))) == 1:
         c = next(iter(next(iter(seeds_data.values())).values()))
         lo, hi = wilson(int(sum(v for _, v in c)), len(c))
         return {**out, "low": lo, "high": hi, "method": "wilson"}
@@ -261,7 +262,7 @@ def paired_cells(a: Sequence[tuple[str, bool]], b: Sequence[tuple[str, bool]]) -
     da, db = dict(a), dict(b)
     if len(da) != len(a) or len(db) != len(b) or set(da) != set(db):
         return None
-    return [(str(i), float(bool(da[i])) - float(bool(db[i]))) for i in da]
+    return [(str(i), float(da[i]) - float(db[i])) for i in da]  # a success, or a share of right samples
 
 
 def gap_interval(arm: Mapping[Any, Mapping[Any, Sequence[tuple[str, bool]]]],

@@ -180,8 +180,39 @@ def _counts(cells: Mapping[Any, list[tuple[str, bool]]]) -> dict[Any, tuple[int,
 
 def summarize(verdicts: Mapping[tuple[str, int], Path], arm_order: Sequence[str], baseline: str | None,
               criterion: str | None = None) -> dict:
-    """`summarize_rows` of the verdict folders' `final/eval.jsonl`."""
-    return summarize_rows(read_verdicts(verdicts), arm_order, baseline, criterion)
+    """`summarize_rows` of the verdict folders' `final/eval.jsonl`, with `sampled` (`summarize_sampled`) where the
+    held-out questions were also answered by sampling (`final/eval_sampled.jsonl`)."""
+    table = summarize_rows(read_verdicts(verdicts), arm_order, baseline, criterion)
+    sampled = summarize_sampled(verdicts, table["arms"], baseline)
+    return {**table, "sampled": sampled} if sampled else table
+
+
+def summarize_sampled(verdicts: Mapping[tuple[str, int], Path], arms: Sequence[str],
+                      baseline: str | None) -> dict | None:
+    """Per arm, mean@k on the held-out split: each question's share of right sampled answers, the mean over
+    questions and then over seeds, with its 95 % interval over seeds and the questions they share (questions, not
+    answers, are the units drawn: a question's samples stay together), and the gap to `baseline` paired by seed
+    and question. None where no pair sampled. {"k", "temperature", "rows": {arm: rate_interval + gap}}."""
+    per: dict[str, dict[int, dict[str, list[tuple[str, float]]]]] = {}
+    ks, temps = set(), set()
+    for (arm, seed), folder in sorted(verdicts.items()):
+        path = folder / "final" / "eval_sampled.jsonl"
+        if not path.is_file():
+            continue
+        right: dict[str, list[bool]] = {}
+        for r in read_jsonl(path):
+            right.setdefault(str(r["id"]), []).append(bool(r.get("valid")))
+        ks.update(len(v) for v in right.values())
+        temps.add((read_json(folder / "final" / "metrics.json") or {}).get("final/sample_temperature"))
+        per.setdefault(arm, {})[seed] = {"all": [(i, sum(v) / len(v)) for i, v in right.items()]}
+    if not per:
+        return None
+    rows = {}
+    for arm in [a for a in arms if a in per]:
+        rows[arm] = rate_interval(per[arm])
+        if baseline in per and arm != baseline:
+            rows[arm]["gap"] = gap_interval(per[arm], per[baseline])
+    return {"k": sorted(ks), "temperature": sorted(t for t in temps if t is not None), "rows": rows}
 
 
 def summarize_rows(data: Mapping[tuple[str, int], list[dict]], arm_order: Sequence[str], baseline: str | None,

@@ -153,6 +153,7 @@ def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None,
                            lambda arm, c, metric: table["rows"][arm].get(c, {}).get(metric, {}).get("gap"))
     elif base:
         lines += [f"No gap columns: the baseline `{base}` has no finished run.", ""]
+    lines += _sampled_block(table.get("sampled"), arm_header, base)
     fails = table.get("failures") or {}
     if fails.get("arms"):
         lines += ["**Where the answers fail: share of held-out answers (%) by the first check they fail** "
@@ -182,6 +183,23 @@ def table_markdown(table: Mapping[str, Any], *, title: str, command: str | None,
     return "\n".join(lines)
 
 
+def _sampled_block(sampled: Mapping[str, Any] | None, arm_header: str, base: str | None) -> list[str]:
+    """The mean@k table, where the held-out questions were also answered by sampling."""
+    if not sampled:
+        return []
+    k = "/".join(map(str, sampled["k"]))
+    t = "/".join(f"{x:g}" for x in sampled["temperature"]) or "?"
+    rows = sampled["rows"]
+    gap = bool(base) and any("gap" in st for st in rows.values())
+    out = [f"**Sampled valid % (mean@{k} at temperature {t})** on the held-out split: each question's share of right "
+           "sampled answers; intervals over seeds and questions (a question's samples drawn together)", "",
+           f"| {arm_header} | seeds | mean@{k} %" + (f" | gap to {base} (points)" if gap else "") + " |",
+           "|---|---|---|" + ("---|" if gap else "")]
+    for a, st in rows.items():
+        out.append(f"| {a} | {st['n']} | {_cell(st)}" + (f" | {_cell(st.get('gap'), True)}" if gap else "") + " |")
+    return [*out, ""]
+
+
 def _csv_row(arm: str, layout: str, subset: str, size: Any, metric: str, crit: str, st: Mapping[str, Any]) -> dict:
     gap = st.get("gap") or {}
     return {"arm": arm, "layout": layout, "subset": subset, "size": size, "metric": metric, "criterion": crit,
@@ -206,6 +224,9 @@ def table_rows(table: Mapping[str, Any]) -> list[dict[str, Any]]:
                 st = row.get(sub, {}).get(metric)
                 if st:
                     out.append(_csv_row(a, "pooled", sub, None, metric, crit, st))
+        st = ((table.get("sampled") or {}).get("rows") or {}).get(a)
+        if st:  # mean@k: each question's share of right sampled answers
+            out.append(_csv_row(a, "pooled", "all", None, "sampled_valid", crit, st))
     return out
 
 

@@ -3,22 +3,19 @@
 The split, the prompts, the verdict rows, the metrics and the final table are the run's family's
 (`families/base.py` `LoopFamily`); what follows names MAPF-FrozenLake's.
 
-`evaluate` runs after every train stage on `settings.eval_split` (the fixed 2-agent validation set) and
-writes `stage_<k>/eval.jsonl` (one row per instance: id, size, agents, tags, the raw answer text and the
-verdict fields) and `stage_<k>/metrics.json`. `final_evaluate` runs once at the end on
-`settings.final_split` (the held-out 3/4/5-agent benchmark) and writes `final/` with the paper's tables:
-aggregates per agent count and per wait-ratio subset. At stage 0, a run that began from a cached SFT warm start
-evaluates that start first, the same way, into `stage_0/start/` (`evaluate_start`): the row its learning is
-measured from. Its answers are kept in the cache (`<cache>/start_evals/`, per CPU and torch / vLLM / transformers
-version, beside `warm_start/`) and verified again on every reuse, so a start is answered once per machine.
+`evaluate` runs after every train stage on `settings.eval_split` (MAPF: the fixed 2-agent validation set) and writes
+`stage_<k>/eval.jsonl` (one row per instance: id, level, tags, the raw answer text and the verdict fields) and
+`stage_<k>/metrics.json`. `final_evaluate` runs once at the end on `settings.final_split` and writes `final/` with the
+family's tables. At stage 0, a run that began from a cached SFT warm start evaluates that start first, the same way,
+into `stage_0/start/` (`evaluate_start`): the row its learning is measured from. Its greedy answers are kept in the
+cache (`<cache>/start_evals/`, per CPU and torch / vLLM / transformers version) and verified again on every reuse.
 
-Metrics come from `compute_metrics(rows)` / `compute_final_metrics(rows)` (`families.metrics`), pure functions of the
-rows of an `eval.jsonl`, so any table can be recomputed from the saved answers. Stable names:
-`eval/valid_rate`, `eval/optimal_rate`, `eval/valid_rate/level_<k>`, `eval/optimal_rate/level_<k>`,
-`eval/failure/<name>` (counts, in `env.FAILURES` order), `eval/n`, plus a `by_level` table
-`{"<s>": {n, valid, optimal, valid_rate, optimal_rate, failures: {name: count}}}`. With `eval_samples` k, each
-question is also answered k times at a temperature (`families/sampled.py`, `stage_<k>/eval_sampled.jsonl`), and the
-metrics gain `eval/sampled_valid_rate` (mean@k), its interval, per level, `eval/samples_k`, `eval/sample_temperature`.
+Metrics are pure functions of the rows of an `eval.jsonl` (`families.metrics`), so any table can be recomputed from
+the saved answers: `eval/valid_rate`, `eval/optimal_rate`, `eval/valid_rate/level_<k>`, `eval/optimal_rate/level_<k>`,
+`eval/failure/<name>`, `eval/n`, and a `by_level` table `{"<level>": {n, valid, optimal, valid_rate, optimal_rate,
+failures}}`. With `eval_samples` k, each question of the start's, every stage's and the final evaluation is also
+answered k times at a temperature (`families/sampled.py`, `eval_sampled.jsonl`): `<prefix>/sampled_valid_rate`
+(mean@k), its interval, per level, `<prefix>/samples_k`, `<prefix>/sample_temperature`.
 """
 
 from __future__ import annotations
@@ -160,7 +157,6 @@ def answer_and_verify(
 
 # ----------------------------------------------------------------------------- files
 
-
 def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
     """Written to a temporary file and renamed (`trainer.files`): never half a file, never a donor's inode."""
     write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
@@ -168,8 +164,7 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
 
 def read_rows(path: Path) -> list[dict]:
     """The rows of an `eval.jsonl` (to recompute metrics from saved answers)."""
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -305,18 +300,23 @@ def policy_opener(checkpoint: str | None, settings: Settings, log_dir: Path) -> 
 
 
 def with_sampled(metrics: dict[str, Any], out_dir: Path, checkpoint: str | None, settings: Settings,
-                 model: ChatModel | None = None) -> dict[str, Any]:
-    """`metrics` with the mean@k of `settings.eval_samples` answers per question sampled at the run's sample
+                 model: ChatModel | None, split: str, limit: int | None, prefix: str = "eval") -> dict[str, Any]:
+    """`metrics` with the mean@k of `settings.eval_samples` answers per question of `split` sampled at the run's sample
     temperature (`families/sampled.py`: `out_dir/eval_sampled.jsonl`, resumable; `families.metrics.sampled_metrics`)."""
     family, k, temperature = family_of(settings), settings.eval_samples, settings.sample_temperature
-    instances = limit_instances(family.split(settings.eval_split), settings.eval_limit)
+    instances = limit_instances(family.split(split), limit)
     greedy = json.loads((out_dir / KEY_FILE).read_text())  # the greedy answers' key, just written (weights hashed once)
-    key = sample_key(greedy, k, temperature)
-    rows = run_sampled(instances, out_dir, key, model=model or policy_opener(checkpoint, settings, out_dir),
-                       family=family, k=k, temperature=temperature, max_tokens=settings.eval_max_tokens,
-                       batch_size=settings.eval_batch_size, prompt_style=settings.train.prompt_style,
-                       criterion=settings.train.optimality)
-    return sampled_metrics(metrics, rows, k, temperature)
+    rows = run_sampled(instances, out_dir, sample_key(greedy, k, temperature),
+                       model=model or policy_opener(checkpoint, settings, out_dir), family=family, k=k,
+                       temperature=temperature, max_tokens=settings.eval_max_tokens, batch_size=settings.eval_batch_size,
+                       prompt_style=settings.train.prompt_style, criterion=settings.train.optimality)
+    return sampled_metrics(metrics, rows, k, temperature, prefix)
+
+
+def sampled_note(metrics: dict[str, Any], prefix: str = "eval") -> str:
+    """`, sampled valid 0.412 (mean@4)` for a progress line, or nothing where no answer was sampled."""
+    k = metrics.get(f"{prefix}/samples_k")
+    return f", sampled valid {metrics[f'{prefix}/sampled_valid_rate']:.3f} (mean@{k})" if k else ""
 
 
 START_DIR = "start"  # stage_0/start/: the warm start's own evaluation (eval.jsonl, eval.key.json, metrics.json)
@@ -411,8 +411,11 @@ def evaluate_start(run_dir: Path, stage_metrics: dict[str, Any], settings: Setti
         answers = [{k: r.get(k) for k in ("id", "text", "completion_tokens", "finish_reason")} for r in rows]
         cache.parent.mkdir(parents=True, exist_ok=True)
         write_json(cache, {"key": key, "answers": answers})
-    metrics = {**family.metrics(rows), "start/cache_key": stage_metrics.get("sft/cache_key"),
-               "start/cache_path": path, "start/answers_reused": kept is not None}
+    metrics = family.metrics(rows)
+    if settings.eval_samples:  # sampled like every stage (its answers are not cached: they are drawn afresh)
+        metrics = with_sampled(metrics, out_dir, path, settings, model, settings.eval_split, settings.eval_limit)
+    metrics.update({"start/cache_key": stage_metrics.get("sft/cache_key"), "start/cache_path": path,
+                    "start/answers_reused": kept is not None})
     write_json(out_dir / "metrics.json", metrics)
     return metrics
 
@@ -425,7 +428,7 @@ def start_update(run_dir: Path, stage_metrics: dict[str, Any], settings: Setting
         return {"log": []}
     return {"start_metrics": start, "log": [
         f"warm start: eval on {settings.eval_split} (n={start['eval/n']}): valid {start['eval/valid_rate']:.3f}, "
-        f"optimal {start['eval/optimal_rate']:.3f}"]}
+        f"optimal {start['eval/optimal_rate']:.3f}{sampled_note(start)}"]}
 
 
 def evaluate(
@@ -453,12 +456,11 @@ def evaluate(
                     limit=settings.eval_limit, model=model)
     metrics = family_of(settings).metrics(rows)
     if settings.eval_samples:  # mean@k beside the greedy figures
-        metrics = with_sampled(metrics, out_dir, state.get("checkpoint"), settings, model)
+        metrics = with_sampled(metrics, out_dir, state.get("checkpoint"), settings, model, settings.eval_split,
+                               settings.eval_limit)
     write_json(on_disk, {**kept, **metrics})
-    line = (f"stage {stage}: eval on {settings.eval_split} (n={metrics['eval/n']}): "
-            f"valid {metrics['eval/valid_rate']:.3f}, optimal {metrics['eval/optimal_rate']:.3f}")
-    if settings.eval_samples:
-        line += f", sampled valid {metrics['eval/sampled_valid_rate']:.3f} (mean@{settings.eval_samples})"
+    line = (f"stage {stage}: eval on {settings.eval_split} (n={metrics['eval/n']}): valid "
+            f"{metrics['eval/valid_rate']:.3f}, optimal {metrics['eval/optimal_rate']:.3f}{sampled_note(metrics)}")
     return {**update, "metrics": metrics, "log": [*update["log"], line]}
 
 
@@ -479,12 +481,13 @@ def final_evaluate(
         model=model,
     )
     final, table = family_of(settings).final(rows)
+    if settings.eval_samples:  # mean@k of the held-out split too
+        final = with_sampled(final, out_dir, state.get("checkpoint"), settings, model, settings.final_split,
+                             settings.final_limit, prefix="final")
     write_json(out_dir / "metrics.json", final)
     write_text_atomic(out_dir / "table.md", table)
-    lines = [
-        f"final on {settings.final_split} (n={final['final/n']}): "
-        f"valid {final['final/valid_rate']:.3f}, optimal {final['final/optimal_rate']:.3f}"
-    ]
+    lines = [f"final on {settings.final_split} (n={final['final/n']}): valid {final['final/valid_rate']:.3f}, "
+             f"optimal {final['final/optimal_rate']:.3f}{sampled_note(final, 'final')}"]
     if settings.final_cpu_split:  # beside the held-out benchmark, never instead of it
         cpu_dir = out_dir.parent / "final_cpu"
         cpu, cpu_table = family_of(settings).final(run_eval(settings.final_cpu_split, cpu_dir,

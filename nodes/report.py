@@ -255,10 +255,10 @@ def _criterion_name(data: dict[str, Any]) -> str:
             if crit == "makespan" else "the sum of costs equals the instance's optimal sum of costs")
 
 
-def _sampled_cell(m: dict[str, Any]) -> str:
+def _sampled_cell(m: dict[str, Any], prefix: str = "eval") -> str:
     """`41.2 [35-48]`: the sampled valid % (mean@k) with its interval, or a dash where it was not measured."""
-    lo, hi = _num(m.get("eval/sampled_valid_rate_low")), _num(m.get("eval/sampled_valid_rate_high"))
-    rate = _pct(m.get("eval/sampled_valid_rate"))
+    lo, hi = _num(m.get(f"{prefix}/sampled_valid_rate_low")), _num(m.get(f"{prefix}/sampled_valid_rate_high"))
+    rate = _pct(m.get(f"{prefix}/sampled_valid_rate"))
     return rate if lo is None or hi is None or rate == "–" else f"{rate} [{100 * lo:.0f}-{100 * hi:.0f}]"
 
 
@@ -402,12 +402,16 @@ def render(data: dict[str, Any], plots: list[str], title: str) -> str:
         lines += [f"## Final evaluation (held-out split `{_code((data.get('settings') or {}).get('final_split', '?'))}`)",
                   ""]
         if final:
-            lines += [f"{final.get('final/n', '?')} questions: valid {_pct(final.get('final/valid_rate'))} %.", "",
-                      "| level | what | n | valid % |", "|---|---|---|---|"]
+            k = final.get("final/samples_k")  # mean@k beside the greedy rate, where answers were sampled
+            lines += [f"{final.get('final/n', '?')} questions: valid {_pct(final.get('final/valid_rate'))} %"
+                      + (f", sampled valid {_sampled_cell(final, 'final')} % (mean@{k} at temperature "
+                         f"{final.get('final/sample_temperature')})" if k else "") + ".", "",
+                      "| level | what | n | valid % |" + (" sampled valid % |" if k else ""),
+                      "|---|---|---|---|" + ("---|" if k else "")]
             for lv in levels:
                 row = (final.get("by_level") or {}).get(str(lv["index"])) or {}
                 lines.append(f"| L{lv['index']} | {md_inline(lv['label'])} | {row.get('n', 0)} | "
-                             f"{_pct(row.get('valid_rate'))} |")
+                             f"{_pct(row.get('valid_rate'))} |" + (f" {_pct(row.get('sampled_valid_rate'))} |" if k else ""))
         else:
             lines.append("(no final evaluation yet)")
         return "\n".join(lines) + "\n"

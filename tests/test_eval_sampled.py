@@ -16,7 +16,7 @@ import pytest
 from env import load_split, plan_text
 from families.metrics import compute_metrics, mean_at_k_interval, sampled_metrics, wilson
 from graph.settings import SettingsError, build_settings
-from nodes.evaluate import evaluate, limit_instances, read_rows
+from nodes.evaluate import evaluate, evaluate_start, final_evaluate, limit_instances, read_rows
 from tests.support.node_helpers import make_settings, runtime, scripted_policy
 
 K, T, N = 4, 0.9, 10
@@ -89,6 +89,41 @@ def test_sampled_evaluation_scores_mean_at_k_per_level_with_its_interval_and_sav
     assert sampled_metrics(greedy, saved, K, T) == json.loads((sdir / "metrics.json").read_text()) == m
     assert json.loads((sdir / "eval_sampled.key.json").read_text())["samples_k"] == K
     assert "sampled valid 0.500 (mean@4)" in out["log"][-1]
+
+
+def test_the_warm_start_and_the_final_evaluation_are_sampled_too(tmp_path):
+    """The start row a stage's sampled rate is read against, and the held-out split, carry mean@k as every stage does."""
+    settings, instances = _setup(tmp_path, eval_samples=K, eval_sample_temperature=T, final_limit=N)
+    (tmp_path / "warm").mkdir()
+    start = evaluate_start(tmp_path / "run", {"sft/cache_path": str(tmp_path / "warm")}, settings,
+                           model=_policy(instances))
+    assert start["eval/sampled_valid_rate"] == 0.5 and start["eval/samples_k"] == K and start["eval/valid_rate"] == 0.5
+    assert len(read_rows(tmp_path / "run" / "stage_0" / "start" / "eval_sampled.jsonl")) == K * N
+    held_out = limit_instances(load_split(settings.final_split), N)
+    out = final_evaluate({"checkpoint": None}, runtime(settings, tmp_path / "run"), model=_policy(held_out))
+    final = out["final_metrics"]
+    assert final["final/sampled_valid_rate"] == 0.5 and final["final/samples_k"] == K
+    assert final["final/valid_rate"] == 0.5 and "sampled valid 0.500 (mean@4)" in out["log"][0]
+    assert json.loads((tmp_path / "run" / "final" / "metrics.json").read_text()) == final
+    off = final_evaluate({"checkpoint": None}, runtime(make_settings(final_limit=N), tmp_path / "off"),
+                         model=_policy(held_out))["final_metrics"]
+    assert "final/sampled_valid_rate" not in off and not (tmp_path / "off" / "final" / "eval_sampled.jsonl").exists()
+
+
+def test_a_level_share_runs_report_shows_the_final_sampled_rate_per_level():
+    from nodes.report import render
+
+    levels = [{"index": i, "label": f"level {i}", "column": f"L{i}"} for i in range(2)]
+    final = {"final/n": 4, "final/valid_rate": 0.5, "final/samples_k": 4, "final/sample_temperature": 0.7,
+             "final/sampled_valid_rate": 0.375, "final/sampled_valid_rate_low": 0.2, "final/sampled_valid_rate_high": 0.6,
+             "by_level": {"0": {"n": 2, "valid_rate": 1.0, "sampled_valid_rate": 0.625},
+                          "1": {"n": 2, "valid_rate": 0.0, "sampled_valid_rate": 0.125}}}
+    data = {"lever": "levels", "levels": levels, "final": final, "stages": [], "settings": {"final_split": "test"}}
+    text = render(data, [], "rg")
+    assert "4 questions: valid 50.0 %, sampled valid 37.5 [20-60] % (mean@4 at temperature 0.7)." in text
+    assert "| L0 | level 0 | 2 | 100.0 | 62.5 |" in text and "| L1 | level 1 | 2 | 0.0 | 12.5 |" in text
+    plain = render({**data, "final": {k: v for k, v in final.items() if "sampl" not in k}}, [], "rg")
+    assert "| level | what | n | valid % |\n" in plain and "sampled" not in plain.split("## Final")[1]
 
 
 def wilson_rate(p: float, n: float, z: float = 1.959964) -> tuple[float, float]:

@@ -34,6 +34,7 @@ EXCLUDED = {
     "cpu_long_run_xeon": "one `python -m graph.run --preset cpu-long` on a Xeon: a run report, no eval table",
     "learning_cpu": "outputs of evals.bench benchmarks (JSON and text), no eval table",
     "rg_candidates": "outputs of evals.bench.bench_rg (one JSON per arm, every answer, packed), no eval table",
+    "rg_allocation": "outputs of evals.bench.bench_rg, one JSON per allocation arm, and bench_rg_report's tables",
 }
 OUTPUTS = ("table.md", "table.csv", "table.json", "failures.csv")
 
@@ -334,3 +335,36 @@ def test_tables_only_in_place_leaves_every_committed_file_as_it_was():
     assert sorted(after) == sorted(before)
     changed = [str(f) for f in before if after[f] != before[f]]
     assert not changed, f"--tables-only rewrote {changed}"
+
+
+# --------------------------------------------------------------------------- mean@k beside the greedy rates
+
+
+def test_sampled_answers_give_a_mean_at_k_table_pooled_over_seeds_with_the_gap(tmp_path):
+    """Each question's share of right samples, averaged over questions, then seeds; the gap paired by question."""
+    shares = {("a", 0): [1, 0.5, 0.5, 0], ("a", 1): [1, 1, 0.5, 0], ("b", 0): [0.5, 0, 0, 0], ("b", 1): [0.5, 0.5, 0, 0]}
+    verdicts = {}
+    for (arm, seed), ss in shares.items():
+        folder = write_verdicts(tmp_path / f"{arm}-s{seed}", rows_from({3: [True, False, False, False]}))
+        (folder / "final" / "eval_sampled.jsonl").write_text("".join(
+            json.dumps({"id": f"a3-s3-{j}", "sample": i, "valid": i < 2 * s}) + "\n"
+            for j, s in enumerate(ss) for i in range(2)))
+        (folder / "final" / "metrics.json").write_text(json.dumps({"final/sample_temperature": 0.7}))
+        verdicts[(arm, seed)] = folder
+    table = stats.summarize(verdicts, ["a", "b"], "b")
+    smp = table["sampled"]
+    assert smp["k"] == [2] and smp["temperature"] == [0.7]
+    assert smp["rows"]["a"]["mean"] == pytest.approx((0.5 + 0.625) / 2)
+    assert smp["rows"]["b"]["mean"] == pytest.approx((0.125 + 0.25) / 2)
+    gap = smp["rows"]["a"]["gap"]
+    assert gap["mean"] == pytest.approx(0.5625 - 0.1875) and gap["paired_instances"] and gap["low"] < gap["mean"]
+    assert smp["rows"]["a"]["low"] < smp["rows"]["a"]["mean"] < smp["rows"]["a"]["high"]  # the bootstrap, not 0/1
+    tables.write_tables(table, tmp_path / "out", title="t", command=None)
+    md = (tmp_path / "out" / "table.md").read_text()
+    assert "**Sampled valid % (mean@2 at temperature 0.7)**" in md and "| a | 2 | 56.2 [" in md
+    assert "| gap to b (points) |" in md
+    rows = list(csv.DictReader(open(tmp_path / "out" / "table.csv")))
+    assert [float(r["mean"]) for r in rows if r["metric"] == "sampled_valid" and r["arm"] == "b"] == [0.1875]
+    for folder in verdicts.values():  # no sampled answers: no table, as before
+        (folder / "final" / "eval_sampled.jsonl").unlink()
+    assert "sampled" not in stats.summarize(verdicts, ["a", "b"], "b")

@@ -4,19 +4,23 @@ cached SFT warm start and after one stage from it, over seeds.
     python -m evals.bench.bench_rg --task rg:basic_arithmetic:num_terms=2-4,num_digits=1-2
     python -m evals.bench.bench_rg --task rg:count_bits --optimizer filtered --seeds 0,1,2 --json out.json
     python -m evals.bench.bench_rg --task ... --set max_steps=120 --set learning_rate=2e-5 --levels 1,3,5
+    python -m evals.bench.bench_rg --preset rg-cpu --shares learnability --eval-per-level 100 --sampled 4 \
+        --start-from uniform.json --json learnability.json     # the rg-cpu stage, learnability's shares
 
 1. The warm start: `trainer.sft.build_warm_start` on fresh gold answers over every level (cached, keyed by
    model, settings, task and `--warm-seed`), exactly as a run's stage 0 builds it.
 2. It answers `val` greedily (in-process, by `--sampler`: the bf16 rollout copy by default; every answer scored by
    the dataset's own scorer).
 3. For each seed: one stage from the warm start on a fresh training set over `--levels` (every level unless
-   given), by `--optimizer`: `grpo` (`trainer.stage.run_stage`, as a run trains) or `filtered`
+   given) in `--shares` (even, learnability's p(1-p) shares from the start's rates, or given), by `--optimizer`: `grpo` (`trainer.stage.run_stage`, as a run trains) or `filtered`
    (`trainer.filtered.train_filtered`: sample, keep verified answers, fine-tune on them). Then the same
    evaluation.
 
 Printed: the rate per level before and after each seed, the gain per seed, the mean gain with a 95 % interval (a
 two-way bootstrap over seeds and the `val` questions they share, `evals.intervals`), seconds per stage and per
-step. With `--sampled K`, the same for mean@K: K answers a question sampled at the stage's temperature. `--json` keeps every figure and every answer, rewritten after each seed; `--resume` skips finished seeds.
+step. `--preset` takes a preset's training settings (its warm start and stage, `rg-cpu`'s budget of sampled answers
+included) instead of the bench's own; `--eval-per-level N` evaluates on N questions a level (the fixed val split,
+then the test split, then fresh questions, none of which a stage trains on) instead of `val` alone. With `--sampled K`, the same for mean@K: K answers a question sampled at the stage's temperature. `--json` keeps every figure and every answer, rewritten after each seed; `--resume` skips finished seeds.
 """
 
 from __future__ import annotations
@@ -72,11 +76,24 @@ def _sampled_line(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m evals.bench.bench_rg", description=__doc__.split("\n\n")[0])
     p.add_argument("--task", required=True, help="rg:<dataset>[:attr=lo-hi,...]")
-    p.add_argument("--optimizer", choices=("grpo", "filtered"), default="grpo")
+    p.add_argument("--preset", default=None,
+                   help="the training settings of this preset (trainer.config.TRAIN_PRESETS: its warm start and stage; "
+                        "--set still applies on top) instead of the bench's own; e.g. rg-cpu")
+    p.add_argument("--optimizer", choices=("grpo", "filtered"), default=None,
+                   help="the stage's optimiser (default: the preset's, else grpo)")
     p.add_argument("--seeds", default="0", help="comma list of stage seeds (default 0)")
     p.add_argument("--warm-seed", type=int, default=0)
     p.add_argument("--levels", default=None, help="comma list of levels the stage trains (default: every level)")
-    p.add_argument("--instances", type=int, default=256, help="training questions generated for the stage")
+    p.add_argument("--shares", default="uniform",
+                   help="the stage's level shares over --levels: uniform (default), learnability (p(1-p) of the start's "
+                        "rates, mixed 20 %% uniform, as the learnability curriculum), or LEVEL:SHARE,... (e.g. 3:0.5,5:0.5)")
+    p.add_argument("--instances", type=int, default=None,
+                   help="training questions generated for the stage (default: the preset's instances_per_stage, else 256)")
+    p.add_argument("--eval-per-level", type=int, default=None, metavar="N",
+                   help="evaluate on N questions a level: the fixed val split, then test, then fresh ones (default: val)")
+    p.add_argument("--start-from", type=Path, default=None, metavar="JSON",
+                   help="take the start's evaluation from this bench file (same task, settings, questions and sampler) "
+                        "instead of answering again")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a TrainConfig setting")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--resume", action="store_true")
@@ -99,7 +116,20 @@ def main(argv: list[str] | None = None) -> int:
         task = load_task(a.task)
     except ValueError as e:
         p.error(str(e))
-    overrides = dict(RG_CPU)
+    if a.preset is not None:
+        from trainer.config import TRAIN_PRESETS
+
+        if a.preset not in TRAIN_PRESETS:
+            p.error(f"--preset {a.preset!r}: allowed: {', '.join(TRAIN_PRESETS)}")
+        overrides = dict(TRAIN_PRESETS[a.preset])
+    else:
+        overrides = dict(RG_CPU)
+    if a.optimizer is not None:
+        overrides["optimizer"] = a.optimizer
+    if a.instances is None:
+        a.instances = overrides.get("instances_per_stage", 256) if a.preset else 256
+    if a.eval_per_level is not None and a.eval_per_level < 1:
+        p.error(f"--eval-per-level {a.eval_per_level}: allowed: 1 or more")
     for kv in a.set:
         k, eq, v = kv.partition("=")
         if not eq or not k:
@@ -118,6 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     if a.sampled < 0 or (a.sampled and temperature <= 0):
         p.error(f"--sampled {a.sampled} at temperature {temperature}: allowed: K >= 0, and a temperature above 0")
     out: dict = json.loads(a.json.read_text()) if (a.resume and a.json and a.json.is_file()) else {}
+    if a.start_from is not None:
+        if not a.start_from.is_file():
+            p.error(f"--start-from {a.start_from}: no such file; allowed: a bench_rg --json file")
+        donor = json.loads(a.start_from.read_text())
+        want = {"task": a.task, "settings": cfg.model_dump(mode="json"), "sampler": resolve_sampler(a.sampler)}
+        differ = [k for k, v in want.items() if donor.get(k) != v] + ([] if donor.get("start") else ["start"])
+        if differ:
+            p.error(f"--start-from {a.start_from}: its {', '.join(differ)} differ(s) from this run's; allowed: a "
+                    "finished start of the same task, settings and sampler")
+        out.setdefault("start", donor["start"])
+        out.setdefault("eval_ids", donor.get("eval_ids"))
     how = resolve_sampler(a.sampler)
     if out.get("sampler", "generate") != how and out.get("start"):  # files written before the flag: generate
         p.error(f"--resume with --sampler {a.sampler} ({how}): {a.json} was answered by "
@@ -125,21 +166,69 @@ def main(argv: list[str] | None = None) -> int:
     out["sampler"] = how
     sampler = FilteredSampler(how)
     try:
-        return _run(a, task, cfg, out, sampler, temperature)
+        return _run(a, task, cfg, out, sampler, temperature, p)
     finally:
         sampler.close()
 
 
-def _run(a, task, cfg, out: dict, sampler, temperature: float) -> int:
+def eval_items(task, per_level: int | None) -> list:
+    """The questions every checkpoint answers: the fixed `val` split, or with `per_level` N questions a level: the
+    level's val questions, then its test ones, then fresh ones drawn avoiding both splits."""
+    if per_level is None:
+        return task.split("val")
+    from env.rg_data import mix
+
+    fixed = task.split("val") + task.split("test")
+    seen = {i.question for i in fixed}
+    out = []
+    for lv in range(len(task.levels)):
+        mine = [i for i in fixed if i.level == lv][:per_level]
+        if len(mine) < per_level:
+            mine += task.level_items(lv, per_level - len(mine), mix(11_000_027, lv), seen)
+        out.extend(mine)
+    return out
+
+
+def stage_shares(spec: str, levels: list[int], task, start: dict, p) -> dict[int, float]:
+    """`--shares` as level -> share over `levels`."""
+    if spec == "uniform":
+        return {lv: 1 / len(levels) for lv in levels}
+    if spec == "learnability":
+        import random
+
+        from families.level_share import classic
+
+        rates = {int(k): {"valid_rate": v} for k, v in start["by_level"].items() if int(k) in levels}
+        cfg, _, _ = classic("learnability", task, {"levels": {str(lv): 1 / len(levels) for lv in levels}}, rates,
+                            {}, random.Random(0))
+        return {int(k): v for k, v in cfg["levels"].items() if int(k) in levels and v > 0}
+    try:
+        shares = {int(k): float(v) for k, v in (kv.split(":") for kv in spec.split(","))}
+    except ValueError:
+        shares = {}
+    if not shares or any(lv not in range(len(task.levels)) or v < 0 for lv, v in shares.items()) \
+            or sum(shares.values()) <= 0:
+        p.error(f"--shares {spec!r}: allowed: uniform, learnability, or LEVEL:SHARE,... with levels 0-"
+                f"{len(task.levels) - 1} and shares >= 0 adding to more than 0")
+    total = sum(shares.values())
+    return {lv: v / total for lv, v in shares.items() if v > 0}
+
+
+def _run(a, task, cfg, out: dict, sampler, temperature: float, p) -> int:
     from env.rg import RgConfig
     from evals.intervals import crossed_interval
     from llm_backends.models import resolve_model
     from trainer.sft import build_warm_start, warm_start_levels
 
-    val = task.split("val")
+    val = eval_items(task, a.eval_per_level)
+    ids = [task.item_id(i) for i in val]
+    if out.get("eval_ids") not in (None, ids):
+        p.error("--resume / --start-from: the file was answered on other questions; allowed: the same "
+                "--eval-per-level")
+    eval_qs = {i.question for i in val}
     base = resolve_model("smollm2-135m")
-    out.update({"task": a.task, "optimizer": a.optimizer, "settings": cfg.model_dump(mode="json"),
-                "levels": [lv.label for lv in task.levels]})
+    out.update({"task": a.task, "optimizer": cfg.optimizer, "settings": cfg.model_dump(mode="json"),
+                "levels": [lv.label for lv in task.levels], "eval_ids": ids, "eval_levels": [i.level for i in val]})
     out.setdefault("seeds", {})
 
     t0 = time.perf_counter()
@@ -160,13 +249,19 @@ def _run(a, task, cfg, out: dict, sampler, temperature: float) -> int:
         return 0
 
     levels = [int(x) for x in a.levels.split(",")] if a.levels else list(range(len(task.levels)))
+    shares = stage_shares(a.shares, levels, task, start, p)
+    if out.get("shares") not in (None, {str(k): v for k, v in shares.items()}):
+        p.error(f"--resume with --shares {a.shares}: the file's stages trained other shares ({out['shares']}); "
+                "allowed: the same --shares")
+    out["shares"] = {str(k): v for k, v in shares.items()}
+    print("stage shares: " + " ".join(f"{k}:{v:.3f}" for k, v in shares.items()), flush=True)
     for seed in [int(s) for s in a.seeds.split(",")]:
         if str(seed) in out["seeds"]:
             continue
         with tempfile.TemporaryDirectory(prefix="bench_rg_") as tmp:
             tmp = Path(tmp)
-            items, _ = task.generate(RgConfig(levels={lv: 1 / len(levels) for lv in levels}), a.instances,
-                                     seed=1000 + seed)
+            items, _ = task.generate(RgConfig(levels=shares), a.instances, seed=1000 + seed)
+            items = [i for i in items if i.question not in eval_qs]  # a fresh question may repeat an extra eval one
             train = tmp / "train.jsonl"
             train.write_text("".join(task.item_to_json(i) + "\n" for i in items))
             t0 = time.perf_counter()
@@ -179,6 +274,7 @@ def _run(a, task, cfg, out: dict, sampler, temperature: float) -> int:
         m = res["metrics"]
         steps = m.get("train/steps") or 1
         out["seeds"][str(seed)] = {"valid_rate": after["valid_rate"], "by_level": after["by_level"],
+                                   "trained_on": len(items),
                                    "valid": after["valid"], "failures": after["failures"],
                                    "answers": after.get("answers"), "seconds": secs, "steps": steps,
                                    "metrics": {k: v for k, v in m.items() if isinstance(v, int | float)},
