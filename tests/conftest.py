@@ -29,9 +29,16 @@ that test (every parametrisation), slow or not.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# The suite starts hundreds of Python processes (runs, stage children, servers). Where the environment asks for no
+# bytecode files (PYTHONDONTWRITEBYTECODE, set on some CI machines), every one of them compiles the project's modules
+# again: cache them, as a developer's machine does.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 def _pin_worker() -> None:

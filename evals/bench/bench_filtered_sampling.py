@@ -147,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.checkpoint is not None:
         start = a.checkpoint
     else:
-        from trainer.sft import build_warm_start
+        from trainer.sft import build_warm_start, warm_start_levels
 
         warm = cfg.model_copy(update={"sft_steps": a.warm_steps}) if a.warm_steps is not None else cfg
         t0 = time.perf_counter()
-        ws = build_warm_start(resolve_model(), warm, 0, task=task, progress=False)
+        ws = build_warm_start(resolve_model(), warm, 0, warm_start_levels(task, warm), task=task, progress=False)
         start = Path(ws["path"])
         print(f"warm start of {warm.sft_steps} SFT steps: {'cached' if ws['hit'] else 'built'} {start} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
