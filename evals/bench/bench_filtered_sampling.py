@@ -83,16 +83,17 @@ def _rounds(samplers: list[str], model, tok, task, rounds: list[list], cfg, log_
 
 def _stage(how: str, start: Path, task_name: str, items: list, task, cfg, steps: int, tmp: Path,
            samples: int = 0) -> dict:
-    from trainer.filtered import run_filtered_stage
+    from trainer.stage import run_stage  # the stage a run trains (the preset's optimiser: filtered)
 
     out = tmp / f"stage-{how}"
     out.mkdir()
     train = out / "train.jsonl"
     train.write_text("".join(task.item_to_json(i) + "\n" for i in items))
-    stage_cfg = cfg.model_copy(update={"max_steps": steps, "stage_samples": samples, "filtered_sampler": how})
+    stage_cfg = cfg.model_copy(update={"max_steps": steps, "stage_samples": samples, "filtered_sampler": how,
+                                       "optimizer": "filtered"})
     t0 = time.perf_counter()
-    res = run_filtered_stage(train_path=train, init_checkpoint=start, out_dir=out, cfg=stage_cfg, seed=0,
-                             task=task_name, progress=False)
+    res = run_stage(train_path=train, init_checkpoint=start, out_dir=out, cfg=stage_cfg, seed=0, reward_state=None,
+                    task=task_name, progress=False, warm_start=False)
     m = res["metrics"]
     return {"sampler": m["train/sampler"], "seconds": time.perf_counter() - t0, "steps": m["train/steps"],
             "rounds": m["train/rounds"], "completions": m["train/completions"], "kept": m["train/kept"]}
