@@ -4,8 +4,9 @@ that has a curriculum, through the same task seam as MAPF-FrozenLake. `python -m
 Levels (`env.rg_levels`). The cells of a dataset's curriculum: its full grid where that has at most 36 cells, else
 a ladder of at most 8 cells from easiest to hardest. A name narrows attributes or picks the kind:
 `rg:basic_arithmetic:num_terms=2-4,num_digits=1-2`, `rg:leg_counting:levels=grid`. A cell is dropped, with a note
-(`RgTask.dropped`), where reasoning-gym's config check refuses it, its generator raises or takes over 20 s for a
-question, its questions carry no answer that reasoning-gym's own scorer accepts, or that scorer accepts junk.
+(`RgTask.dropped`), where reasoning-gym's config check refuses it, its generator raises or takes over half a
+second of CPU a question (`env.rg_probe.QUESTION_CPU_S`: a level's questions must be quick to draw), its questions
+carry no answer that reasoning-gym's own scorer accepts, or that scorer accepts junk.
 
 Config (the engineer's levers): `{"levels": {"<level>": <share>, ...}, "num_instances": n}`: the share of the
 stage's questions drawn from each level (the shares sum to 1; a level left out gets none).
@@ -55,10 +56,10 @@ from .rg_levels import (
     RgTaskError,
     datasets_with_curriculum,
     make_dataset,
-    one_line,
     parse_name,
     value_text,
 )
+from .rg_probe import PROBE_RULE, probe_cells
 from .task import TaskVerdict
 
 __all__ = ["MAX_LEVELS", "SPLIT_SIZES", "RgConfig", "RgItem", "RgTask", "RgTaskError", "datasets_with_curriculum",
@@ -66,9 +67,6 @@ __all__ = ["MAX_LEVELS", "SPLIT_SIZES", "RgConfig", "RgItem", "RgTask", "RgTaskE
 
 SPLIT_SIZES = {"val": 24, "test": 48}  # questions per level in each fixed split
 SPLIT_SEEDS = {"val": 7_000_003, "test": 9_000_011}
-PROBE_SEED = 5_000_011  # the questions that check a cell before it becomes a level
-JUNK = "I do not know."  # an answer no scorer should accept
-PROBE_TIMEOUT_S = 20.0  # a cell whose generator takes longer for one question is dropped (jugs' deep searches)
 ANSWER_HINT = "Give only the final answer, bare or as <answer>...</answer>."
 FAILURES = ("no_answer", "wrong", "partial")
 SHARE_SUM_TOL = 1e-6  # as MAPF's data ratios: a config off by more is projected (scaled to 1), not accepted
@@ -142,12 +140,12 @@ class RgTask:
         return list(self._lv.dropped)
 
     def _probe(self) -> None:
-        """Drop the cells whose generator raises, takes over `PROBE_TIMEOUT_S` for a question, or gives questions
-        with no answer that the dataset's own scorer accepts (a few questions of a seed of their own; the outcome
-        is cached, so that a task keeps its levels on this machine)."""
+        """Drop the cells whose generator raises, takes over `QUESTION_CPU_S` of CPU a question, or gives
+        questions with no answer that the dataset's own scorer accepts (`env.rg_probe`: a few questions of a seed of
+        their own; the outcome is cached, so that a task keeps its levels on this machine)."""
         from importlib.metadata import version
 
-        path = cache_path({"dataset": self.dataset, "probe": True, "rg": version("reasoning-gym")})
+        path = cache_path({"dataset": self.dataset, "probe": True, "rg": version("reasoning-gym"), **PROBE_RULE})
         known = read_cache(path)
         todo = [lv for lv in self.levels if repr(lv.attr_values) not in known]
         if todo:
@@ -385,60 +383,6 @@ class RgTask:
         w = [rng.random() + 0.1 for _ in picked]
         return RgConfig(levels={lv: x / sum(w) for lv, x in zip(picked, w, strict=True)},
                         num_instances=num_instances)
-
-
-def probe_cell(dataset: str, lv: Level) -> str | None:
-    """Why a cell cannot be a level (None: it can): reasoning-gym cannot build it, its generator raises, its
-    questions have no answer that its own scorer accepts, or its scorer accepts a junk answer too."""
-    seed = mix(PROBE_SEED, repr(lv.attr_values))
-    try:
-        ds = make_dataset(dataset, lv.attr_levels, 3, seed)
-    except Exception as e:
-        return f"reasoning-gym cannot build it: {one_line(e)}"
-    got = draw(lambda size, s: ds if s == seed else make_dataset(dataset, lv.attr_levels, size, s), dataset,
-               lv.index, 1, seed, set())
-    if not got.items:
-        if not got.errors:
-            return "reasoning-gym gives no answer to check"
-        return got.errors[0] if got.errors[0].startswith("its scorer") else f"its generator raises: {got.errors[0]}"
-    it = got.items[0]
-    try:
-        junk = float(ds.score_answer(JUNK, it.entry()))
-    except Exception:
-        junk = 0.0
-    return f"its scorer accepts any answer ({JUNK!r} scores {junk:g})" if junk >= 1.0 else None
-
-
-def _default_signals() -> None:
-    """In a forked probe: SIGTERM ends it, whatever handler the parent had (a stage's child process turns SIGTERM
-    into a stop request, which would leave the pool waiting for a probe that never ends); Ctrl-C is the parent's."""
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def probe_cells(dataset: str, cells: list[Level]):
-    """(cell, `probe_cell`'s note) for each cell, each in a forked child given `PROBE_TIMEOUT_S` (a generator
-    that searches for longer is stopped there). Without fork (not on Linux, or in a daemon process), in this
-    process, unbounded."""
-    import multiprocessing as mp
-
-    if "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:  # a daemon may not fork
-        yield from ((lv, probe_cell(dataset, lv)) for lv in cells)
-        return
-    pending = list(cells)
-    while pending:
-        # leaving the block terminates the child (SIGTERM): still searching, or idle
-        with mp.get_context("fork").Pool(1, initializer=_default_signals) as pool:
-            while pending:
-                lv = pending.pop(0)
-                try:
-                    why = pool.apply_async(probe_cell, (dataset, lv)).get(PROBE_TIMEOUT_S)
-                except mp.TimeoutError:
-                    yield lv, f"its generator took over {PROBE_TIMEOUT_S:g} s for one question"
-                    break
-                yield lv, why
 
 
 def allocate(shares: dict[int, float], n: int) -> dict[int, int]:

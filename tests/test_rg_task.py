@@ -248,7 +248,7 @@ def test_a_level_check_that_runs_over_its_time_ends_even_where_sigterm_is_a_stop
     time is still ended there (the pool stops it with SIGTERM), instead of the task's load waiting for it."""
     script = ("import signal, time\n"
               "signal.signal(signal.SIGTERM, lambda *a: None)  # as trainer.child does: a stop request\n"
-              "import env.rg as rg\n"
+              "import env.rg_probe as rg\n"
               "def searching(dataset, cell):\n"
               "    time.sleep(60)\n"
               "rg.probe_cell, rg.PROBE_TIMEOUT_S = searching, 0.5\n"
@@ -265,3 +265,25 @@ def test_a_level_check_that_runs_over_its_time_ends_even_where_sigterm_is_a_stop
         pytest.fail("the load waited for a level check that ran over its time")
     seconds, why = out.split(" ", 1)
     assert proc.returncode == 0 and float(seconds) < 20 and "took over 0.5 s" in why, (out, err[-2000:])
+
+
+def test_a_cell_whose_generator_is_slow_is_dropped_by_its_cpu_time_without_waiting_for_the_hard_stop(tmp_path,
+                                                                                                     monkeypatch):
+    """puzzle24 searches for a way to make 24: quick with numbers up to 6, over a second of CPU a question from 7 on.
+    Those cells are dropped once their check has used its CPU budget, far sooner than the check's hard stop."""
+    import time
+
+    from env.rg_probe import PROBE_QUESTIONS, PROBE_TIMEOUT_S, QUESTION_CPU_S
+
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path))  # no cached check
+    t0 = time.monotonic()
+    task = load_task("rg:puzzle24:value=5-8")
+    assert [lv.label for lv in task.levels] == ["value=5-6"]
+    note = (f"its generator took over {PROBE_QUESTIONS * QUESTION_CPU_S:g} s of CPU for {PROBE_QUESTIONS} questions; "
+            f"allowed: {QUESTION_CPU_S:g} s a question")
+    assert task.dropped == [f"value={v}: {note}" for v in ("6-7", "7-8", "8-9")]
+    assert time.monotonic() - t0 < 3 * PROBE_TIMEOUT_S  # three checks stopped by their CPU budget, not the hard stop
+    with pytest.raises(RgTaskError, match=r"every level of puzzle24 is dropped \(value=6-7: its generator took over ")\
+            as e:
+        load_task("rg:puzzle24:value=6-8")
+    assert "\n" not in str(e.value)
