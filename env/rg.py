@@ -22,7 +22,8 @@ default scorer gives credit for the gold inside the answer: `-10` earns some for
 setting `partial_credit` > 0 adds that much times the scorer's score to an invalid answer (`TaskReward`).
 
 Splits. `val` and `test` are fixed: seeded per level from seeds of their own, drawn once and cached on disk
-(`env.rg_data.cache_dir`), so every level is in both. A stage's and a warm start's questions never repeat one of
+(`env.rg_data.cache_dir`), so every level is in both; their questions are generated on every core, the same
+questions as a draw level after level gives (`env.rg_data.Ahead`). A stage's and a warm start's questions never repeat one of
 theirs, and within one draw a question two levels share counts once, at the lower level. A level that cannot
 supply the questions asked of it says so (`short` in the stage's figures, and a line on stderr).
 """
@@ -38,6 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .rg_data import (
+    Ahead,
     Draw,
     Progress,
     RgItem,
@@ -229,21 +231,24 @@ class RgTask:
         out: dict[str, list[RgItem]] = {}
         total = len(SPLIT_SIZES) * len(self.levels)
         progress = Progress(f"{self.name}: drawing the fixed splits (cached for next time), level")
-        for s, (name, per) in enumerate(SPLIT_SIZES.items()):
-            items: list[RgItem] = []
-            for lv in range(len(self.levels)):
-                rows = done.get(name, {}).get(str(lv))
-                if rows is None:
-                    got = self.draw(lv, per, mix(SPLIT_SEEDS[name], lv), taken)
-                    done.setdefault(name, {})[str(lv)] = [item_dict(i) for i in got.items]
-                    write_cache(path, {"spec": spec, "splits": done})
-                    items.extend(got.items)
-                else:
-                    got_items = [item_of(r) for r in rows]
-                    taken.update(i.question for i in got_items)
-                    items.extend(got_items)
-                progress.step(s * len(self.levels) + lv + 1, total, name)
-            out[name] = items
+        jobs = [(lv, per, mix(SPLIT_SEEDS[name], lv)) for name, per in SPLIT_SIZES.items()
+                for lv in range(len(self.levels)) if str(lv) not in done.get(name, {})]
+        with Ahead(self._rg_dataset, self.dataset, jobs) as ahead:  # the levels' questions drawn on every core
+            for s, (name, per) in enumerate(SPLIT_SIZES.items()):
+                items: list[RgItem] = []
+                for lv in range(len(self.levels)):
+                    rows = done.get(name, {}).get(str(lv))
+                    if rows is None:
+                        got = ahead.draw(lv, per, mix(SPLIT_SEEDS[name], lv), taken)
+                        done.setdefault(name, {})[str(lv)] = [item_dict(i) for i in got.items]
+                        write_cache(path, {"spec": spec, "splits": done})
+                        items.extend(got.items)
+                    else:
+                        got_items = [item_of(r) for r in rows]
+                        taken.update(i.question for i in got_items)
+                        items.extend(got_items)
+                    progress.step(s * len(self.levels) + lv + 1, total, name)
+                out[name] = items
         return out
 
     def split_questions(self) -> set[str]:

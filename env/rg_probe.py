@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-from .rg_data import draw, mix
+from .rg_data import default_signals, draw, mix
 from .rg_levels import Level, make_dataset, one_line
 
 QUESTION_CPU_S = 0.5  # the most CPU seconds a level's generator may take for a question. A level's fixed splits
@@ -84,15 +84,6 @@ def probe_cell(dataset: str, lv: Level) -> str | None:
     return f"its scorer accepts any answer ({JUNK!r} scores {junk:g})" if junk >= 1.0 else None
 
 
-def _default_signals() -> None:
-    """In a forked probe: SIGTERM ends it, whatever handler the parent had (a stage's child process turns SIGTERM
-    into a stop request, which would leave the pool waiting for a probe that never ends); Ctrl-C is the parent's."""
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def probe_cells(dataset: str, cells: list[Level]):
     """(cell, `probe_cell`'s note) for each cell, each in a forked child stopped at `PROBE_TIMEOUT_S` (a generator
     that searches for longer, past its CPU budget). Without fork (not on Linux, or in a daemon process), in this
@@ -105,7 +96,7 @@ def probe_cells(dataset: str, cells: list[Level]):
     pending = list(cells)
     while pending:
         # leaving the block terminates the child (SIGTERM): still searching, or idle
-        with mp.get_context("fork").Pool(1, initializer=_default_signals) as pool:
+        with mp.get_context("fork").Pool(1, initializer=default_signals) as pool:
             while pending:
                 lv = pending.pop(0)
                 try:

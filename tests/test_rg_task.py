@@ -287,3 +287,47 @@ def test_a_cell_whose_generator_is_slow_is_dropped_by_its_cpu_time_without_waiti
             as e:
         load_task("rg:puzzle24:value=6-8")
     assert "\n" not in str(e.value)
+
+
+def test_drawing_ahead_gives_the_plain_draw_and_the_parent_generates_only_what_the_workers_could_not_know():
+    """`env.rg_data.Ahead`: each job drawn in a forked worker as if nothing were avoided, then the plain draw run
+    over the recordings. Seeds 11 and 12 share 29 of their first 30 questions (reasoning-gym's item i of seed s is
+    seeded s + i), so the second job draws past what its worker drew: only that is generated here."""
+    from env.rg_data import Ahead
+
+    task = load_task(BA)
+    jobs = [(0, 30, 11), (0, 30, 12), (3, 30, 11)]
+    seen: set[str] = set()
+    plain = [task.draw(lv, n, s, seen) for lv, n, s in jobs]
+    made = []
+
+    def make(level, size, seed):  # what is made in this process (a worker's appends stay in the worker)
+        made.append((level, size, seed))
+        return task._rg_dataset(level, size, seed)
+
+    ahead_seen: set[str] = set()
+    with Ahead(make, task.dataset, jobs, workers=2) as ahead:
+        got = [ahead.draw(lv, n, s, ahead_seen) for lv, n, s in jobs]
+    assert [[i.id for i in d.items] for d in got] == [[i.id for i in d.items] for d in plain]
+    assert [len(d.items) for d in got] == [30, 30, 30] and ahead_seen == seen
+    assert made and all(lv == 0 and s != 11 for lv, _, s in made), made  # for the second job only: past its worker
+    with Ahead(make, task.dataset, jobs, workers=2) as ahead, pytest.raises(RuntimeError, match="out of order"):
+        ahead.draw(3, 30, 11, set())
+
+
+def test_the_fixed_splits_drawn_on_every_core_are_those_drawn_level_after_level(tmp_path, monkeypatch):
+    """Committed results name questions by their ids in the fixed splits, so drawing them on every core must not
+    change them: they equal the plain draw, val then test, level after level, each avoiding every question taken
+    before it. leg_counting's rungs share questions (and a level's test split meets its val split), so some of its
+    levels draw past what their worker drew ahead."""
+    from env.rg import SPLIT_SEEDS
+    from env.rg_data import mix
+
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path))  # drawn now, not read from a cache
+    for name in ("rg:leg_counting", BA):
+        task = load_task(name)
+        taken: set[str] = set()
+        plain = {s: [i.id for lv in range(len(task.levels)) for i in task.draw(lv, per, mix(SPLIT_SEEDS[s], lv),
+                                                                                taken).items]
+                 for s, per in SPLIT_SIZES.items()}
+        assert {s: [i.id for i in task.split(s)] for s in SPLIT_SIZES} == plain, name
