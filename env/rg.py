@@ -1,7 +1,7 @@
 """reasoning-gym datasets as a task family: `TASK=rg:<dataset>` trains and engineers any reasoning-gym dataset
 that has a curriculum, through the same task seam as MAPF-FrozenLake. `python -m env.rg --list` lists them.
 
-Levels (`env.rg_levels`). The cells of a dataset's curriculum: its full grid where that has at most 36 cells, else
+Levels (`env.rg_levels`). The cells of a dataset's curriculum: its full grid where that has at most 25 cells, else
 a ladder of at most 8 cells from easiest to hardest. A name narrows attributes or picks the kind:
 `rg:basic_arithmetic:num_terms=2-4,num_digits=1-2`, `rg:leg_counting:levels=grid`. A cell is dropped, with a note
 (`RgTask.dropped`), where reasoning-gym's config check refuses it, its generator raises or takes over half a

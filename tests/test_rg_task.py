@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from env.rg import ANSWER_HINT, MAX_LEVELS, SPLIT_SIZES, RgConfig, RgTaskError, parse_name
+from env.rg_levels import RgLevels
 from families import level_share
 from trainer.task import load_task
 
@@ -143,7 +144,10 @@ def test_a_large_grid_gets_a_default_ladder_and_the_grid_stays_available():
     assert all(a <= b for lo, hi in zip(steps, steps[1:], strict=False) for a, b in zip(lo, hi, strict=True))  # never a step down
     narrowed = load_task("rg:chain_sum:num_terms=2-3,levels=grid")
     assert narrowed.kind == "grid" and len(narrowed.levels) == 2 * len(chain.attributes["num_digits"][0])
-    assert len(load_task("rg:basic_arithmetic").levels) == MAX_LEVELS - 16  # 20 cells <= 36: the full grid
+    assert len(load_task("rg:basic_arithmetic").levels) == 20 <= MAX_LEVELS  # 20 cells: the full grid
+    zebra = RgLevels("rg:zebra_puzzles")  # 36 cells: too many questions to draw for its fixed splits
+    assert zebra.grid_cells == 36 > MAX_LEVELS and zebra.kind == "ladder"
+    assert RgLevels("rg:zebra_puzzles:levels=grid").kind == "grid"
 
 
 def test_answers_are_extracted_bare_or_tagged_and_whole_where_they_span_lines(task):
