@@ -129,7 +129,8 @@ class RgTask:
         self._scorers: dict[int, Any] = {}
         self._probe()
         if not self._lv.levels:
-            raise RgTaskError(f"task {name!r}: every level of {self.dataset} is dropped ({self._lv.dropped[0]}); "
+            # the last note: the level check's, where it dropped any (reasoning-gym's config refusals come first)
+            raise RgTaskError(f"task {name!r}: every level of {self.dataset} is dropped ({self._lv.dropped[-1]}); "
                               "allowed: a dataset with a usable level (python -m env.rg --list)")
 
     @property
