@@ -1,11 +1,12 @@
 """reasoning-gym datasets as a task family: `TASK=rg:<dataset>` trains and engineers any reasoning-gym dataset
 that has a curriculum, through the same task seam as MAPF-FrozenLake. `python -m env.rg --list` lists them.
 
-Levels (`env.rg_levels`). The cells of a dataset's curriculum: its full grid where that has at most 36 cells, else
+Levels (`env.rg_levels`). The cells of a dataset's curriculum: its full grid where that has at most 25 cells, else
 a ladder of at most 8 cells from easiest to hardest. A name narrows attributes or picks the kind:
 `rg:basic_arithmetic:num_terms=2-4,num_digits=1-2`, `rg:leg_counting:levels=grid`. A cell is dropped, with a note
-(`RgTask.dropped`), where reasoning-gym's config check refuses it, its generator raises or takes over 20 s for a
-question, its questions carry no answer that reasoning-gym's own scorer accepts, or that scorer accepts junk.
+(`RgTask.dropped`), where reasoning-gym's config check refuses it, its generator raises or takes over half a
+second of CPU a question (`env.rg_probe.QUESTION_CPU_S`: a level's questions must be quick to draw), its questions
+carry no answer that reasoning-gym's own scorer accepts, or that scorer accepts junk.
 
 Config (the engineer's levers): `{"levels": {"<level>": <share>, ...}, "num_instances": n}`: the share of the
 stage's questions drawn from each level (the shares sum to 1; a level left out gets none).
@@ -21,7 +22,8 @@ default scorer gives credit for the gold inside the answer: `-10` earns some for
 setting `partial_credit` > 0 adds that much times the scorer's score to an invalid answer (`TaskReward`).
 
 Splits. `val` and `test` are fixed: seeded per level from seeds of their own, drawn once and cached on disk
-(`env.rg_data.cache_dir`), so every level is in both. A stage's and a warm start's questions never repeat one of
+(`env.rg_data.cache_dir`), so every level is in both; their questions are generated on every core, the same
+questions as a draw level after level gives (`env.rg_data.Ahead`). A stage's and a warm start's questions never repeat one of
 theirs, and within one draw a question two levels share counts once, at the lower level. A level that cannot
 supply the questions asked of it says so (`short` in the stage's figures, and a line on stderr).
 """
@@ -37,6 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .rg_data import (
+    Ahead,
     Draw,
     Progress,
     RgItem,
@@ -55,10 +58,10 @@ from .rg_levels import (
     RgTaskError,
     datasets_with_curriculum,
     make_dataset,
-    one_line,
     parse_name,
     value_text,
 )
+from .rg_probe import PROBE_RULE, probe_cells
 from .task import TaskVerdict
 
 __all__ = ["MAX_LEVELS", "SPLIT_SIZES", "RgConfig", "RgItem", "RgTask", "RgTaskError", "datasets_with_curriculum",
@@ -66,9 +69,6 @@ __all__ = ["MAX_LEVELS", "SPLIT_SIZES", "RgConfig", "RgItem", "RgTask", "RgTaskE
 
 SPLIT_SIZES = {"val": 24, "test": 48}  # questions per level in each fixed split
 SPLIT_SEEDS = {"val": 7_000_003, "test": 9_000_011}
-PROBE_SEED = 5_000_011  # the questions that check a cell before it becomes a level
-JUNK = "I do not know."  # an answer no scorer should accept
-PROBE_TIMEOUT_S = 20.0  # a cell whose generator takes longer for one question is dropped (jugs' deep searches)
 ANSWER_HINT = "Give only the final answer, bare or as <answer>...</answer>."
 FAILURES = ("no_answer", "wrong", "partial")
 SHARE_SUM_TOL = 1e-6  # as MAPF's data ratios: a config off by more is projected (scaled to 1), not accepted
@@ -129,7 +129,8 @@ class RgTask:
         self._scorers: dict[int, Any] = {}
         self._probe()
         if not self._lv.levels:
-            raise RgTaskError(f"task {name!r}: every level of {self.dataset} is dropped ({self._lv.dropped[0]}); "
+            # the last note: the level check's, where it dropped any (reasoning-gym's config refusals come first)
+            raise RgTaskError(f"task {name!r}: every level of {self.dataset} is dropped ({self._lv.dropped[-1]}); "
                               "allowed: a dataset with a usable level (python -m env.rg --list)")
 
     @property
@@ -142,12 +143,12 @@ class RgTask:
         return list(self._lv.dropped)
 
     def _probe(self) -> None:
-        """Drop the cells whose generator raises, takes over `PROBE_TIMEOUT_S` for a question, or gives questions
-        with no answer that the dataset's own scorer accepts (a few questions of a seed of their own; the outcome
-        is cached, so that a task keeps its levels on this machine)."""
+        """Drop the cells whose generator raises, takes over `QUESTION_CPU_S` of CPU a question, or gives
+        questions with no answer that the dataset's own scorer accepts (`env.rg_probe`: a few questions of a seed of
+        their own; the outcome is cached, so that a task keeps its levels on this machine)."""
         from importlib.metadata import version
 
-        path = cache_path({"dataset": self.dataset, "probe": True, "rg": version("reasoning-gym")})
+        path = cache_path({"dataset": self.dataset, "probe": True, "rg": version("reasoning-gym"), **PROBE_RULE})
         known = read_cache(path)
         todo = [lv for lv in self.levels if repr(lv.attr_values) not in known]
         if todo:
@@ -231,21 +232,24 @@ class RgTask:
         out: dict[str, list[RgItem]] = {}
         total = len(SPLIT_SIZES) * len(self.levels)
         progress = Progress(f"{self.name}: drawing the fixed splits (cached for next time), level")
-        for s, (name, per) in enumerate(SPLIT_SIZES.items()):
-            items: list[RgItem] = []
-            for lv in range(len(self.levels)):
-                rows = done.get(name, {}).get(str(lv))
-                if rows is None:
-                    got = self.draw(lv, per, mix(SPLIT_SEEDS[name], lv), taken)
-                    done.setdefault(name, {})[str(lv)] = [item_dict(i) for i in got.items]
-                    write_cache(path, {"spec": spec, "splits": done})
-                    items.extend(got.items)
-                else:
-                    got_items = [item_of(r) for r in rows]
-                    taken.update(i.question for i in got_items)
-                    items.extend(got_items)
-                progress.step(s * len(self.levels) + lv + 1, total, name)
-            out[name] = items
+        jobs = [(lv, per, mix(SPLIT_SEEDS[name], lv)) for name, per in SPLIT_SIZES.items()
+                for lv in range(len(self.levels)) if str(lv) not in done.get(name, {})]
+        with Ahead(self._rg_dataset, self.dataset, jobs) as ahead:  # the levels' questions drawn on every core
+            for s, (name, per) in enumerate(SPLIT_SIZES.items()):
+                items: list[RgItem] = []
+                for lv in range(len(self.levels)):
+                    rows = done.get(name, {}).get(str(lv))
+                    if rows is None:
+                        got = ahead.draw(lv, per, mix(SPLIT_SEEDS[name], lv), taken)
+                        done.setdefault(name, {})[str(lv)] = [item_dict(i) for i in got.items]
+                        write_cache(path, {"spec": spec, "splits": done})
+                        items.extend(got.items)
+                    else:
+                        got_items = [item_of(r) for r in rows]
+                        taken.update(i.question for i in got_items)
+                        items.extend(got_items)
+                    progress.step(s * len(self.levels) + lv + 1, total, name)
+                out[name] = items
         return out
 
     def split_questions(self) -> set[str]:
@@ -385,60 +389,6 @@ class RgTask:
         w = [rng.random() + 0.1 for _ in picked]
         return RgConfig(levels={lv: x / sum(w) for lv, x in zip(picked, w, strict=True)},
                         num_instances=num_instances)
-
-
-def probe_cell(dataset: str, lv: Level) -> str | None:
-    """Why a cell cannot be a level (None: it can): reasoning-gym cannot build it, its generator raises, its
-    questions have no answer that its own scorer accepts, or its scorer accepts a junk answer too."""
-    seed = mix(PROBE_SEED, repr(lv.attr_values))
-    try:
-        ds = make_dataset(dataset, lv.attr_levels, 3, seed)
-    except Exception as e:
-        return f"reasoning-gym cannot build it: {one_line(e)}"
-    got = draw(lambda size, s: ds if s == seed else make_dataset(dataset, lv.attr_levels, size, s), dataset,
-               lv.index, 1, seed, set())
-    if not got.items:
-        if not got.errors:
-            return "reasoning-gym gives no answer to check"
-        return got.errors[0] if got.errors[0].startswith("its scorer") else f"its generator raises: {got.errors[0]}"
-    it = got.items[0]
-    try:
-        junk = float(ds.score_answer(JUNK, it.entry()))
-    except Exception:
-        junk = 0.0
-    return f"its scorer accepts any answer ({JUNK!r} scores {junk:g})" if junk >= 1.0 else None
-
-
-def _default_signals() -> None:
-    """In a forked probe: SIGTERM ends it, whatever handler the parent had (a stage's child process turns SIGTERM
-    into a stop request, which would leave the pool waiting for a probe that never ends); Ctrl-C is the parent's."""
-    import signal
-
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def probe_cells(dataset: str, cells: list[Level]):
-    """(cell, `probe_cell`'s note) for each cell, each in a forked child given `PROBE_TIMEOUT_S` (a generator
-    that searches for longer is stopped there). Without fork (not on Linux, or in a daemon process), in this
-    process, unbounded."""
-    import multiprocessing as mp
-
-    if "fork" not in mp.get_all_start_methods() or mp.current_process().daemon:  # a daemon may not fork
-        yield from ((lv, probe_cell(dataset, lv)) for lv in cells)
-        return
-    pending = list(cells)
-    while pending:
-        # leaving the block terminates the child (SIGTERM): still searching, or idle
-        with mp.get_context("fork").Pool(1, initializer=_default_signals) as pool:
-            while pending:
-                lv = pending.pop(0)
-                try:
-                    why = pool.apply_async(probe_cell, (dataset, lv)).get(PROBE_TIMEOUT_S)
-                except mp.TimeoutError:
-                    yield lv, f"its generator took over {PROBE_TIMEOUT_S:g} s for one question"
-                    break
-                yield lv, why
 
 
 def allocate(shares: dict[int, float], n: int) -> dict[int, int]:

@@ -117,10 +117,17 @@ def gold_rejected(ds, item: RgItem) -> str | None:
     try:
         score = float(ds.score_answer(item.answer, item.entry()))
     except Exception as e:
-        from .rg_levels import one_line
-
-        return f"its scorer fails on its own answer: {one_line(e)}"
+        return f"its scorer fails on its own answer: {error_line(e)}"
     return None if score >= 1.0 else f"its scorer gives its own answer {score:g}, not 1"
+
+
+def error_line(e: BaseException) -> str:
+    """An error as one line (`Recorded`: the line of the error met where the item was drawn ahead)."""
+    if isinstance(e, Recorded):
+        return e.line
+    from .rg_levels import one_line
+
+    return one_line(e)
 
 
 def mix(seed: int, salt: Any) -> int:
@@ -157,9 +164,7 @@ def draw(dataset_of, dataset: str, level: int, n: int, seed: int, seen: set[str]
             try:
                 e = ds[i]
             except Exception as err:  # a generator that fails on some seeds: that item is skipped, and counted
-                from .rg_levels import one_line
-
-                out.errors.append(one_line(err))
+                out.errors.append(error_line(err))
                 continue
             q = str(e["question"])
             if q in seen:
@@ -178,6 +183,159 @@ def draw(dataset_of, dataset: str, level: int, n: int, seed: int, seen: set[str]
         if len(out.errors) > n + 8:  # the generator fails on most seeds: no use going on
             break
     return out
+
+
+# ---------------------------------------------------------------------------------------------- drawing ahead
+
+
+class Recorded(Exception):
+    """An error that a generator or a scorer met in the worker that drew ahead, given back as its line."""
+
+    def __init__(self, line: str):
+        super().__init__(line)
+        self.line = line
+
+
+class _Recorder:
+    """A reasoning-gym dataset that keeps what `draw` reads of it: each item (or its error), and its scorer's
+    verdict (or error) on an answer to the item read last."""
+
+    def __init__(self, ds):
+        self.ds, self.items, self.scores, self.last = ds, {}, {}, -1
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int):
+        self.last = i
+        try:
+            self.items[i] = (True, self.ds[i])
+        except Exception as err:
+            self.items[i] = (False, error_line(err))
+            raise
+        return self.items[i][1]
+
+    def score_answer(self, answer, entry):
+        key = (self.last, answer)
+        try:
+            self.scores[key] = (True, self.ds.score_answer(answer, entry))
+        except Exception as err:
+            self.scores[key] = (False, error_line(err))
+            raise
+        return self.scores[key][1]
+
+
+class _Replay:
+    """A dataset drawn ahead: what its recording holds, given back as recorded (errors as `Recorded`); the rest
+    from the dataset itself, made where first needed."""
+
+    def __init__(self, recorded: tuple | None, make):
+        self.length, self.items, self.scores = recorded or (None, {}, {})
+        self.make, self.ds, self.last = make, None, -1
+
+    def _real(self):
+        if self.ds is None:
+            self.ds = self.make()
+        return self.ds
+
+    def __len__(self) -> int:
+        return self.length if self.length is not None else len(self._real())
+
+    def __getitem__(self, i: int):
+        self.last = i
+        return _given(self.items[i]) if i in self.items else self._real()[i]
+
+    def score_answer(self, answer, entry):
+        got = self.scores.get((self.last, answer))
+        return _given(got) if got is not None else self._real().score_answer(answer, entry)
+
+
+def _given(recorded: tuple):
+    ok, value = recorded
+    if not ok:
+        raise Recorded(value)
+    return value
+
+
+_AHEAD: tuple | None = None  # (make, dataset) of the draws being recorded: the forked workers find them here
+
+
+def _record(job: tuple[int, int, int]) -> dict:
+    """In a worker: `draw` of one job as if nothing were avoided, every dataset it reads recorded."""
+    level, n, seed = job
+    make, dataset = _AHEAD
+    recorders: dict[tuple[int, int], _Recorder] = {}
+
+    def dataset_of(size: int, s: int):
+        recorders[size, s] = _Recorder(make(level, size, s))
+        return recorders[size, s]
+
+    try:
+        draw(dataset_of, dataset, level, n, seed, set())
+    except Exception:  # the parent's draw meets it again, where it would have without drawing ahead
+        pass
+    return {key: (len(r.ds), r.items, r.scores) for key, r in recorders.items()}
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_signals() -> None:
+    """In a forked worker: SIGTERM ends it, whatever handler the parent had (a stage's child process turns SIGTERM
+    into a stop request, which would leave the pool waiting for a worker that never ends); Ctrl-C is the parent's."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class Ahead:
+    """The draws `jobs` (`draw`'s level, n and seed), to be asked for in that order, each avoiding the questions of
+    those before it: `Ahead.draw` gives exactly what `draw` gives, the questions generated ahead on every core.
+
+    A forked worker draws each job as if nothing were avoided, recording every item and scorer verdict it reads;
+    the parent then runs `draw` itself over the recording, taking an item from it where it holds one and asking
+    reasoning-gym for the rest (the retries of a level whose questions the levels before it took). So the result
+    does not depend on the workers: reasoning-gym's item `i` of a dataset depends only on its config, its seed
+    and `i`. With one core, without fork or in a daemon process, nothing is drawn ahead."""
+
+    def __init__(self, make, dataset: str, jobs: list[tuple[int, int, int]], workers: int | None = None):
+        self.make, self.dataset, self.jobs = make, dataset, list(jobs)
+        self.workers = min(cores() if workers is None else workers, len(self.jobs))
+        self._pool = self._results = None
+        self._next = 0
+
+    def __enter__(self) -> Ahead:
+        import multiprocessing as mp
+
+        global _AHEAD
+        if self.workers > 1 and "fork" in mp.get_all_start_methods() and not mp.current_process().daemon:
+            _AHEAD = (self.make, self.dataset)
+            self._pool = mp.get_context("fork").Pool(self.workers, initializer=default_signals)
+            self._results = self._pool.imap(_record, self.jobs)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _AHEAD
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+        _AHEAD = None
+
+    def draw(self, level: int, n: int, seed: int, seen: set[str]) -> Draw:
+        recorded: dict = {}
+        if self._results is not None:
+            if self.jobs[self._next] != (level, n, seed):
+                raise RuntimeError(f"draw {(level, n, seed)} asked for out of order: the next is {self.jobs[self._next]}")
+            self._next += 1
+            try:
+                recorded = next(self._results)
+            except Exception:  # a recording that could not come back (an item pickle cannot carry): drawn here
+                recorded = {}
+        return draw(lambda size, s: _Replay(recorded.get((size, s)), lambda: self.make(level, size, s)), self.dataset,
+                    level, n, seed, seen)
 
 
 # ---------------------------------------------------------------------------------------------- the split cache

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 UNAVAILABLE = {
     "boxnet": "reasoning-gym gives no answer to check",
     "game_of_life_halting": "its scorer accepts any answer",  # it compares bool("False") == bool("True")
+    "knight_swap": "its generator took over",  # its searches take over half a second of CPU a question
     "rush_hour": "reasoning-gym gives no answer to check",
 }
 JUNK = ("I do not know.", "<answer>I do not know.</answer>")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from env.rg import ANSWER_HINT, MAX_LEVELS, SPLIT_SIZES, RgConfig, RgTaskError, parse_name
+from env.rg_levels import RgLevels
 from families import level_share
 from trainer.task import load_task
 
@@ -143,7 +144,10 @@ def test_a_large_grid_gets_a_default_ladder_and_the_grid_stays_available():
     assert all(a <= b for lo, hi in zip(steps, steps[1:], strict=False) for a, b in zip(lo, hi, strict=True))  # never a step down
     narrowed = load_task("rg:chain_sum:num_terms=2-3,levels=grid")
     assert narrowed.kind == "grid" and len(narrowed.levels) == 2 * len(chain.attributes["num_digits"][0])
-    assert len(load_task("rg:basic_arithmetic").levels) == MAX_LEVELS - 16  # 20 cells <= 36: the full grid
+    assert len(load_task("rg:basic_arithmetic").levels) == 20 <= MAX_LEVELS  # 20 cells: the full grid
+    zebra = RgLevels("rg:zebra_puzzles")  # 36 cells: too many questions to draw for its fixed splits
+    assert zebra.grid_cells == 36 > MAX_LEVELS and zebra.kind == "ladder"
+    assert RgLevels("rg:zebra_puzzles:levels=grid").kind == "grid"
 
 
 def test_answers_are_extracted_bare_or_tagged_and_whole_where_they_span_lines(task):
@@ -248,7 +252,7 @@ def test_a_level_check_that_runs_over_its_time_ends_even_where_sigterm_is_a_stop
     time is still ended there (the pool stops it with SIGTERM), instead of the task's load waiting for it."""
     script = ("import signal, time\n"
               "signal.signal(signal.SIGTERM, lambda *a: None)  # as trainer.child does: a stop request\n"
-              "import env.rg as rg\n"
+              "import env.rg_probe as rg\n"
               "def searching(dataset, cell):\n"
               "    time.sleep(60)\n"
               "rg.probe_cell, rg.PROBE_TIMEOUT_S = searching, 0.5\n"
@@ -265,3 +269,69 @@ def test_a_level_check_that_runs_over_its_time_ends_even_where_sigterm_is_a_stop
         pytest.fail("the load waited for a level check that ran over its time")
     seconds, why = out.split(" ", 1)
     assert proc.returncode == 0 and float(seconds) < 20 and "took over 0.5 s" in why, (out, err[-2000:])
+
+
+def test_a_cell_whose_generator_is_slow_is_dropped_by_its_cpu_time_without_waiting_for_the_hard_stop(tmp_path,
+                                                                                                     monkeypatch):
+    """puzzle24 searches for a way to make 24: quick with numbers up to 6, over a second of CPU a question from 7 on.
+    Those cells are dropped once their check has used its CPU budget, far sooner than the check's hard stop."""
+    import time
+
+    from env.rg_probe import PROBE_QUESTIONS, PROBE_TIMEOUT_S, QUESTION_CPU_S
+
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path))  # no cached check
+    t0 = time.monotonic()
+    task = load_task("rg:puzzle24:value=5-8")
+    assert [lv.label for lv in task.levels] == ["value=5-6"]
+    note = (f"its generator took over {PROBE_QUESTIONS * QUESTION_CPU_S:g} s of CPU for {PROBE_QUESTIONS} questions; "
+            f"allowed: {QUESTION_CPU_S:g} s a question")
+    assert task.dropped == [f"value={v}: {note}" for v in ("6-7", "7-8", "8-9")]
+    assert time.monotonic() - t0 < 3 * PROBE_TIMEOUT_S  # three checks stopped by their CPU budget, not the hard stop
+    with pytest.raises(RgTaskError, match=r"every level of puzzle24 is dropped \(value=7-8: its generator took over ")\
+            as e:
+        load_task("rg:puzzle24:value=6-8")
+    assert "\n" not in str(e.value)
+
+
+def test_drawing_ahead_gives_the_plain_draw_and_the_parent_generates_only_what_the_workers_could_not_know():
+    """`env.rg_data.Ahead`: each job drawn in a forked worker as if nothing were avoided, then the plain draw run
+    over the recordings. Seeds 11 and 12 share 29 of their first 30 questions (reasoning-gym's item i of seed s is
+    seeded s + i), so the second job draws past what its worker drew: only that is generated here."""
+    from env.rg_data import Ahead
+
+    task = load_task(BA)
+    jobs = [(0, 30, 11), (0, 30, 12), (3, 30, 11)]
+    seen: set[str] = set()
+    plain = [task.draw(lv, n, s, seen) for lv, n, s in jobs]
+    made = []
+
+    def make(level, size, seed):  # what is made in this process (a worker's appends stay in the worker)
+        made.append((level, size, seed))
+        return task._rg_dataset(level, size, seed)
+
+    ahead_seen: set[str] = set()
+    with Ahead(make, task.dataset, jobs, workers=2) as ahead:
+        got = [ahead.draw(lv, n, s, ahead_seen) for lv, n, s in jobs]
+    assert [[i.id for i in d.items] for d in got] == [[i.id for i in d.items] for d in plain]
+    assert [len(d.items) for d in got] == [30, 30, 30] and ahead_seen == seen
+    assert made and all(lv == 0 and s != 11 for lv, _, s in made), made  # for the second job only: past its worker
+    with Ahead(make, task.dataset, jobs, workers=2) as ahead, pytest.raises(RuntimeError, match="out of order"):
+        ahead.draw(3, 30, 11, set())
+
+
+def test_the_fixed_splits_drawn_on_every_core_are_those_drawn_level_after_level(tmp_path, monkeypatch):
+    """Committed results name questions by their ids in the fixed splits, so drawing them on every core must not
+    change them: they equal the plain draw, val then test, level after level, each avoiding every question taken
+    before it. leg_counting's rungs share questions (and a level's test split meets its val split), so some of its
+    levels draw past what their worker drew ahead."""
+    from env.rg import SPLIT_SEEDS
+    from env.rg_data import mix
+
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path))  # drawn now, not read from a cache
+    for name in ("rg:leg_counting", BA):
+        task = load_task(name)
+        taken: set[str] = set()
+        plain = {s: [i.id for lv in range(len(task.levels)) for i in task.draw(lv, per, mix(SPLIT_SEEDS[s], lv),
+                                                                                taken).items]
+                 for s, per in SPLIT_SIZES.items()}
+        assert {s: [i.id for i in task.split(s)] for s in SPLIT_SIZES} == plain, name

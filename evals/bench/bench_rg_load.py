@@ -34,8 +34,8 @@ t2 = time.perf_counter()
 cfg = task.random_config(0, int(sys.argv[2]))
 items, _ = task.generate(cfg, int(sys.argv[2]), seed=0)
 t3 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_stage_s": t3 - t2, "levels": len(task.levels),
-                  "items": len(items)}))
+print("\\n" + json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_stage_s": t3 - t2, "levels": len(task.levels),
+                  "items": len(items)}))  # on a line of its own: a generator may print (bf prints dots)
 """
 
 
