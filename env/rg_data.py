@@ -15,10 +15,12 @@ score 1 is skipped (and counted in `Draw.errors`): the task never trains or eval
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import sys
 import time
+from contextlib import redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,7 +164,8 @@ def draw(dataset_of, dataset: str, level: int, n: int, seed: int, seen: set[str]
         ds = dataset_of(size, s)
         for i in range(len(ds)):
             try:
-                e = ds[i]
+                with redirect_stdout(io.StringIO()):  # a generator's own prints (bf runs its programs) stay out
+                    e = ds[i]
             except Exception as err:  # a generator that fails on some seeds: that item is skipped, and counted
                 out.errors.append(error_line(err))
                 continue

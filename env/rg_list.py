@@ -18,7 +18,7 @@ def describe(name: str, make_task) -> dict:
     try:
         task = make_task(f"rg:{name}")
     except RgTaskError as e:
-        return {"dataset": name, "unavailable": str(e).split(": ", 1)[1].split("; allowed")[0]}
+        return {"dataset": name, "unavailable": str(e).split(": ", 1)[1].rsplit("; allowed", 1)[0]}
     return {"dataset": name, "kind": task.kind, "grid_cells": task._lv.grid_cells,
             "levels": [lv.label for lv in task.levels], "dropped": task.dropped}
 

@@ -60,13 +60,16 @@ def test_every_dataset_loads_generates_and_its_gold_answers_verify_at_every_leve
 
 
 def test_the_list_command_shows_default_ladders_and_unavailable_datasets():
-    names = ["chain_sum", *sorted(UNAVAILABLE)[:1]]
+    names = ["bf", "chain_sum", *sorted(UNAVAILABLE)[:1], "knight_swap"]
     proc = subprocess.run([sys.executable, "-m", "env.rg", "--list", *names], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "chain_sum: 8 levels, a ladder over its 110-cell grid" in out and "\n  7: num_terms=" in out
-    assert f"{names[1]}: unavailable: " in out and UNAVAILABLE[names[1]] in out
+    assert f"{names[2]}: unavailable: " in out and UNAVAILABLE[names[2]] in out
+    # a note that says what is allowed keeps it whole; bf's generator, which prints as it runs, prints nothing here
+    assert out.rstrip().endswith("; allowed: 0.5 s a question)"), out
+    assert all(line.startswith(("  ", *(f"{n}: " for n in names))) for line in out.splitlines()), out
     bad = subprocess.run([sys.executable, "-m", "env.rg", "--list", "no_such"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(

@@ -11,7 +11,7 @@ format of a stage's). Every round counts as one after an
 optimiser step: the sampler syncs the weights anew (the rollout copy copies them, the vLLM server saves and reloads
 them), and that time is part of its samples/s. The vLLM server's start-up, once a stage, is printed apart.
 
-With `--stage-steps N` it then runs a whole filtered stage of N optimiser steps (`trainer.filtered.run_filtered_stage`,
+With `--stage-steps N` it then runs a whole filtered stage of N optimiser steps (`trainer.stage.run_stage`,
 the preset's settings otherwise) once with each in-process sampler, from the same start and seed, and prints the
 seconds of each and their ratio. With `--stage-samples N` the stage is the preset's kind instead, a budget of N
 sampled answers (`rg-cpu`: 7,680), run once with every sampler (the vLLM server's start and weight reloads
