@@ -20,7 +20,7 @@ import json
 import os
 import sys
 import time
-from contextlib import redirect_stdout
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,6 +149,44 @@ class Draw:
         return max(0, self.asked - len(self.items))
 
 
+ITEM_CPU_S = 2.0  # the most CPU seconds one question may take to generate: over it, the question is skipped and
+# counted as an error (number_sequence squares its terms again and again on a few seeds: minutes, then hours, for one)
+
+
+OVER_ITEM = f"its generator took over {ITEM_CPU_S:g} s of CPU for one question"
+
+
+class OverBudget(BaseException):
+    """A generator used up its CPU budget (a BaseException: a generator's `except Exception` lets it by). Its
+    argument is the budget's token (`cpu_budget`)."""
+
+
+@contextmanager
+def cpu_budget(seconds: float):
+    """Raise `OverBudget(token)` in this thread once the process has used `seconds` more CPU; yields the token.
+    Where signals cannot do it (not the main thread, no `setitimer`), or inside another budget (which stays in force,
+    its `OverBudget` passing through), no limit of its own: yields None."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer") \
+            or signal.getitimer(signal.ITIMER_PROF)[0] > 0:
+        yield None
+        return
+    token = object()
+
+    def over(*_):
+        raise OverBudget(token)
+
+    old = signal.signal(signal.SIGPROF, over)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield token
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old)
+
+
 def draw(dataset_of, dataset: str, level: int, n: int, seed: int, seen: set[str]) -> Draw:
     """`n` questions of `level`, none of whose text is in `seen` (which grows by those drawn). `dataset_of(size,
     seed)` is reasoning-gym's dataset of the level. The first dataset is seeded `seed`, the second `seed * 31 + 1`
@@ -163,9 +201,15 @@ def draw(dataset_of, dataset: str, level: int, n: int, seed: int, seen: set[str]
         budget -= size
         ds = dataset_of(size, s)
         for i in range(len(ds)):
+            token = None
             try:
-                with redirect_stdout(io.StringIO()):  # a generator's own prints (bf runs its programs) stay out
+                with redirect_stdout(io.StringIO()), cpu_budget(ITEM_CPU_S) as token:  # bf prints as it runs
                     e = ds[i]
+            except OverBudget as over:
+                if token is None or over.args[0] is not token:  # an outer budget's (a level's check): it ends there
+                    raise
+                out.errors.append(OVER_ITEM)
+                continue
             except Exception as err:  # a generator that fails on some seeds: that item is skipped, and counted
                 out.errors.append(error_line(err))
                 continue
@@ -213,6 +257,9 @@ class _Recorder:
         self.last = i
         try:
             self.items[i] = (True, self.ds[i])
+        except OverBudget:  # the parent skips it as the worker did, without generating it again
+            self.items[i] = (False, OVER_ITEM)
+            raise
         except Exception as err:
             self.items[i] = (False, error_line(err))
             raise

@@ -6,9 +6,8 @@ their answers and refuses a junk one. Each cell is checked in a forked child tha
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 
-from .rg_data import default_signals, draw, mix
+from .rg_data import OverBudget, cpu_budget, default_signals, draw, mix
 from .rg_levels import Level, make_dataset, one_line
 
 QUESTION_CPU_S = 0.5  # the most CPU seconds a level's generator may take for a question. A level's fixed splits
@@ -22,33 +21,6 @@ PROBE_TIMEOUT_S = 8.0 * PROBE_QUESTIONS * QUESTION_CPU_S  # the hard stop, wall 
 PROBE_SEED = 5_000_011  # the questions that check a cell before it becomes a level
 PROBE_RULE = {"probe_questions": PROBE_QUESTIONS, "question_cpu_s": QUESTION_CPU_S}  # in the cached outcome's key
 JUNK = "I do not know."  # an answer no scorer should accept
-
-
-class OverBudget(BaseException):
-    """A check's generator used up its CPU budget (a BaseException: a generator's `except Exception` lets it by)."""
-
-
-@contextmanager
-def cpu_budget(seconds: float):
-    """Raise `OverBudget` in this thread once the process has used `seconds` more CPU (where signals allow: the
-    main thread of a process on a system with `setitimer`; elsewhere, no limit)."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def over(*_):
-        raise OverBudget
-
-    old = signal.signal(signal.SIGPROF, over)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, old)
 
 
 def probe_cell(dataset: str, lv: Level) -> str | None:

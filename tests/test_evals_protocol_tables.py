@@ -35,6 +35,7 @@ EXCLUDED = {
     "learning_cpu": "outputs of evals.bench benchmarks (JSON and text), no eval table",
     "rg_candidates": "outputs of evals.bench.bench_rg (one JSON per arm, every answer, packed), no eval table",
     "rg_allocation": "outputs of evals.bench.bench_rg, one JSON per allocation arm, and bench_rg_report's tables",
+    "filtered_sampler": "the output of evals.bench.bench_filtered_sampling (samples/s and stage seconds), no eval table",
     "rg_load": "outputs of evals.bench.bench_rg_load (load and first-stage seconds), no eval table",
 }
 OUTPUTS = ("table.md", "table.csv", "table.json", "failures.csv")

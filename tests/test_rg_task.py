@@ -335,3 +335,17 @@ def test_the_fixed_splits_drawn_on_every_core_are_those_drawn_level_after_level(
                                                                                 taken).items]
                  for s, per in SPLIT_SIZES.items()}
         assert {s: [i.id for i in task.split(s)] for s in SPLIT_SIZES} == plain, name
+
+
+@pytest.mark.timeout(120)  # without the limit, the draw would run for hours
+def test_a_question_whose_generator_runs_away_is_skipped_at_its_cpu_limit_and_counted(tmp_path, monkeypatch):
+    """number_sequence squares its terms again and again on a few seeds: one question of its 12-16-term level takes
+    minutes, then hours, of big-integer arithmetic. The third question of this seed is one. A draw skips it after
+    `ITEM_CPU_S` of CPU and counts it among its errors, and the level still gives the questions asked."""
+    from env.rg_data import OVER_ITEM, mix
+
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path))
+    task = load_task("rg:number_sequence")
+    assert task.levels[2].label == "terms=12-16 min_value=-1000 max_value=1000 max_complexity=4"
+    got = task.draw(2, 3, mix(9_000_011, 2), set())
+    assert len(got.items) == 3 and got.errors == [OVER_ITEM]
