@@ -6,7 +6,9 @@ a ladder of at most 8 cells from easiest to hardest. A name narrows attributes o
 `rg:basic_arithmetic:num_terms=2-4,num_digits=1-2`, `rg:leg_counting:levels=grid`. A cell is dropped, with a note
 (`RgTask.dropped`), where reasoning-gym's config check refuses it, its generator raises or takes over half a
 second of CPU a question (`env.rg_probe.QUESTION_CPU_S`: a level's questions must be quick to draw), its questions
-carry no answer that reasoning-gym's own scorer accepts, or that scorer accepts junk.
+carry no answer that reasoning-gym's own scorer accepts, or that scorer accepts junk. A task must load in about
+half a minute on 2 cores: where its fixed splits would take over `LOAD_CPU_S` of CPU to draw (timed level after
+level on their `val` questions), the first level over it and those after it are dropped (sokoban's larger boards).
 
 Config (the engineer's levers): `{"levels": {"<level>": <share>, ...}, "num_instances": n}`: the share of the
 stage's questions drawn from each level (the shares sum to 1; a level left out gets none).
@@ -34,6 +36,7 @@ import math
 import random
 import sys
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -69,6 +72,9 @@ __all__ = ["MAX_LEVELS", "SPLIT_SIZES", "RgConfig", "RgItem", "RgTask", "RgTaskE
 
 SPLIT_SIZES = {"val": 24, "test": 48}  # questions per level in each fixed split
 SPLIT_SEEDS = {"val": 7_000_003, "test": 9_000_011}
+LOAD_CPU_S = 60.0  # the most CPU seconds a task's fixed splits may take to draw (about 30 s on 2 cores): sokoban's
+# boards take 0.1-0.6 s a question on average, with a long tail, so its 6 levels' 72 split questions each would take
+# over a minute; its levels from the first one over it are dropped
 ANSWER_HINT = "Give only the final answer, bare or as <answer>...</answer>."
 FAILURES = ("no_answer", "wrong", "partial")
 SHARE_SUM_TOL = 1e-6  # as MAPF's data ratios: a config off by more is projected (scaled to 1), not accepted
@@ -128,6 +134,8 @@ class RgTask:
         self._datasets: dict[tuple[int, int, int], Any] = {}
         self._scorers: dict[int, Any] = {}
         self._probe()
+        if self._lv.levels:
+            self._fit_load_budget()
         if not self._lv.levels:
             # the last note: the level check's, where it dropped any (reasoning-gym's config refusals come first)
             raise RgTaskError(f"task {name!r}: every level of {self.dataset} is dropped ({self._lv.dropped[-1]}); "
@@ -217,38 +225,85 @@ class RgTask:
             raise RgTaskError(f"split {name!r}: allowed for rg tasks: {', '.join(SPLIT_SIZES)}")
         return list(self._splits[name])
 
-    @cached_property
-    def _splits(self) -> dict[str, list[RgItem]]:
-        """Drawn once per task (val then test, level by level, each avoiding every question drawn before it) and
-        cached on disk after every level, so that an interrupted draw resumes where it stopped."""
+    def _split_state(self) -> tuple[Path, dict]:
+        """The cache file of the fixed splits and what it holds: its `spec`, `splits` (split -> level -> rows), `cpu`
+        (level -> the CPU seconds its `val` questions took) and `cut` (the load budget's first dropped level, or None;
+        absent until every `val` level is drawn). A file of another spec is not read."""
         from importlib.metadata import version
 
-        spec = {"dataset": self.dataset, "levels": [repr(lv.attr_values) for lv in self.levels],
-                "sizes": SPLIT_SIZES, "seeds": SPLIT_SEEDS, "rg": version("reasoning-gym")}
+        spec = {"dataset": self.dataset, "levels": [repr(lv.attr_values) for lv in self._lv.levels],
+                "sizes": SPLIT_SIZES, "seeds": SPLIT_SEEDS, "rg": version("reasoning-gym"), "load_cpu_s": LOAD_CPU_S}
         path = cache_path(spec)
         cached = read_cache(path)
-        done: dict[str, dict[str, list]] = cached.get("splits", {}) if cached.get("spec") == spec else {}
+        state = cached if cached.get("spec") == spec else {"spec": spec}
+        state.setdefault("splits", {}).setdefault("val", {})
+        state.setdefault("cpu", {})
+        return path, state
+
+    def _fit_load_budget(self) -> None:
+        """Draw the `val` split level after level (cached after each), and drop the levels from the first one that
+        would bring the fixed splits over `LOAD_CPU_S` of CPU, estimated from each level's `val` questions (the
+        first level is always kept). A dataset within the budget keeps every level and the same questions."""
+        path, state = self._split_state()
+        self._state = path, state
+        val, cpu = state["splits"]["val"], state["cpu"]
+        per = SPLIT_SIZES["val"]
+        scale = sum(SPLIT_SIZES.values()) / per  # a level's splits over its `val` questions
+        if "cut" not in state:
+            taken = {row["question"] for rows in val.values() for row in rows}
+            total = scale * sum(cpu.values())
+            n = len(self._lv.levels)
+            jobs = [(lv, per, mix(SPLIT_SEEDS["val"], lv)) for lv in range(n) if str(lv) not in val]
+            progress = Progress(f"{self.name}: drawing the fixed val split (cached for next time), level")
+            state["cut"] = None
+            with Ahead(self._rg_dataset, self.dataset, jobs) as ahead:  # the levels' questions drawn on every core
+                for lv, _, seed in jobs:
+                    got = ahead.draw(lv, per, seed, set(taken))
+                    est = scale * got.cpu_s
+                    if lv > 0 and total + est > LOAD_CPU_S:
+                        state["cut"] = {"level": lv, "note": (
+                            f"with it the task's fixed splits would take about {total + est:.0f} s of CPU to draw "
+                            f"({got.cpu_s / per:.2f} s a question, timed on its {per} val questions); allowed: "
+                            f"{LOAD_CPU_S:g} s a task (the first level over it and those after it are dropped)")}
+                        break
+                    total += est
+                    taken.update(i.question for i in got.items)
+                    val[str(lv)], cpu[str(lv)] = [item_dict(i) for i in got.items], got.cpu_s
+                    write_cache(path, state)
+                    progress.step(lv + 1, n)
+            write_cache(path, state)
+        cut = state["cut"]
+        if cut:
+            first = cut["level"]
+            later = f"a level after {self.levels[first].label}, the first one over the task's load budget"
+            self._lv.drop({lv.index: cut["note"] if lv.index == first else later for lv in self.levels[first:]})
+
+    @cached_property
+    def _splits(self) -> dict[str, list[RgItem]]:
+        """`val` (drawn when the task is made) then `test`, level by level, each avoiding every question drawn
+        before it; cached on disk after every level, so that an interrupted draw resumes where it stopped."""
+        path, state = self._state
+        done = state["splits"]
         taken: set[str] = set()
         out: dict[str, list[RgItem]] = {}
-        total = len(SPLIT_SIZES) * len(self.levels)
-        progress = Progress(f"{self.name}: drawing the fixed splits (cached for next time), level")
         jobs = [(lv, per, mix(SPLIT_SEEDS[name], lv)) for name, per in SPLIT_SIZES.items()
                 for lv in range(len(self.levels)) if str(lv) not in done.get(name, {})]
+        progress = Progress(f"{self.name}: drawing the fixed splits (cached for next time), level")
         with Ahead(self._rg_dataset, self.dataset, jobs) as ahead:  # the levels' questions drawn on every core
-            for s, (name, per) in enumerate(SPLIT_SIZES.items()):
+            for name, per in SPLIT_SIZES.items():
                 items: list[RgItem] = []
                 for lv in range(len(self.levels)):
                     rows = done.get(name, {}).get(str(lv))
                     if rows is None:
                         got = ahead.draw(lv, per, mix(SPLIT_SEEDS[name], lv), taken)
                         done.setdefault(name, {})[str(lv)] = [item_dict(i) for i in got.items]
-                        write_cache(path, {"spec": spec, "splits": done})
+                        write_cache(path, state)
                         items.extend(got.items)
+                        progress.step(lv + 1, len(self.levels), name)
                     else:
                         got_items = [item_of(r) for r in rows]
                         taken.update(i.question for i in got_items)
                         items.extend(got_items)
-                    progress.step(s * len(self.levels) + lv + 1, total, name)
                 out[name] = items
         return out
 

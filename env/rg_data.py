@@ -143,6 +143,7 @@ class Draw:
     items: list[RgItem]
     asked: int
     errors: list[str] = field(default_factory=list)
+    cpu_s: float = 0.0  # the CPU seconds its questions took to generate and check (`Ahead.draw`: the worker's too)
 
     @property
     def short(self) -> int:
@@ -314,6 +315,7 @@ def _record(job: tuple[int, int, int]) -> dict:
     """In a worker: `draw` of one job as if nothing were avoided, every dataset it reads recorded."""
     level, n, seed = job
     make, dataset = _AHEAD
+    t0 = time.process_time()
     recorders: dict[tuple[int, int], _Recorder] = {}
 
     def dataset_of(size: int, s: int):
@@ -324,7 +326,7 @@ def _record(job: tuple[int, int, int]) -> dict:
         draw(dataset_of, dataset, level, n, seed, set())
     except Exception:  # the parent's draw meets it again, where it would have without drawing ahead
         pass
-    return {key: (len(r.ds), r.items, r.scores) for key, r in recorders.items()}
+    return {"cpu": time.process_time() - t0, **{key: (len(r.ds), r.items, r.scores) for key, r in recorders.items()}}
 
 
 def cores() -> int:
@@ -384,8 +386,11 @@ class Ahead:
                 recorded = next(self._results)
             except Exception:  # a recording that could not come back (an item pickle cannot carry): drawn here
                 recorded = {}
-        return draw(lambda size, s: _Replay(recorded.get((size, s)), lambda: self.make(level, size, s)), self.dataset,
-                    level, n, seed, seen)
+        t0 = time.process_time()
+        got = draw(lambda size, s: _Replay(recorded.get((size, s)), lambda: self.make(level, size, s)), self.dataset,
+                   level, n, seed, seen)
+        got.cpu_s = recorded.get("cpu", 0.0) + time.process_time() - t0
+        return got
 
 
 # ---------------------------------------------------------------------------------------------- the split cache

@@ -1,6 +1,7 @@
 """`python -m env.rg --list`: every reasoning-gym dataset with a curriculum, its default levels (a grid or a
 ladder, `env.rg_levels`), the cells it drops and why, or why it is unavailable. The first listing draws a few
-questions of every cell to check it (a few minutes; the outcome is cached), so it prints each dataset as it goes.
+questions of every cell to check it, and each level's fixed `val` questions to time it against the task's load
+budget (several minutes; the outcome is cached), so it prints each dataset as it goes.
 """
 
 from __future__ import annotations

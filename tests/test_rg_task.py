@@ -349,3 +349,31 @@ def test_a_question_whose_generator_runs_away_is_skipped_at_its_cpu_limit_and_co
     assert task.levels[2].label == "terms=12-16 min_value=-1000 max_value=1000 max_complexity=4"
     got = task.draw(2, 3, mix(9_000_011, 2), set())
     assert len(got.items) == 3 and got.errors == [OVER_ITEM]
+
+
+def test_a_task_whose_fixed_splits_would_overrun_its_load_budget_drops_its_later_levels(tmp_path, monkeypatch):
+    """A task's fixed splits must be quick to draw (`env.rg.LOAD_CPU_S`, estimated level after level from the CPU
+    its val questions took): from the first level over it on, the levels are dropped with a note, the first level
+    always kept; the kept levels' questions are those drawn without a budget, and the outcome is cached, so that
+    the task keeps its levels without drawing again."""
+    import env.rg as rg
+
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path / "free"))
+    free = rg.RgTask(BA)
+    monkeypatch.setenv("ENV_ENGINEER_CACHE", str(tmp_path / "tight"))
+    monkeypatch.setattr(rg, "LOAD_CPU_S", 0.0)
+    tight = rg.RgTask(BA)
+    assert len(free.levels) > 2 and [lv.label for lv in tight.levels] == [free.levels[0].label]
+    first, *later = tight.dropped[-(len(free.levels) - 1):]
+    assert first.startswith(f"{free.levels[1].label}: with it the task's fixed splits would take about ")
+    assert "s a question, timed on its 24 val questions); allowed: 0 s a task" in first
+    assert later and all(n.endswith(f"a level after {free.levels[1].label}, the first one over the task's load "
+                                    "budget") for n in later)
+    assert [i.id for i in tight.split("val")] == [i.id for i in free.split("val") if i.level == 0]
+
+    def no_draw(*a, **k):
+        raise AssertionError("drawn again instead of read from the cache")
+
+    monkeypatch.setattr(rg, "Ahead", no_draw)
+    again = rg.RgTask(BA)
+    assert [lv.label for lv in again.levels] == [lv.label for lv in tight.levels] and again.dropped == tight.dropped
