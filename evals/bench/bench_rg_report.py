@@ -20,9 +20,12 @@ from pathlib import Path
 from evals.intervals import crossed_interval
 
 
-def load(path: Path) -> dict:
+def load(path: str) -> dict:
+    """A bench_rg file, or a member of a packed results folder (`FOLDER/answers.tar.xz:MEMBER`, evals.packed)."""
+    from evals.packed import read_text
+
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path))
     except (OSError, ValueError) as e:
         raise SystemExit(f"{path}: cannot read a bench_rg file ({e}); allowed: a file written by bench_rg --json") from None
     if not data.get("start") or not data.get("seeds"):
@@ -96,13 +99,14 @@ def tables(arms: dict[str, dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m evals.bench.bench_rg_report", description=__doc__.split("\n\n")[0])
-    p.add_argument("files", nargs="+", type=Path, help="bench_rg --json files, one per arm; the first is the base")
+    p.add_argument("files", nargs="+", help="bench_rg --json files, one per arm, or members of a packed results "
+                   "folder (FOLDER/answers.tar.xz:uniform.json); the first is the base")
     p.add_argument("--markdown", type=Path, default=None, help="also write the tables to this file")
     a = p.parse_args(argv)
-    names = [f.stem for f in a.files]
+    names = [Path(f.rsplit(":", 1)[-1]).stem for f in a.files]
     if len(set(names)) != len(names):
         p.error(f"arms {names}: allowed: files of distinct names (the name is the arm's)")
-    text = tables({f.stem: load(f) for f in a.files})
+    text = tables({n: load(f) for n, f in zip(names, a.files, strict=True)})
     print(text)
     if a.markdown:
         a.markdown.write_text(text + "\n")
