@@ -143,9 +143,10 @@ def test_approve_lets_a_person_replace_the_proposal(tmp_path, smoke_grid):
 def test_cpu_preset_end_to_end_through_the_stage_child_with_a_ctrl_c_in_stage_1(tmp_path, embedded_model_path):
     """The cpu preset (compact prompt, cached SFT warm start, dynamic sampling, vLLM evaluation and
     self-engineer) runs end to end with every stage trained in its own child process, shrunk in
-    length only: 2 stages, 1 GRPO step each of completions of at most 48 tokens, a 2-step warm start in a cache of
-    its own, 12 answers of at most 64 tokens per evaluation, one engineer reply of at most 32 tokens (asked again
-    once at 128 when it is cut).
+    size only: 2 stages, 1 GRPO step each of one group of 4 completions of at most 48 tokens with one round of
+    dynamic sampling (the preset: 16, two rounds), a 2-step warm start of 2 plans a step in a cache of its own, 12
+    answers of at most 64 tokens per evaluation, one engineer reply of at most 32 tokens (asked again once at 128
+    when it is cut).
 
     On the way, a Ctrl-C in the middle of stage 1, while the kept vLLM policy server (started by stage 0's
     evaluation) is up: the process exits with 130, the server is gone, and --resume finishes without touching
@@ -153,8 +154,10 @@ def test_cpu_preset_end_to_end_through_the_stage_child_with_a_ctrl_c_in_stage_1(
     run_dir = tmp_path / "cpu-run"
     args = ["--preset", "cpu", "--run-dir", str(run_dir), "--set", "stages=2", "--set", "eval_limit=12",
             "--set", "final_limit=6", "--set", "eval_max_tokens=64", "--set", "train.max_steps=1",
-            "--set", "train.max_completion_length=48", "--set", "train.sft_steps=2",
-            "--set", "train.sft_instances=16", "--set", "engineer_max_attempts=1", "--set", "engineer_max_tokens=32"]
+            "--set", "train.max_completion_length=48", "--set", "train.num_generations=4",
+            "--set", "train.per_device_train_batch_size=4", "--set", "train.resample_rounds=1",
+            "--set", "train.sft_steps=2", "--set", "train.sft_batch_size=2", "--set", "train.sft_instances=4",
+            "--set", "engineer_max_attempts=1", "--set", "engineer_max_tokens=32"]
     log = tmp_path / "run.log"
     (tmp_path / "cache").mkdir()  # a cache of its own, but the converted model linked in: no 50 s conversion again
     (tmp_path / "cache" / embedded_model_path.name).symlink_to(embedded_model_path)
