@@ -81,3 +81,26 @@ def test_the_report_gives_each_arms_change_and_its_difference_from_the_first(tmp
     other = _arm(tmp_path / "other.json", [0, 0, 0, 0], {0: [1, 1, 1, 1]})
     with pytest.raises(SystemExit, match="other: answered other questions or from another start than uniform"):
         report_main([str(a), str(other)])
+
+
+def test_an_arm_starts_from_another_arms_start_answered_by_the_same_sampler(tmp_path, monkeypatch):
+    """`--start-from` a finished arm answered by the vLLM sampler: the new arm takes that start and records the
+    sampler (it used to be refused as a resume by another sampler); a `--resume` of a file answered by another
+    sampler is still refused in one line."""
+    import evals.bench.bench_rg as bench
+
+    got: dict = {}
+    monkeypatch.setattr(bench, "_run", lambda a, task, cfg, out, *rest: got.update(cfg=cfg, out=dict(out)) or 0)
+    args = ["--task", TASK, "--preset", "rg-cpu", "--sampler", "vllm"]
+    assert bench.main(args) == 0
+    donor = tmp_path / "uniform.json"
+    start = {"valid_rate": 0.5, "valid": [1, 0]}
+    donor.write_text(json.dumps({"task": TASK, "settings": got["cfg"].model_dump(mode="json"), "sampler": "vllm",
+                                 "start": start, "eval_ids": ["a", "b"]}))
+    arm = tmp_path / "learnability.json"
+    assert bench.main([*args, "--start-from", str(donor), "--json", str(arm)]) == 0
+    assert got["out"]["start"] == start and got["out"]["sampler"] == "vllm" and got["out"]["eval_ids"] == ["a", "b"]
+    arm.write_text(json.dumps({"sampler": "generate", "start": start}))
+    with pytest.raises(SystemExit):
+        bench.main([*args, "--json", str(arm), "--resume"])
+

@@ -148,22 +148,22 @@ def main(argv: list[str] | None = None) -> int:
     if a.sampled < 0 or (a.sampled and temperature <= 0):
         p.error(f"--sampled {a.sampled} at temperature {temperature}: allowed: K >= 0, and a temperature above 0")
     out: dict = json.loads(a.json.read_text()) if (a.resume and a.json and a.json.is_file()) else {}
+    how = resolve_sampler(a.sampler)
+    if out.get("sampler", "generate") != how and out.get("start"):  # files written before the flag: generate
+        p.error(f"--resume with --sampler {a.sampler} ({how}): {a.json} was answered by "
+                f"{out.get('sampler', 'generate')}; allowed: the same sampler")
+    out["sampler"] = how
     if a.start_from is not None:
         if not a.start_from.is_file():
             p.error(f"--start-from {a.start_from}: no such file; allowed: a bench_rg --json file")
         donor = json.loads(a.start_from.read_text())
-        want = {"task": a.task, "settings": cfg.model_dump(mode="json"), "sampler": resolve_sampler(a.sampler)}
+        want = {"task": a.task, "settings": cfg.model_dump(mode="json"), "sampler": how}
         differ = [k for k, v in want.items() if donor.get(k) != v] + ([] if donor.get("start") else ["start"])
         if differ:
             p.error(f"--start-from {a.start_from}: its {', '.join(differ)} differ(s) from this run's; allowed: a "
                     "finished start of the same task, settings and sampler")
         out.setdefault("start", donor["start"])
         out.setdefault("eval_ids", donor.get("eval_ids"))
-    how = resolve_sampler(a.sampler)
-    if out.get("sampler", "generate") != how and out.get("start"):  # files written before the flag: generate
-        p.error(f"--resume with --sampler {a.sampler} ({how}): {a.json} was answered by "
-                f"{out.get('sampler', 'generate')}; allowed: the same sampler")
-    out["sampler"] = how
     sampler = FilteredSampler(how)
     try:
         return _run(a, task, cfg, out, sampler, temperature, p)
