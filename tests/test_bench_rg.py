@@ -104,3 +104,25 @@ def test_an_arm_starts_from_another_arms_start_answered_by_the_same_sampler(tmp_
     with pytest.raises(SystemExit):
         bench.main([*args, "--json", str(arm), "--resume"])
 
+
+def test_the_committed_allocation_answers_rescore_to_their_recorded_rates_and_labels(task):
+    """evals/results/rg_allocation: the evaluation questions are drawn again from the task name (`eval_items`: each
+    level's val, then test, then fresh questions), in the recorded order, and every stored greedy answer of the
+    start and of every seed of every arm gets its recorded failure label back from the dataset's own scorer."""
+    from pathlib import Path
+
+    from evals.packed import names, read_text
+
+    archive = Path(__file__).resolve().parent.parent / "evals" / "results" / "rg_allocation" / "answers.tar.xz"
+    arms = sorted(m for m in names(archive) if m.endswith(".json"))
+    assert arms == ["hardest.json", "learnability.json", "uniform.json"]
+    items = eval_items(task, 100)
+    by_id = {i.id: i for i in items}
+    for arm in arms:
+        d = json.loads(read_text(f"{archive}:{arm}"))
+        assert d["task"] == TASK and d["eval_ids"] == [i.id for i in items], arm
+        for part in [d["start"], *d["seeds"].values()]:
+            assert [a["id"] for a in part["answers"]] == d["eval_ids"], arm
+            verdicts = [task.verify(by_id[a["id"]], a["answer"]) for a in part["answers"]]
+            assert [v.label for v in verdicts] == [a["failure"] for a in part["answers"]], arm
+            assert sum(v.valid for v in verdicts) / len(verdicts) == pytest.approx(part["valid_rate"]), arm
