@@ -143,7 +143,7 @@ def test_rollout_copy_samples_with_its_own_bf16_weights_and_follows_training(emb
     cfg = TrainConfig.model_validate({**TRAIN_PRESETS["smoke"], "max_steps": 2, "max_completion_length": 8,
                                       "num_generations": 2, "per_device_train_batch_size": 4, "train_layers": 1,
                                       "learning_rate": 1e-3, "rollout_dtype": "bfloat16", "autocast_bf16": True})
-    trainer = make_trainer_class()(
+    trainer = make_trainer_class(use_vllm=False)(
         model=model, reward_funcs=[reward], args=grpo_config(cfg, tmp_path, 0, progress=False),
         train_dataset=Dataset.from_list(rows), processing_class=tok,
     )

@@ -225,6 +225,42 @@ def test_bench_head_times_both_sides_on_the_embedded_head(capsys):
     assert "forward + backward, median" in capsys.readouterr().out
 
 
+@pytest.mark.slow
+def test_a_stage_without_vllm_imports_trls_grpo_trainer_without_it_and_a_vllm_stage_gets_it_back():
+    """In a fresh process, as a stage child: the GRPO trainer class for a transformers stage leaves vLLM unimported
+    and TRL's own check truthful afterwards; asking again with use_vllm imports TRL's vLLM names after all."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+from trainer.trl_cpu import grpo_trainer_class
+import trl.import_utils as trl_imports
+real = trl_imports.is_vllm_available
+cls = grpo_trainer_class(use_vllm=False)
+assert cls.__name__ == "GRPOTrainer" and "vllm" not in sys.modules, sorted(m for m in sys.modules if "vllm" in m)[:5]
+import trl.generation.vllm_client as client, trl.generation.vllm_generation as generation
+assert not hasattr(generation, "LLM")  # imported as if vLLM were absent
+assert trl_imports.is_vllm_available is real and client.is_vllm_available is real and generation.is_vllm_available is real
+assert grpo_trainer_class(use_vllm=True) is cls
+assert "vllm" in sys.modules and generation.LLM.__module__.startswith("vllm"), generation.LLM
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_bench_trainer_import_times_trl_as_shipped_and_without_vllm(capsys):
+    from evals.bench.bench_trainer_import import main
+
+    out = main(["--repeats", "1"])
+    assert out["sides"]["shipped"]["vllm_imported"] is True and out["sides"]["no_vllm"]["vllm_imported"] is False
+    assert all(side["import_s"] > 0 for side in out["sides"].values())
+    assert "saved per stage child" in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------------------------------
 # dynamic sampling
 
@@ -450,7 +486,7 @@ def test_dynamic_sampling_replaces_dead_groups_in_a_real_grpo_step(tiny_policy_p
                                       "resample_rounds": 3})
     args = grpo_config(cfg, tmp_path, 0, progress=False)
     args.group_key = "dead"  # the replacement draw leans by this column
-    trainer = make_trainer_class()(
+    trainer = make_trainer_class(use_vllm=False)(
         model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
     )
     trained_sizes = []
@@ -500,7 +536,7 @@ def test_num_iterations_reuses_each_generated_batch_for_several_optimiser_steps(
                                       "per_device_train_batch_size": 4, "train_layers": 1})
     args = grpo_config(cfg, tmp_path, 0, progress=False)
     assert args.num_iterations == 2
-    trainer = make_trainer_class()(model=model, reward_funcs=[reward], args=args,
+    trainer = make_trainer_class(use_vllm=False)(model=model, reward_funcs=[reward], args=args,
                                    train_dataset=Dataset.from_list(rows), processing_class=tok)
     moved = []
     top = [p for p in model.parameters() if p.requires_grad][-1]

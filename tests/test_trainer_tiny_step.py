@@ -51,7 +51,7 @@ def test_one_grpo_step_on_mapf_prompts_moves_the_weights(tiny_policy, tmp_path):
     args = grpo_config(cfg.model_copy(update={"resample_rounds": 1}), tmp_path, 0, progress=False)
     args.group_key = "key"  # every knob of the trainer is a field of its config (trainer.grpo_config)
     assert (args.resample_rounds, args.resample_seed, args.rollout_dtype) == (1, 0, "model")
-    trainer = make_trainer_class()(
+    trainer = make_trainer_class(use_vllm=False)(
         model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
     )
     trainer.train()

@@ -60,7 +60,7 @@ def train_grpo(prep: StagePrep) -> dict:
     args = grpo_config(cfg, out_dir, prep.seed, progress=prep.progress)
     args.group_key = "level"  # build_dataset's column: replacements lean to the levels where the policy is sometimes right
     main = args.process_index == 0  # = trainer.is_world_process_zero(); only it writes files
-    trainer = make_trainer_class()(
+    trainer = make_trainer_class(bool(args.use_vllm))(
         model=prep.model,
         reward_funcs=[reward],
         args=args,

@@ -326,9 +326,12 @@ class RolloutCopy:
         return self.model
 
 
-def make_trainer_class():
-    """`DynamicSamplingGRPOTrainer`, built on first use so that importing this module needs no TRL."""
-    from trl import GRPOTrainer
+def make_trainer_class(use_vllm: bool):
+    """`DynamicSamplingGRPOTrainer`, built on first use so that importing this module needs no TRL; `use_vllm`:
+    whether its stage generates with vLLM (TRL's trainer is imported without vLLM otherwise: `trainer.trl_cpu`)."""
+    from trainer.trl_cpu import grpo_trainer_class
+
+    GRPOTrainer = grpo_trainer_class(use_vllm)
 
     class DynamicSamplingGRPOTrainer(GRPOTrainer):
         """TRL's GRPOTrainer plus bounded DAPO-style dynamic sampling (see the module docstring)."""

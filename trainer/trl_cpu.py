@@ -1,9 +1,10 @@
-"""Three small, tested changes to TRL internals that make its training steps cheaper on CPU.
+"""Four small, tested changes to TRL internals that make its training stages cheaper on CPU.
 
 1. The fused LM head scores only labelled positions (`score_labelled_positions_only`).
 2. GRPO scores a batch whose rows share one prompt over a single forward of that prompt
    (`score_with_shared_prompt`).
 3. The fused LM head works in tiles that stay in cache (`tile_head_on_cpu`).
+4. A stage that generates with transformers imports TRL's GRPO trainer without vLLM (`grpo_trainer_class`).
 
 The first, in detail:
 
@@ -25,6 +26,7 @@ second change off, `train.share_prompt=false`). Each stage records whether the p
 from __future__ import annotations
 
 import os
+import sys
 
 _PATCHED = False
 
@@ -172,3 +174,47 @@ def per_token_logps(trainer, trl_path, model, input_ids, attention_mask, logits_
         logps.append(lp)
         entropies.append(ent)
     return torch.cat(logps), (torch.cat(entropies) if compute_entropy else None), None
+
+
+# TRL's modules that import vLLM when they are imported, if it is installed (`trl.import_utils.is_vllm_available`)
+_VLLM_MODULES = ("trl.generation.vllm_client", "trl.generation.vllm_generation", "trl.generation")
+_WITHOUT_VLLM: set[str] = set()  # those of them imported here as if vLLM were absent
+
+
+def grpo_trainer_class(use_vllm: bool):
+    """TRL's `GRPOTrainer`, imported without vLLM unless the stage generates with it (`use_vllm`).
+
+    Importing TRL's GRPO trainer imports vLLM whenever it is installed (its generation modules do so at import),
+    though only `use_vllm=True` ever calls it: that is 3.3 s of a smoke stage child's 21 s on 2 cores (the
+    trainer's import measured alone: `python -m evals.bench.bench_trainer_import`). Without `use_vllm`, TRL's
+    generation modules are imported as on a machine without vLLM (TRL's own `is_vllm_available` answers False
+    while they load); nothing else changes. A later `use_vllm=True` in the same process imports them again with
+    vLLM. `ENV_ENGINEER_TRL_PATCH=0` imports TRL as shipped, as for the other changes."""
+    import importlib
+
+    import trl.import_utils as trl_imports
+
+    if use_vllm:
+        for name in [n for n in _VLLM_MODULES if n in _WITHOUT_VLLM]:  # vllm_client first: the others import it
+            importlib.reload(sys.modules[name])
+            _WITHOUT_VLLM.discard(name)
+    elif "trl.trainer.grpo_trainer" not in sys.modules and os.environ.get("ENV_ENGINEER_TRL_PATCH", "1") != "0":
+        fresh = [n for n in _VLLM_MODULES if n not in sys.modules]
+        real = trl_imports.is_vllm_available
+
+        def absent(min_version: str | None = None) -> bool:
+            return False
+
+        trl_imports.is_vllm_available = absent
+        try:
+            importlib.import_module("trl.trainer.grpo_trainer")
+        finally:
+            trl_imports.is_vllm_available = real
+            for name in fresh:
+                module = sys.modules.get(name)
+                if module is not None and getattr(module, "is_vllm_available", None) is absent:
+                    module.is_vllm_available = real  # later calls ask the real question
+                    _WITHOUT_VLLM.add(name)
+    from trl import GRPOTrainer
+
+    return GRPOTrainer

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # What stage 0 generates, trains and evaluates: equal for the grid and for every fork of it.
-SMOKE_SET = {"eval_limit": 4, "final_limit": 6, "eval_max_tokens": 32, "train.max_steps": 1}
+SMOKE_SET = {"eval_limit": 4, "final_limit": 6, "eval_max_tokens": 16, "train.max_steps": 1}
 # One engineer attempt of at most 32 tokens (asked again once at 128 when cut): the in-process 135M engineer has
 # no JSON-schema decoding and rarely fits a config in its token limit; its retries and long replies (about a minute
 # each on 2 cores) test nothing that tests/test_nodes_* do not.
