@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-SFT_STEPS, GRPO_STEPS = 6, 3  # each stop lands a step or two into its trainer
+SFT_STEPS, GRPO_STEPS = 6, 2  # each stop lands a step or two into its trainer (a GRPO step: 6 s or more)
 LONG = ["--set", f"train.sft_steps={SFT_STEPS}", "--set", f"train.max_steps={GRPO_STEPS}", "--set", "eval_limit=2",
         "--set", "final_limit=12", "--set", "eval_batch_size=2", "--set", "eval_max_tokens=16"]
 

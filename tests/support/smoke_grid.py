@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # What stage 0 generates, trains and evaluates: equal for the grid and for every fork of it.
 SMOKE_SET = {"eval_limit": 4, "final_limit": 6, "eval_max_tokens": 16, "train.max_steps": 1}
-# One engineer attempt of at most 32 tokens (asked again once at 128 when cut): the in-process 135M engineer has
+# One engineer attempt of at most 16 tokens (asked again once at 64 when cut): the in-process 135M engineer has
 # no JSON-schema decoding and rarely fits a config in its token limit; its retries and long replies (about a minute
 # each on 2 cores) test nothing that tests/test_nodes_* do not.
-ENGINEER_SET = {"engineer_max_attempts": 1, "engineer_max_tokens": 32}
+ENGINEER_SET = {"engineer_max_attempts": 1, "engineer_max_tokens": 16}
 # The configs' `set:` line (the same overrides for every run of a grid, as a user would write them).
 SHRINK = "set: {" + ", ".join(f"{k}: {v}" for k, v in {**SMOKE_SET, **ENGINEER_SET}.items()) + "}\n"
 
