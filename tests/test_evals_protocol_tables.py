@@ -37,6 +37,7 @@ EXCLUDED = {
     "rg_allocation": "outputs of evals.bench.bench_rg, one JSON per allocation arm, and bench_rg_report's tables",
     "filtered_sampler": "the output of evals.bench.bench_filtered_sampling (samples/s and stage seconds), no eval table",
     "rg_load": "outputs of evals.bench.bench_rg_load (load and first-stage seconds), no eval table",
+    "trainer_import": "the output of evals.bench.bench_trainer_import (import seconds and memory), no eval table",
 }
 OUTPUTS = ("table.md", "table.csv", "table.json", "failures.csv")
 
