@@ -31,6 +31,9 @@ class LocalEngine(ChatModel):
         seed: torch seed used before each sampled batch, for reproducible sampling.
         base_model: base for a LoRA adapter whose config names none that resolves (e.g. a path on the
             machine that trained it); ignored for full weights.
+        prompt_cache: keep the keys and values of the last prompt sent alone, and reuse them when the same prompt
+            comes again: an engineer whose reply was cut is asked again with the same prompt and a larger limit,
+            and on CPU the prompt's forward is most of a call (``python -m evals.bench.bench_reask``).
     """
 
     def __init__(
@@ -43,6 +46,7 @@ class LocalEngine(ChatModel):
         seed: int | None = None,
         base_model: str | os.PathLike | None = None,
         chat_template_kwargs: dict | None = None,
+        prompt_cache: bool = True,
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -74,6 +78,8 @@ class LocalEngine(ChatModel):
         self.model_name = path.name
         self.stats = UsageStats()
         self._lock = threading.Lock()  # one generate at a time: torch already uses every core
+        self.prompt_cache = prompt_cache
+        self._cached: tuple | None = None  # (a prompt's token ids, the cache of all of them but the last)
 
     def __repr__(self) -> str:
         return f"LocalEngine({str(self.model_path)!r}, device={self.device!r})"
@@ -105,6 +111,7 @@ class LocalEngine(ChatModel):
     def close(self) -> None:
         """Frees the weights (the object is unusable afterwards)."""
         self.model = None
+        self._cached = None
         import gc
 
         gc.collect()
@@ -139,6 +146,8 @@ class LocalEngine(ChatModel):
             if self.seed is not None and kw["do_sample"]:
                 torch.manual_seed(self.seed)
             t0 = time.monotonic()
+            if self.prompt_cache and len(prompts) == 1 and enc["input_ids"].shape[1] > 1:
+                kw["past_key_values"] = self._prompt_kv(enc["input_ids"])
             out = self.model.generate(**enc, **kw)
             elapsed = time.monotonic() - t0
         new = out[:, enc["input_ids"].shape[1] :]
@@ -164,6 +173,21 @@ class LocalEngine(ChatModel):
                 )
             )
         return results
+
+
+    def _prompt_kv(self, ids):
+        """A copy of the keys and values of `ids` but its last token (generate runs that one and continues), from
+        the kept ones when the prompt is the one sent before; computed and kept otherwise. Every prompt sent alone
+        takes this path, so an answer is the same whether its prompt was cached or not."""
+        import copy
+
+        import torch
+
+        if self._cached is None or not torch.equal(self._cached[0], ids):
+            self._cached = None  # the old one's memory goes first
+            out = self.model(input_ids=ids[:, :-1], use_cache=True, logits_to_keep=1)  # no vocabulary rows
+            self._cached = (ids.clone(), out.past_key_values)
+        return copy.deepcopy(self._cached[1])
 
 
 def _as_list(x) -> list:

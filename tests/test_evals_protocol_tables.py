@@ -38,6 +38,7 @@ EXCLUDED = {
     "filtered_sampler": "the output of evals.bench.bench_filtered_sampling (samples/s and stage seconds), no eval table",
     "rg_load": "outputs of evals.bench.bench_rg_load (load and first-stage seconds), no eval table",
     "trainer_import": "the output of evals.bench.bench_trainer_import (import seconds and memory), no eval table",
+    "engineer_reask": "the output of evals.bench.bench_reask (seconds of a cut reply asked again), no eval table",
 }
 OUTPUTS = ("table.md", "table.csv", "table.json", "failures.csv")
 

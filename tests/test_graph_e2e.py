@@ -144,20 +144,20 @@ def test_cpu_preset_end_to_end_through_the_stage_child_with_a_ctrl_c_in_stage_1(
     """The cpu preset (compact prompt, cached SFT warm start, dynamic sampling, vLLM evaluation and
     self-engineer) runs end to end with every stage trained in its own child process, shrunk in
     size only: 2 stages, 1 GRPO step each of one group of 4 completions of at most 48 tokens with one round of
-    dynamic sampling (the preset: 16, two rounds), a 2-step warm start of 2 plans a step in a cache of its own, 12
-    answers of at most 64 tokens per evaluation, one engineer reply of at most 32 tokens (asked again once at 128
+    dynamic sampling (the preset: 16, two rounds), a 2-step warm start of 2 plans a step in a cache of its own, 6
+    answers of at most 32 tokens per evaluation, one engineer reply of at most 16 tokens (asked again once at 64
     when it is cut).
 
     On the way, a Ctrl-C in the middle of stage 1, while the kept vLLM policy server (started by stage 0's
     evaluation) is up: the process exits with 130, the server is gone, and --resume finishes without touching
     stage 0 (one loop run serves both checks)."""
     run_dir = tmp_path / "cpu-run"
-    args = ["--preset", "cpu", "--run-dir", str(run_dir), "--set", "stages=2", "--set", "eval_limit=12",
-            "--set", "final_limit=6", "--set", "eval_max_tokens=64", "--set", "train.max_steps=1",
+    args = ["--preset", "cpu", "--run-dir", str(run_dir), "--set", "stages=2", "--set", "eval_limit=6",
+            "--set", "final_limit=6", "--set", "eval_max_tokens=32", "--set", "train.max_steps=1",
             "--set", "train.max_completion_length=48", "--set", "train.num_generations=4",
             "--set", "train.per_device_train_batch_size=4", "--set", "train.resample_rounds=1",
             "--set", "train.sft_steps=2", "--set", "train.sft_batch_size=2", "--set", "train.sft_instances=4",
-            "--set", "engineer_max_attempts=1", "--set", "engineer_max_tokens=32"]
+            "--set", "engineer_max_attempts=1", "--set", "engineer_max_tokens=16"]
     log = tmp_path / "run.log"
     (tmp_path / "cache").mkdir()  # a cache of its own, but the converted model linked in: no 50 s conversion again
     (tmp_path / "cache" / embedded_model_path.name).symlink_to(embedded_model_path)
@@ -206,10 +206,10 @@ def test_cpu_preset_end_to_end_through_the_stage_child_with_a_ctrl_c_in_stage_1(
         assert (run_dir / f"stage_{k}" / "logs" / "stage_request.json").is_file()
     m0 = json.loads((run_dir / "stage_0" / "metrics.json").read_text())
     assert m0["sft/cache_hit"] is False and str(tmp_path / "cache") in m0["sft/cache_path"]
-    assert m0["eval/n"] == 12
-    # the cached warm start answered the same 12 first, through the run's vLLM server: the report's "start" row
+    assert m0["eval/n"] == 6
+    # the cached warm start answered the same 6 first, through the run's vLLM server: the report's "start" row
     start = json.loads((run_dir / "stage_0" / "start" / "metrics.json").read_text())
-    assert start["eval/n"] == 12 and start["start/cache_path"] == m0["sft/cache_path"]
+    assert start["eval/n"] == 6 and start["start/cache_path"] == m0["sft/cache_path"]
     assert start["start/answers_reused"] is False and len(list((tmp_path / "cache" / "start_evals").glob("*.json"))) == 1
     assert f"| start | {100 * start['eval/valid_rate']:.1f} | " in (run_dir / "report.md").read_text()
     assert "(warm start before it: valid " in log.read_text()  # on the terminal, beside stage 0's line

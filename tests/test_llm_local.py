@@ -76,3 +76,36 @@ def test_open_policy_with_transformers(embedded_model_path, tmp_path):
     with pytest.raises(ValueError, match="policy backend 'tgi'"):
         with open_policy(None, "tgi", tmp_path):
             pass
+
+
+def test_a_prompt_sent_again_reuses_its_cache_and_answers_as_without_it(engine, embedded_model_path):
+    """An engineer asked again (its reply cut at its limit) sends the same prompt: its forward is not run again,
+    and the answer is the one an engine without the cache gives."""
+    msgs = [{"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "List the planets of the solar system, in order from the sun."}]
+    first = engine.chat(msgs, max_tokens=8)
+    kept = engine._cached
+    seen: list[int] = []  # new tokens per forward of the model
+    hook = engine.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        again = engine.chat(msgs, max_tokens=32)
+    finally:
+        hook.remove()
+    assert engine._cached is kept and max(seen) == 1, seen  # one token a forward: the prompt was not run again
+    assert first.finish_reason == "length" and again.text.startswith(first.text)  # greedy: it continues the cut one
+    with LocalEngine(embedded_model_path, prompt_cache=False) as plain:
+        assert plain._cached is None
+        assert plain.chat(msgs, max_tokens=32).text == again.text
+        assert plain._cached is None
+    other = engine.chat([{"role": "user", "content": "Say hi."}], max_tokens=4)
+    assert engine._cached is not kept and other.completion_tokens <= 4  # a new prompt replaces the kept one
+
+
+def test_bench_reask_times_both_sides_and_they_answer_alike(capsys):
+    from evals.bench.bench_reask import main
+
+    out = main(["--prompt-tokens", "300", "--first", "4", "--repeats", "1"])
+    assert out["prompt_tokens"] >= 300 and out["limits"] == [4, 16] and out["same_replies"] is True
+    assert set(out["sides"]) == {"recompute", "reuse"} and all(v["both_s"] > 0 for v in out["sides"].values())
+    assert "asked again:" in capsys.readouterr().out
