@@ -63,8 +63,14 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def stage_steps(run_dir: Path, stage: int) -> int:
-    m = _read_json(stage_dir(run_dir, stage) / "metrics.json") or {}
-    v = m.get("train/steps")
+    """The GRPO steps stage `stage` trained (`train/steps` of its metrics.json): 0 for a stage without any or not
+    written yet. A metrics.json that is there but cannot be read raises: every later step would be placed wrong
+    (the caller's tracking failure is one warning line)."""
+    path = stage_dir(run_dir, stage) / "metrics.json"
+    m = _read_json(path)
+    if m is None and path.exists():
+        raise ValueError(f"{path} cannot be read as a JSON object: the global steps of the stages after it are unknown")
+    v = (m or {}).get("train/steps")
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
 
 

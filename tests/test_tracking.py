@@ -207,3 +207,13 @@ def test_a_fork_logs_the_shared_stage_0(tmp_path):
     tracking.close_all()
     tags = scalars(run_dir / "tb")
     assert tags["train/reward"] == [(1, 0.1), (2, 0.2)] and tags["eval/valid_rate"] == [(2, 0.25)]
+
+
+def test_a_stage_whose_metrics_cannot_be_read_stops_the_step_count_instead_of_counting_it_as_0(tmp_path):
+    for k, steps in ((0, 3), (1, 2)):
+        stage_dir(tmp_path, k).mkdir(parents=True)
+        (stage_dir(tmp_path, k) / "metrics.json").write_text(json.dumps({"train/steps": steps}))
+    assert tracking.stage_offset(tmp_path, 2) == 5 and tracking.stage_offset(tmp_path, 3) == 5  # stage 2: none yet
+    (stage_dir(tmp_path, 0) / "metrics.json").write_text('{"train/steps": 3')  # cut short
+    with pytest.raises(ValueError, match=r"stage_0/metrics.json cannot be read as a JSON object"):
+        tracking.stage_offset(tmp_path, 2)
