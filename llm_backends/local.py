@@ -174,7 +174,6 @@ class LocalEngine(ChatModel):
             )
         return results
 
-
     def _prompt_kv(self, ids):
         """A copy of the keys and values of `ids` but its last token (generate runs that one and continues), from
         the kept ones when the prompt is the one sent before; computed and kept otherwise. Every prompt sent alone

@@ -63,12 +63,13 @@ def main(argv: list[str] | None = None) -> dict:
     replies: dict[str, list[str]] = {side: [] for side in SIDES}
     prompt_tokens = 0
     for r in range(a.repeats):
+        # each round's prompt is one neither engine has seen: a cache kept from the round before cannot serve it
+        fresh = [{**msgs[0], "content": f"{msgs[0]['content']} (round {r + 1})"}, *msgs[1:]]
         for side, eng in engines.items():
-            eng._cached = None  # each round starts from a prompt never seen
             t0 = time.perf_counter()
-            first = eng.chat(msgs, max_tokens=a.first)
+            first = eng.chat(fresh, max_tokens=a.first)
             t1 = time.perf_counter()
-            again = eng.chat(msgs, max_tokens=a.first * 4)
+            again = eng.chat(fresh, max_tokens=a.first * 4)
             t2 = time.perf_counter()
             times[side].append((t1 - t0, t2 - t1))
             replies[side] = [first.text, again.text]
